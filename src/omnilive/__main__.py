@@ -1,0 +1,5 @@
+import sys
+
+from omnilive.cli import main
+
+sys.exit(main())

@@ -1,0 +1,117 @@
+"""``omnilive serve | gateway | worker``: load settings once, start processes."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import secrets
+import sys
+from pathlib import Path
+from typing import Any
+
+from omnilive.config import Settings, load_settings
+from omnilive.gateway.supervisor import SETTINGS_ENV
+
+# uvicorn refuses larger frames outright (close 1009); below it, omnilive
+# answers an oversize message with a ``payload_too_large`` error instead.
+WS_FRAME_MARGIN = 1024 * 1024
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, help="TOML settings file")
+    parser.add_argument("--engine", choices=["cascade", "scripted", "minicpmo"])
+    parser.add_argument("--data-dir", type=Path)
+    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--model-path", type=Path, help="checkpoint directory (minicpmo)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="omnilive", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="gateway plus N supervised workers")
+    _common(serve)
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    serve.add_argument("--workers", type=int)
+    serve.add_argument("--worker-base-port", type=int)
+
+    gateway = commands.add_parser("gateway", help="the gateway alone, in front of --worker URLs")
+    _common(gateway)
+    gateway.add_argument("--host")
+    gateway.add_argument("--port", type=int)
+    gateway.add_argument("--worker", action="append", dest="worker_urls", metavar="URL")
+
+    worker = commands.add_parser("worker", help="one worker process")
+    _common(worker)
+    worker.add_argument("--host", dest="worker_host")
+    worker.add_argument("--port", type=int, dest="worker_port")
+    worker.add_argument("--worker-id", default="w0")
+    return parser
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    names = ["engine", "data_dir", "log_level", "host", "port", "workers", "worker_base_port"]
+    found = {name: getattr(args, name, None) for name in names}
+    found["worker_urls"] = getattr(args, "worker_urls", None)
+    found["worker_host"] = getattr(args, "worker_host", None)
+    found["minicpmo.model_path"] = args.model_path
+    return found
+
+
+def resolve_settings(args: argparse.Namespace, environ: dict[str, str]) -> Settings:
+    """A worker started by ``serve`` takes the gateway's resolved settings as
+    they are; everything else merges file, environment and flags."""
+    inherited = environ.get(SETTINGS_ENV)
+    if inherited:
+        return Settings.model_validate_json(inherited)
+    return load_settings(args.config, environ, _overrides(args))
+
+
+def _run(app: Any, host: str, port: int, settings: Settings) -> None:
+    import uvicorn
+
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=settings.log_level,
+        ws_max_size=settings.limits.max_message_bytes + WS_FRAME_MARGIN,
+        lifespan="on",
+        timeout_graceful_shutdown=10,
+    )
+    uvicorn.Server(config).run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    environ = dict(os.environ)
+    settings = resolve_settings(args, environ)
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format=f"%(asctime)s %(levelname)s [{args.command}] %(name)s: %(message)s",
+    )
+    if args.command == "worker":
+        from omnilive.worker.app import create_worker_app
+
+        port = args.worker_port if args.worker_port is not None else settings.worker_base_port
+        app = create_worker_app(settings, args.worker_id)
+        _run(app, settings.worker_host, port, settings)
+        return 0
+
+    from omnilive.gateway.app import create_app
+
+    if args.command == "serve" and not settings.internal_token:
+        settings = settings.model_copy(update={"internal_token": secrets.token_urlsafe(32)})
+    if not settings.internal_token:
+        print("omnilive gateway: set OMNILIVE_INTERNAL_TOKEN (shared with the workers)",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    app = create_app(settings, supervise=args.command == "serve")
+    _run(app, settings.host, settings.port, settings)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""One typed settings object, loaded once in ``main()`` and passed explicitly.
+
+Precedence, lowest to highest: the defaults below, an optional TOML file,
+``OMNILIVE_*`` environment variables, command-line flags. Nested sections are
+TOML tables (``[eta]``) and double-underscore environment names
+(``OMNILIVE_ETA__CHAT_S=20``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+ENV_PREFIX = "OMNILIVE_"
+EngineName = Literal["cascade", "scripted", "minicpmo"]
+RequestType = Literal["chat", "half_duplex", "audio_duplex", "omni_duplex"]
+REQUEST_TYPES: tuple[RequestType, ...] = ("chat", "half_duplex", "audio_duplex", "omni_duplex")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class EtaSettings(_Section):
+    """Queue wait estimates: configured baselines until enough samples exist, then an EMA."""
+
+    chat_s: float = Field(15.0, gt=0, description="Baseline duration of a chat request.")
+    half_duplex_s: float = Field(180.0, gt=0, description="Baseline of a half-duplex session.")
+    audio_duplex_s: float = Field(120.0, gt=0, description="Baseline of an audio duplex session.")
+    omni_duplex_s: float = Field(90.0, gt=0, description="Baseline of an omni duplex session.")
+    ema_alpha: float = Field(0.3, gt=0, le=1, description="Weight of the newest observation.")
+    ema_min_samples: int = Field(3, ge=1, description="Samples needed before the EMA is used.")
+    overrun_floor_s: float = Field(
+        15.0, ge=0, description="Remaining time assumed for a session already past its baseline."
+    )
+
+    def baseline(self, request_type: RequestType) -> float:
+        return float(getattr(self, f"{request_type}_s"))
+
+
+class LimitSettings(_Section):
+    """Bounds on what a client may send; each refusal names the limit it hit."""
+
+    max_message_bytes: int = Field(64 * 1024 * 1024, description="Largest WebSocket message.")
+    max_chat_messages: int = Field(256, description="Messages in one chat request.")
+    max_chat_audio_s: float = Field(600.0, description="Total audio seconds in one chat request.")
+    max_request_timeout_s: float = Field(3600.0, description="Cap on client-chosen timeouts.")
+    first_message_timeout_s: float = Field(30.0, description="Wait for a client's first message.")
+
+
+class ScriptedSettings(_Section):
+    """The deterministic test engine (no model)."""
+
+    step_latency_s: float = Field(0.0, ge=0, description="Sleep per model step.")
+    duplex_schedule: str = Field(
+        "LLLSSE",
+        description="Per-unit plan, repeated: L listens, S speaks, E speaks and ends the turn.",
+    )
+    slots: int = Field(1, ge=1, description="Sessions one worker serves at once.")
+    chars_per_chunk: int = Field(12, ge=1, description="Text per streamed chat chunk.")
+
+
+class CascadeSettings(_Section):
+    """The embedded CPU cascade (VAD + Whisper + SmolLM2 + espeak-ng)."""
+
+    threads: int = Field(2, ge=1, description="CPU threads for ASR and the LLM.")
+    voice: str = Field("en-us", description="Default espeak-ng voice.")
+
+
+class MiniCPMoSettings(_Section):
+    """MiniCPM-o 4.5 on an NVIDIA GPU."""
+
+    model_path: Path | None = Field(None, description="Local checkpoint directory.")
+    attn_implementation: Literal["sdpa", "flash_attention_2"] = "sdpa"
+    device: str = "cuda"
+
+
+class Settings(_Section):
+    """Everything a gateway or worker process needs, with the defaults of the spec."""
+
+    host: str = Field("127.0.0.1", description="Gateway bind address.")
+    port: int = Field(8006, ge=0, le=65535, description="Gateway port.")
+    engine: EngineName = Field("cascade", description="Engine the workers load.")
+    workers: int = Field(1, ge=0, description="Worker processes `serve` starts.")
+    worker_host: str = Field("127.0.0.1", description="Address workers bind.")
+    worker_base_port: int = Field(22400, ge=0, le=65535, description="Port of worker 0.")
+    worker_urls: list[str] = Field(
+        default_factory=list,
+        description="Workers the gateway uses (`omnilive gateway`); `serve` fills this in.",
+    )
+    internal_token: str = Field("", description="Shared secret between gateway and workers.")
+    data_dir: Path = Field(Path("data"), description="Recordings, caches and state.")
+    max_queue_size: int = Field(1000, ge=0, description="Tickets the queue holds.")
+    request_timeout_s: float = Field(300.0, gt=0, description="Longest a chat request may run.")
+    queue_update_interval_s: float = Field(3.0, gt=0, description="Period of queue_update.")
+    health_interval_s: float = Field(10.0, gt=0, description="Worker health-check period.")
+    health_timeout_s: float = Field(5.0, gt=0, description="Worker health-check timeout.")
+    restart_backoff_max_s: float = Field(30.0, gt=0, description="Longest worker restart delay.")
+    log_level: str = "info"
+    eta: EtaSettings = Field(default_factory=EtaSettings)
+    limits: LimitSettings = Field(default_factory=LimitSettings)
+    scripted: ScriptedSettings = Field(default_factory=ScriptedSettings)
+    cascade: CascadeSettings = Field(default_factory=CascadeSettings)
+    minicpmo: MiniCPMoSettings = Field(default_factory=MiniCPMoSettings)
+
+    def to_json(self) -> str:
+        return self.model_dump_json()
+
+
+def _set_path(tree: dict[str, Any], path: list[str], value: Any) -> None:
+    for key in path[:-1]:
+        tree = tree.setdefault(key, {})
+    tree[path[-1]] = value
+
+
+def _deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _env_layer(environ: Mapping[str, str]) -> dict[str, Any]:
+    """``OMNILIVE_ETA__CHAT_S=20`` → ``{"eta": {"chat_s": "20"}}``; lists as JSON."""
+    layer: dict[str, Any] = {}
+    known = set(Settings.model_fields)
+    for name, raw in environ.items():
+        if not name.startswith(ENV_PREFIX):
+            continue
+        path = name[len(ENV_PREFIX) :].lower().split("__")
+        if path[0] not in known:
+            continue
+        value: Any = raw
+        if path == ["worker_urls"]:
+            value = json.loads(raw) if raw.startswith("[") else [u for u in raw.split(",") if u]
+        _set_path(layer, path, value)
+    return layer
+
+
+def load_settings(
+    config_file: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Merge defaults, TOML file, environment and flags (flags win).
+
+    ``overrides`` uses dotted keys for nested fields (``{"eta.chat_s": 20}``);
+    ``None`` values mean "flag not given".
+    """
+    environ = os.environ if environ is None else environ
+    merged: dict[str, Any] = {}
+    if config_file is not None:
+        with open(config_file, "rb") as fh:
+            merged = _deep_merge(merged, tomllib.load(fh))
+    merged = _deep_merge(merged, _env_layer(environ))
+    flags: dict[str, Any] = {}
+    for dotted, value in (overrides or {}).items():
+        if value is not None:
+            _set_path(flags, dotted.split("."), value)
+    merged = _deep_merge(merged, flags)
+    return Settings.model_validate(merged)

@@ -1,0 +1,323 @@
+"""The engine interface: a model (or cascade of models) behind three views.
+
+Every method here is synchronous and may be slow: workers call them off the
+event loop, one step at a time, so that control messages are read while a step
+runs. A session object holds one conversation's state; an engine with
+``capabilities.slots > 1`` hands out several at once.
+
+Audio in is float32 mono at 16 kHz; audio out is float32 mono at 24 kHz.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import numpy as np
+
+
+class Modality(StrEnum):
+    TEXT = "text"
+    IMAGE = "image"
+    AUDIO = "audio"
+    VIDEO = "video"
+
+
+class EngineError(Exception):
+    """A model step failed; the session decides whether it can go on."""
+
+
+class CapabilityError(EngineError):
+    """The request needs something this engine does not have."""
+
+    def __init__(self, engine: str, missing: str, detail: str = "") -> None:
+        self.engine = engine
+        self.missing = missing
+        message = f"engine '{engine}' lacks the capability '{missing}'"
+        super().__init__(f"{message}: {detail}" if detail else message)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an engine can do; advertised by workers and shown to clients."""
+
+    input_modalities: frozenset[Modality]
+    audio_output: bool
+    voice_cloning: bool
+    context_length: int
+    slots: int = 1
+
+    @property
+    def vision(self) -> bool:
+        return Modality.IMAGE in self.input_modalities
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "input_modalities": sorted(m.value for m in self.input_modalities),
+            "audio_output": self.audio_output,
+            "voice_cloning": self.voice_cloning,
+            "vision": self.vision,
+            "context_length": self.context_length,
+            "slots": self.slots,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> Capabilities:
+        return cls(
+            input_modalities=frozenset(Modality(m) for m in data["input_modalities"]),  # type: ignore[union-attr]
+            audio_output=bool(data["audio_output"]),
+            voice_cloning=bool(data["voice_cloning"]),
+            context_length=int(data["context_length"]),  # type: ignore[arg-type]
+            slots=int(data.get("slots", 1)),  # type: ignore[arg-type]
+        )
+
+
+# --- decoded content -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TextPart:
+    text: str
+
+
+@dataclass(frozen=True)
+class ImagePart:
+    data: bytes  # an encoded image (JPEG, PNG, ...), already checked to decode
+
+
+@dataclass(frozen=True, eq=False)
+class AudioPart:
+    samples: np.ndarray  # float32, 16 kHz
+
+
+@dataclass(frozen=True)
+class VideoPart:
+    data: bytes  # a video file
+    stack_frames: int = 1
+
+
+Part = TextPart | ImagePart | AudioPart | VideoPart
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: str  # system | user | assistant
+    parts: tuple[Part, ...]
+
+    @property
+    def text(self) -> str:
+        return "".join(p.text for p in self.parts if isinstance(p, TextPart))
+
+
+def modalities_of(messages: list[ChatMessage]) -> set[Modality]:
+    kinds = {
+        TextPart: Modality.TEXT,
+        ImagePart: Modality.IMAGE,
+        AudioPart: Modality.AUDIO,
+        VideoPart: Modality.VIDEO,
+    }
+    return {kinds[type(p)] for m in messages for p in m.parts}
+
+
+# --- options ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class Voice:
+    """Who speaks: a reference recording to clone, or a named built-in voice."""
+
+    reference: np.ndarray | None = None  # float32, 16 kHz
+    name: str | None = None
+    language: str | None = None
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    max_new_tokens: int = 512
+    temperature: float = 0.7
+    top_p: float = 0.8
+    length_penalty: float = 1.0
+    enable_thinking: bool = False
+
+
+@dataclass(frozen=True)
+class ChatOptions:
+    generation: GenerationOptions = field(default_factory=GenerationOptions)
+    tts_enabled: bool = True
+    tts_mode: str = "default"
+    voice: Voice | None = None
+    max_slice_nums: int | None = None
+    use_image_id: bool = True
+    omni_mode: bool = False
+
+
+@dataclass(frozen=True)
+class HalfDuplexOptions:
+    generation: GenerationOptions = field(
+        default_factory=lambda: GenerationOptions(max_new_tokens=256, length_penalty=1.1)
+    )
+    tts_enabled: bool = True
+    voice: Voice | None = None
+
+
+@dataclass(frozen=True)
+class DuplexOptions:
+    llm_voice: Voice | None = None  # embedded in the system prompt
+    tts_voice: Voice | None = None  # initialises the speech decoder
+    max_slice_nums: int = 1
+    vision: bool = False  # omni session: frames will come
+
+
+# --- outputs ----------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class TextAudioChunk:
+    """One streamed piece of an answer: text delta and/or 24 kHz audio."""
+
+    text: str = ""
+    audio: np.ndarray | None = None
+    n_tokens: int = 0
+
+
+@dataclass
+class PrefillStats:
+    vision_slices: int = 0
+    vision_tokens: int = 0
+    cost_ms: float = 0.0
+
+
+@dataclass(eq=False)
+class DuplexUnit:
+    """The model's decision for one 1 s unit."""
+
+    is_listen: bool
+    text: str = ""
+    audio: np.ndarray | None = None  # 24 kHz
+    end_of_turn: bool = False
+    kv_cache_length: int = 0
+    n_tokens: int = 0
+    n_tts_tokens: int = 0
+    cost_llm_ms: float = 0.0
+    cost_tts_prep_ms: float = 0.0
+    cost_tts_ms: float = 0.0
+    cost_token2wav_ms: float = 0.0
+
+
+# --- views -------------------------------------------------------------------
+
+
+class ChatSession(abc.ABC):
+    """Stateless turn-based chat: one prefill of all messages, then generation."""
+
+    @abc.abstractmethod
+    def prefill(self, messages: list[ChatMessage], options: ChatOptions) -> int:
+        """Encode every message; returns the input token count."""
+
+    @abc.abstractmethod
+    def generate(self) -> Iterator[TextAudioChunk]:
+        """Stream the answer. Each ``next()`` should be short (a token or a sentence)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release per-request state."""
+
+
+class HalfDuplexSession(abc.ABC):
+    """Voice turns with context kept across turns of one session."""
+
+    @abc.abstractmethod
+    def prepare(self, system: list[Part], options: HalfDuplexOptions) -> int:
+        """Prefill the system content; returns the prompt length in tokens."""
+
+    @abc.abstractmethod
+    def prefill(self, speech: np.ndarray) -> int:
+        """Add one user speech segment (16 kHz); returns tokens added."""
+
+    @abc.abstractmethod
+    def generate(self) -> Iterator[TextAudioChunk]:
+        """Stream the answer to the last speech segment."""
+
+    def hear(self, speech_so_far: np.ndarray, paused: bool) -> None:  # noqa: B027
+        """Optional early work while the user is still speaking.
+
+        Called with the current turn's speech so far (16 kHz), off the event
+        loop, whenever new speech arrives; ``paused`` is True when the VAD has
+        just heard silence after speech, so the turn may be over. An engine may
+        transcribe (and, when paused, start answering) ahead of time. A later
+        :meth:`prefill` whose speech starts with the same samples may reuse that
+        work; otherwise the engine must discard it.
+        """
+
+    @abc.abstractmethod
+    def snapshot(self) -> None:
+        """Remember the context as it is now (before a turn)."""
+
+    @abc.abstractmethod
+    def rollback(self) -> None:
+        """Restore the context to the last snapshot (after a failed turn)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release the session's state."""
+
+
+class DuplexSession(abc.ABC):
+    """The per-second unit loop of full duplex: prefill, generate, finalize."""
+
+    @abc.abstractmethod
+    def prepare(self, system_prompt: str, options: DuplexOptions) -> int:
+        """Reset and prefill the system prompt; returns the prompt length."""
+
+    @abc.abstractmethod
+    def prefill(
+        self, audio: np.ndarray, frames: list[bytes], max_slice_nums: int | None = None
+    ) -> PrefillStats:
+        """Feed one unit of audio (16 kHz) and JPEG frames."""
+
+    @abc.abstractmethod
+    def generate(self, force_listen: bool = False) -> DuplexUnit:
+        """Decide to listen or speak for this unit."""
+
+    def finalize(self) -> None:  # noqa: B027 - optional hook
+        """Bookkeeping after a unit's result is sent (deferred finalize)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release the session's state (caches, GPU memory)."""
+
+
+ProgressCallback = Callable[[str, float], None]
+"""``progress(stage, fraction)``, fraction in [0, 1]."""
+
+
+class Engine(abc.ABC):
+    """A loaded model behind the chat, half-duplex and duplex views."""
+
+    name: str
+    capabilities: Capabilities
+
+    @abc.abstractmethod
+    def load(self, progress: ProgressCallback) -> None:
+        """Load weights and warm up. Called once, off the event loop."""
+
+    @abc.abstractmethod
+    def open_chat(self) -> ChatSession: ...
+
+    @abc.abstractmethod
+    def open_half_duplex(self) -> HalfDuplexSession: ...
+
+    @abc.abstractmethod
+    def open_duplex(self) -> DuplexSession: ...
+
+    def default_voice(self) -> Voice | None:
+        """The voice used when a request names none."""
+        return None
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Free everything the engine holds."""
+
+    def require(self, needed: set[Modality]) -> None:
+        """Raise :class:`CapabilityError` if ``needed`` is not all supported."""
+        missing = sorted(m.value for m in needed - self.capabilities.input_modalities)
+        if missing:
+            raise CapabilityError(self.name, f"{missing[0]} input", "this engine cannot take it")

@@ -1,0 +1,298 @@
+"""A deterministic engine with no model, for tests and for trying the server.
+
+Answers are derived from the input so a test can tell the input arrived; every
+text chunk carries real 24 kHz audio (a tone whose length follows the text).
+Directives in the system prompt or a user message change behaviour per
+session, so tests that run real processes need no restart:
+
+``#latency:0.3``      sleep this long in every model step
+``#fail:prefill``     the chat prefill raises
+``#fail:generate``    chat generation raises after its first chunk
+``#fail-turn:N``      half-duplex turn N (0-based) raises during generation
+``#fail-unit:N``      duplex unit N (0-based) raises in generate
+``#schedule:LLSSE``   duplex plan per unit, repeated: L listen, S speak, E speak + end turn
+``#kv-per-unit:N``    duplex KV-cache growth per unit (to reach context limits quickly)
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from omnilive.audio import INPUT_RATE, OUTPUT_RATE, rms, tone
+from omnilive.config import ScriptedSettings
+from omnilive.engines.base import (
+    AudioPart,
+    Capabilities,
+    ChatMessage,
+    ChatOptions,
+    ChatSession,
+    DuplexOptions,
+    DuplexSession,
+    DuplexUnit,
+    Engine,
+    EngineError,
+    HalfDuplexOptions,
+    HalfDuplexSession,
+    ImagePart,
+    Modality,
+    Part,
+    PrefillStats,
+    ProgressCallback,
+    TextAudioChunk,
+    TextPart,
+    VideoPart,
+    Voice,
+)
+
+_DIRECTIVE = re.compile(r"#([a-z-]+):([A-Za-z0-9_.]+)")
+AUDIO_SECONDS_PER_CHAR = 0.05
+CONTEXT_LENGTH = 8192
+
+
+def directives(text: str) -> dict[str, str]:
+    return dict(_DIRECTIVE.findall(text))
+
+
+def speech_for(text: str) -> np.ndarray:
+    """Audio for a text chunk: a tone whose pitch and length follow the text."""
+    freq = 220.0 + (sum(map(ord, text)) % 32) * 20.0
+    return tone(max(0.05, len(text) * AUDIO_SECONDS_PER_CHAR), OUTPUT_RATE, freq)
+
+
+def chunk_text(text: str, size: int) -> list[str]:
+    return [text[i : i + size] for i in range(0, len(text), size)] or [""]
+
+
+def describe_voice(voice: Voice | None) -> str:
+    if voice is None:
+        return ""
+    if voice.reference is not None:
+        return f" (voice: {voice.reference.size / INPUT_RATE:.2f} s reference)"
+    return f" (voice: {voice.name})" if voice.name else ""
+
+
+@dataclass
+class _Knobs:
+    latency_s: float
+    schedule: str
+    fail: str | None = None
+    fail_turn: int | None = None
+    fail_unit: int | None = None
+    kv_per_unit: int = 10
+
+    @classmethod
+    def parse(cls, text: str, settings: ScriptedSettings) -> _Knobs:
+        found = directives(text)
+        return cls(
+            latency_s=float(found.get("latency", settings.step_latency_s)),
+            schedule=found.get("schedule", settings.duplex_schedule).upper() or "L",
+            fail=found.get("fail"),
+            fail_turn=int(found["fail-turn"]) if "fail-turn" in found else None,
+            fail_unit=int(found["fail-unit"]) if "fail-unit" in found else None,
+            kv_per_unit=int(found.get("kv-per-unit", 10)),
+        )
+
+    def pause(self) -> None:
+        if self.latency_s:
+            time.sleep(self.latency_s)
+
+
+def _describe_part(part: Part) -> str:
+    if isinstance(part, TextPart):
+        return part.text
+    if isinstance(part, AudioPart):
+        return f"[audio {part.samples.size / INPUT_RATE:.2f} s]"
+    if isinstance(part, ImagePart):
+        return f"[image {len(part.data)} bytes]"
+    if isinstance(part, VideoPart):
+        return f"[video {len(part.data)} bytes]"
+    raise TypeError(part)
+
+
+def _count_tokens(parts: list[Part] | tuple[Part, ...]) -> int:
+    total = 0
+    for part in parts:
+        if isinstance(part, TextPart):
+            total += len(part.text.split()) + 1
+        elif isinstance(part, AudioPart):
+            total += max(1, part.samples.size // 1600)
+        else:
+            total += 64
+    return total
+
+
+class ScriptedChat(ChatSession):
+    def __init__(self, settings: ScriptedSettings) -> None:
+        self._settings = settings
+        self._answer = ""
+        self._knobs = _Knobs.parse("", settings)
+        self._tts = True
+
+    def prefill(self, messages: list[ChatMessage], options: ChatOptions) -> int:
+        all_text = " ".join(m.text for m in messages)
+        self._knobs = _Knobs.parse(all_text, self._settings)
+        self._knobs.pause()
+        if self._knobs.fail == "prefill":
+            raise EngineError("scripted failure in prefill")
+        last_user = next((m for m in reversed(messages) if m.role == "user"), None)
+        heard = " ".join(_describe_part(p) for p in last_user.parts) if last_user else ""
+        self._answer = f"You said: {heard}{describe_voice(options.voice)}"
+        self._tts = options.tts_enabled
+        return sum(_count_tokens(m.parts) for m in messages)
+
+    def generate(self) -> Iterator[TextAudioChunk]:
+        for index, piece in enumerate(chunk_text(self._answer, self._settings.chars_per_chunk)):
+            self._knobs.pause()
+            if index == 1 and self._knobs.fail == "generate":
+                raise EngineError("scripted failure in generate")
+            audio = speech_for(piece) if self._tts else None
+            yield TextAudioChunk(text=piece, audio=audio, n_tokens=len(piece.split()) or 1)
+
+
+class ScriptedHalfDuplex(HalfDuplexSession):
+    def __init__(self, settings: ScriptedSettings) -> None:
+        self._settings = settings
+        self._knobs = _Knobs.parse("", settings)
+        self._turns: list[float] = []  # speech seconds of each turn in context
+        self._saved: list[float] = []
+        self._pending: float | None = None
+        self._options = HalfDuplexOptions()
+        self._turn_index = 0
+
+    def prepare(self, system: list[Part], options: HalfDuplexOptions) -> int:
+        text = " ".join(p.text for p in system if isinstance(p, TextPart))
+        self._knobs = _Knobs.parse(text, self._settings)
+        self._options = options
+        self._knobs.pause()
+        return _count_tokens(system)
+
+    def prefill(self, speech: np.ndarray) -> int:
+        self._knobs.pause()
+        self._pending = speech.size / INPUT_RATE
+        return max(1, speech.size // 1600)
+
+    def generate(self) -> Iterator[TextAudioChunk]:
+        if self._pending is None:
+            raise EngineError("generate before prefill")
+        heard, self._pending = self._pending, None
+        turn, self._turn_index = self._turn_index, self._turn_index + 1
+        earlier = ", ".join(f"{d:.2f}" for d in self._turns) or "none"
+        answer = (
+            f"Turn {len(self._turns)}: heard {heard:.2f} s; earlier turns: {earlier}"
+            f"{describe_voice(self._options.voice)}."
+        )
+        self._turns.append(heard)
+        for index, piece in enumerate(chunk_text(answer, self._settings.chars_per_chunk)):
+            self._knobs.pause()
+            if index == 1 and self._knobs.fail_turn == turn:
+                raise EngineError(f"scripted failure in turn {turn}")
+            audio = speech_for(piece) if self._options.tts_enabled else None
+            yield TextAudioChunk(text=piece, audio=audio, n_tokens=1)
+
+    def snapshot(self) -> None:
+        self._saved = list(self._turns)
+
+    def rollback(self) -> None:
+        self._turns = list(self._saved)
+
+
+class ScriptedDuplex(DuplexSession):
+    def __init__(self, settings: ScriptedSettings) -> None:
+        self._settings = settings
+        self._knobs = _Knobs.parse("", settings)
+        self._unit = 0
+        self._cursor = 0
+        self._kv = 0
+        self._last_rms = 0.0
+        self._frames = 0
+        self._voice = ""
+        self._speaking = False
+
+    def prepare(self, system_prompt: str, options: DuplexOptions) -> int:
+        self._knobs = _Knobs.parse(system_prompt, self._settings)
+        self._knobs.pause()
+        self._voice = describe_voice(options.tts_voice or options.llm_voice)
+        prompt_length = len(system_prompt.split()) + 16
+        self._kv = prompt_length
+        return prompt_length
+
+    def prefill(
+        self, audio: np.ndarray, frames: list[bytes], max_slice_nums: int | None = None
+    ) -> PrefillStats:
+        self._knobs.pause()
+        self._last_rms = rms(audio)
+        self._frames = len(frames)
+        slices = len(frames) * (max_slice_nums or 1)
+        self._kv += self._knobs.kv_per_unit + 64 * slices
+        return PrefillStats(vision_slices=slices, vision_tokens=64 * slices)
+
+    def generate(self, force_listen: bool = False) -> DuplexUnit:
+        unit, self._unit = self._unit, self._unit + 1
+        if self._knobs.fail_unit == unit:
+            raise EngineError(f"scripted failure in unit {unit}")
+        plan = self._knobs.schedule[self._cursor % len(self._knobs.schedule)]
+        self._cursor += 1
+        if force_listen:
+            if self._speaking:
+                self._skip_to_listen()
+            self._speaking = False
+            return DuplexUnit(is_listen=True, kv_cache_length=self._kv)
+        if plan == "L":
+            self._speaking = False
+            return DuplexUnit(is_listen=True, kv_cache_length=self._kv)
+        end = plan == "E"
+        text = f"unit {unit} rms {self._last_rms:.3f} frames {self._frames}{self._voice} "
+        seconds = 0.5 if end else 1.0
+        audio = tone(seconds, OUTPUT_RATE, 300.0 + 10 * (unit % 20))
+        self._speaking = not end
+        self._kv += 8
+        return DuplexUnit(
+            is_listen=False,
+            text=text,
+            audio=audio,
+            end_of_turn=end,
+            kv_cache_length=self._kv,
+            n_tokens=8,
+            n_tts_tokens=25,
+        )
+
+    def _skip_to_listen(self) -> None:
+        """A forced listen ends the turn: move the plan to its next listen."""
+        schedule = self._knobs.schedule
+        for _ in range(len(schedule)):
+            if schedule[self._cursor % len(schedule)] == "L":
+                return
+            self._cursor += 1
+
+
+class ScriptedEngine(Engine):
+    """Deterministic stand-in for a model; see the module docstring."""
+
+    name = "scripted"
+
+    def __init__(self, settings: ScriptedSettings) -> None:
+        self._settings = settings
+        self.capabilities = Capabilities(
+            input_modalities=frozenset(Modality),
+            audio_output=True,
+            voice_cloning=True,
+            context_length=CONTEXT_LENGTH,
+            slots=settings.slots,
+        )
+
+    def load(self, progress: ProgressCallback) -> None:
+        progress("scripted", 1.0)
+
+    def open_chat(self) -> ChatSession:
+        return ScriptedChat(self._settings)
+
+    def open_half_duplex(self) -> HalfDuplexSession:
+        return ScriptedHalfDuplex(self._settings)
+
+    def open_duplex(self) -> DuplexSession:
+        return ScriptedDuplex(self._settings)

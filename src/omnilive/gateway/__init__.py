@@ -1,0 +1,1 @@
+"""The gateway: one asyncio process in front of the workers, without torch."""

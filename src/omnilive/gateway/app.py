@@ -1,0 +1,63 @@
+"""``create_app(settings)``: the gateway's ASGI application."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+import httpx
+from fastapi import FastAPI
+
+from omnilive.config import Settings
+from omnilive.gateway.links import WorkerLink, close_quietly
+from omnilive.gateway.pool import Pool
+from omnilive.gateway.routes import chat, queue, status
+from omnilive.gateway.state import Gateway
+from omnilive.gateway.supervisor import Supervisor, worker_url
+from omnilive.tasks import TaskSet
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings, supervise: bool = False) -> FastAPI:
+    """The gateway. With ``supervise`` it also starts and restarts
+    ``settings.workers`` worker processes (``omnilive serve``)."""
+    if not settings.internal_token:
+        raise ValueError("the gateway needs an internal token shared with its workers")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        pool = Pool(settings)
+        gateway = Gateway(settings=settings, pool=pool)
+        tasks = TaskSet("gateway")
+        client = httpx.AsyncClient()
+        urls = list(settings.worker_urls)
+        if supervise:
+            urls = [worker_url(settings, i) for i in range(settings.workers)]
+        for index, url in enumerate(urls):
+            worker_id = f"w{index}"
+            gateway.links[worker_id] = WorkerLink(worker_id, url, settings, pool)
+        if supervise:
+            gateway.supervisor = Supervisor(settings, lambda wid: gateway.links[wid].mark_offline())
+            for index, worker_id in enumerate(gateway.links):
+                tasks.spawn(
+                    f"supervise-{worker_id}", gateway.supervisor.run_worker(worker_id, index)
+                )
+        for worker_id, link in gateway.links.items():
+            tasks.spawn(f"control-{worker_id}", link.run_control())
+            tasks.spawn(f"health-{worker_id}", link.run_health(client))
+        app.state.gateway = gateway
+        try:
+            yield
+        finally:
+            if gateway.supervisor is not None:
+                await gateway.supervisor.stop()
+            await tasks.close()
+            await close_quietly(client)
+
+    app = FastAPI(title="omnilive", lifespan=lifespan)
+    app.include_router(status.router)
+    app.include_router(queue.router)
+    app.include_router(chat.router)
+    return app

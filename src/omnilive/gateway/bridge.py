@@ -1,0 +1,70 @@
+"""Gateway → worker session sockets. The gateway relays; it never decodes media."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from enum import Enum
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosedError, InvalidHandshake, WebSocketException
+
+from omnilive.config import Settings
+from omnilive.gateway.scheduler import Lease
+from omnilive.protocol.internal import CLOSE_OK, CLOSE_SESSION_FAILED, bearer, ws_url
+
+WORKER_OPEN_TIMEOUT_S = 10.0
+# Headroom over the client limit: internal messages carry the client's payload
+# plus the worker's own fields.
+INTERNAL_SIZE_MARGIN = 1024 * 1024
+
+
+class WorkerConnectError(Exception):
+    """The leased worker could not be reached."""
+
+
+class SessionEnd(Enum):
+    OK = "ok"  # the worker finished the session normally
+    FAILED = "failed"  # the worker ended it with an error the client was sent
+    LOST = "lost"  # the worker went away mid-session (crash, kill)
+
+
+@asynccontextmanager
+async def open_worker_session(
+    settings: Settings, lease: Lease, kind: str
+) -> AsyncIterator[ClientConnection]:
+    url = ws_url(lease.worker_url, f"/internal/session/{kind}/{lease.session_id}")
+    try:
+        connection = await connect(
+            url,
+            additional_headers=bearer(settings.internal_token),
+            max_size=settings.limits.max_message_bytes + INTERNAL_SIZE_MARGIN,
+            open_timeout=WORKER_OPEN_TIMEOUT_S,
+            ping_interval=None,  # the control channel watches liveness
+            compression=None,  # payloads are base64 media: not worth deflating on loopback
+        )
+    except (OSError, TimeoutError, InvalidHandshake) as exc:
+        raise WorkerConnectError(f"worker {lease.worker_id} unreachable: {exc}") from None
+    try:
+        yield connection
+    finally:
+        await connection.close()
+
+
+async def relay_to_client(
+    worker: ClientConnection, send_text: Callable[[str], Awaitable[None]]
+) -> SessionEnd:
+    """Forward every worker message verbatim until the worker closes."""
+    try:
+        async for message in worker:
+            await send_text(message if isinstance(message, str) else message.decode())
+    except ConnectionClosedError:
+        pass  # a close code other than 1000/1001; told apart below
+    except WebSocketException:
+        return SessionEnd.LOST
+    code = worker.close_code
+    if code == CLOSE_OK:
+        return SessionEnd.OK
+    if code == CLOSE_SESSION_FAILED:
+        return SessionEnd.FAILED
+    return SessionEnd.LOST

@@ -1,0 +1,47 @@
+"""Client WebSocket plumbing shared by every mode's route."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import Any
+
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from omnilive.protocol.common import ErrorCode, error_message
+
+CLOSE_TRY_AGAIN = 1013  # RFC 6455 "try again later": queue full, no workers
+
+
+async def receive_frame(ws: WebSocket) -> str | bytes:
+    """The next text or binary frame; raises WebSocketDisconnect when the peer leaves."""
+    message = await ws.receive()
+    if message["type"] == "websocket.disconnect":
+        raise WebSocketDisconnect(message.get("code", 1000))
+    return message.get("text") if message.get("text") is not None else message.get("bytes", b"")
+
+
+async def until_disconnect(ws: WebSocket) -> None:
+    """Return when the client leaves; frames it sends meanwhile are dropped."""
+    while True:
+        if (await ws.receive())["type"] == "websocket.disconnect":
+            return
+
+
+async def send_json(ws: WebSocket, message: dict[str, Any]) -> None:
+    await ws.send_text(json.dumps(message))
+
+
+async def fail(ws: WebSocket, message: str, code: ErrorCode, close_code: int = 1000) -> None:
+    """Send an ``error`` and close; a client already gone is not an error."""
+    if ws.client_state is not WebSocketState.CONNECTED:
+        return
+    with contextlib.suppress(WebSocketDisconnect, OSError, RuntimeError):
+        await send_json(ws, error_message(message, code))
+        await ws.close(code=close_code, reason=message[:120])
+
+
+async def close_quietly(ws: WebSocket, code: int = 1000) -> None:
+    if ws.client_state is WebSocketState.CONNECTED:
+        with contextlib.suppress(WebSocketDisconnect, OSError, RuntimeError):
+            await ws.close(code=code)

@@ -1,0 +1,145 @@
+"""The gateway's view of each worker: a control channel that the worker pushes
+its state over (readiness is that push, not a poll), and the periodic health
+check of the reference for the statistics ``/workers`` shows."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from typing import Any
+
+import httpx
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidHandshake, WebSocketException
+
+from omnilive.config import Settings
+from omnilive.gateway.pool import Pool
+from omnilive.gateway.scheduler import WorkerHealth
+from omnilive.protocol.internal import bearer, ws_url
+
+log = logging.getLogger(__name__)
+
+RECONNECT_MIN_S = 0.1
+RECONNECT_MAX_S = 1.0
+# Keepalive pings on the control channel: a worker whose event loop stops
+# answering for this long is treated as gone.
+PING_INTERVAL_S = 2.0
+PING_TIMEOUT_S = 5.0
+
+
+def health_of(worker_status: str) -> WorkerHealth:
+    if worker_status == "loading":
+        return WorkerHealth.LOADING
+    if worker_status == "error":
+        return WorkerHealth.ERROR
+    return WorkerHealth.READY
+
+
+class WorkerLink:
+    """Keeps one worker's state current in the pool."""
+
+    def __init__(self, worker_id: str, url: str, settings: Settings, pool: Pool) -> None:
+        self.worker_id = worker_id
+        self.url = url
+        self.settings = settings
+        self.pool = pool
+        self.last_status: dict[str, Any] = {}
+        self.last_health_at: float | None = None
+        self.connected = False
+        pool.add_worker(worker_id, url)
+
+    def _apply(self, status: dict[str, Any]) -> None:
+        self.last_status = status
+        self.pool.set_worker_state(
+            self.worker_id,
+            health_of(status.get("worker_status", "error")),
+            slots=int(status.get("slots", 1)),
+            capabilities=status.get("capabilities") or {},
+        )
+
+    def mark_offline(self) -> None:
+        self.connected = False
+        self.pool.set_worker_state(self.worker_id, WorkerHealth.OFFLINE)
+
+    async def run_control(self) -> None:
+        """Follow the worker's pushed state; reconnect after it goes away."""
+        delay = RECONNECT_MIN_S
+        url = ws_url(self.url, "/internal/control")
+        while True:
+            try:
+                async with connect(
+                    url,
+                    additional_headers=bearer(self.settings.internal_token),
+                    open_timeout=5,
+                    ping_interval=PING_INTERVAL_S,
+                    ping_timeout=PING_TIMEOUT_S,
+                ) as ws:
+                    self.connected = True
+                    delay = RECONNECT_MIN_S
+                    log.info("worker %s: control channel up", self.worker_id)
+                    async for raw in ws:
+                        self._apply(json.loads(raw))
+            except (OSError, TimeoutError, InvalidHandshake, WebSocketException):
+                pass
+            if self.connected:
+                log.warning("worker %s: control channel lost", self.worker_id)
+            self.mark_offline()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RECONNECT_MAX_S)
+
+    async def run_health(self, client: httpx.AsyncClient) -> None:
+        """``GET /health`` every ``health_interval_s``; a worker that does not
+        answer in ``health_timeout_s`` is taken out of rotation until it does."""
+        while True:
+            await asyncio.sleep(self.settings.health_interval_s)
+            await self.check_health(client)
+
+    async def check_health(self, client: httpx.AsyncClient) -> None:
+        try:
+            response = await client.get(
+                f"{self.url}/health",
+                headers=bearer(self.settings.internal_token),
+                timeout=self.settings.health_timeout_s,
+            )
+            response.raise_for_status()
+            self.last_health_at = time.time()
+            self._apply(response.json())
+        except (httpx.HTTPError, ValueError):
+            if self.connected:
+                log.warning("worker %s: health check failed", self.worker_id)
+                self.pool.set_worker_state(self.worker_id, WorkerHealth.ERROR)
+
+    def describe(self) -> dict[str, Any]:
+        record = self.pool.scheduler.workers[self.worker_id]
+        status = self.last_status
+        current = next(iter(record.leases.values()), None)
+        return {
+            "worker_id": self.worker_id,
+            "url": self.url,
+            "status": status.get("worker_status", "offline")
+            if record.health is not WorkerHealth.OFFLINE
+            else "offline",
+            "health": record.health.value,
+            "engine": status.get("engine"),
+            "pid": status.get("pid"),
+            "slots": record.slots,
+            "slots_busy": len(record.leases),
+            "capabilities": record.capabilities,
+            "current_session_id": current.session_id if current else None,
+            "current_request_type": current.request_type if current else None,
+            "task_started_at": current.started_at if current else None,
+            "total_requests": record.total_requests,
+            "avg_inference_time_ms": status.get("avg_inference_time_ms"),
+            "kv_cache_length": status.get("kv_cache_length"),
+            "load_progress": status.get("load_progress"),
+            "error": status.get("error"),
+            "last_heartbeat": self.last_health_at,
+        }
+
+
+async def close_quietly(client: httpx.AsyncClient) -> None:
+    with contextlib.suppress(Exception):
+        await client.aclose()

@@ -1,0 +1,1 @@
+"""HTTP and WebSocket routes of the gateway, one module per area."""

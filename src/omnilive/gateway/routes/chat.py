@@ -1,0 +1,209 @@
+"""Turn-based chat: ``WS /ws/chat`` and ``POST /api/chat`` (spec/chat.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from fastapi import APIRouter, Request, WebSocket
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.websockets import WebSocketDisconnect
+
+from omnilive.gateway.bridge import (
+    SessionEnd,
+    WorkerConnectError,
+    open_worker_session,
+    relay_to_client,
+)
+from omnilive.gateway.client_ws import (
+    CLOSE_TRY_AGAIN,
+    close_quietly,
+    fail,
+    receive_frame,
+    send_json,
+    until_disconnect,
+)
+from omnilive.gateway.scheduler import NoWorkersError, QueueFullError, Ticket
+from omnilive.gateway.state import Gateway, gateway_of
+from omnilive.ids import mint
+from omnilive.protocol.chat import ChatRequest
+from omnilive.protocol.common import (
+    ErrorCode,
+    ProtocolError,
+    describe_validation_error,
+    parse_json_object,
+)
+from omnilive.wsutil import PeerGone, race
+
+router = APIRouter()
+
+
+def validate_chat(gateway: Gateway, raw: str | bytes) -> ChatRequest:
+    """Everything the gateway can check without decoding media."""
+    limits = gateway.settings.limits
+    data = parse_json_object(raw, limits.max_message_bytes)
+    try:
+        request = ChatRequest.model_validate(data)
+    except ValidationError as exc:
+        raise ProtocolError(ErrorCode.INVALID_REQUEST, describe_validation_error(exc)) from None
+    if len(request.messages) > limits.max_chat_messages:
+        raise ProtocolError(
+            ErrorCode.PAYLOAD_TOO_LARGE,
+            f"{len(request.messages)} messages exceed the limit of {limits.max_chat_messages}",
+        )
+    if request.audio_seconds() > limits.max_chat_audio_s:
+        raise ProtocolError(
+            ErrorCode.PAYLOAD_TOO_LARGE,
+            f"{request.audio_seconds():.0f} s of audio exceed the limit of "
+            f"{limits.max_chat_audio_s:.0f} s",
+        )
+    if request.tts.ref_audio_path and not request.tts.ref_audio_data:
+        raise ProtocolError(
+            ErrorCode.INVALID_REQUEST,
+            "tts.ref_audio_path is not accepted (clients cannot name server files); "
+            "send the voice as tts.ref_audio_data",
+        )
+    capabilities = gateway.capabilities()
+    if capabilities is not None:
+        missing = sorted(request.modalities() - {m.value for m in capabilities.input_modalities})
+        if missing:
+            capability = "vision" if missing[0] in ("image", "video") else missing[0]
+            raise ProtocolError(
+                ErrorCode.UNSUPPORTED,
+                f"engine '{gateway.engine_name()}' cannot take {missing[0]} input "
+                f"(missing capability: {capability})",
+            )
+    return request
+
+
+def submit(gateway: Gateway, session_id: str) -> Ticket:
+    """Queue a chat request; raises ProtocolError when it cannot even wait."""
+    try:
+        return gateway.pool.submit("chat", session_id)
+    except QueueFullError as exc:
+        raise ProtocolError(ErrorCode.QUEUE_FULL, str(exc)) from None
+    except NoWorkersError as exc:
+        raise ProtocolError(ErrorCode.NO_WORKERS, str(exc)) from None
+
+
+@router.websocket("/ws/chat")
+async def chat_ws(ws: WebSocket) -> None:
+    gateway = gateway_of(ws)
+    await ws.accept()
+    try:
+        raw = await asyncio.wait_for(
+            receive_frame(ws), gateway.settings.limits.first_message_timeout_s
+        )
+    except TimeoutError:
+        await fail(ws, "no request received", ErrorCode.TIMEOUT)
+        return
+    except WebSocketDisconnect:
+        return
+    try:
+        request = validate_chat(gateway, raw)
+        ticket = submit(gateway, mint("chat"))
+    except ProtocolError as exc:
+        full = exc.code in (ErrorCode.QUEUE_FULL, ErrorCode.NO_WORKERS)
+        await fail(ws, exc.message, exc.code, CLOSE_TRY_AGAIN if full else 1000)
+        return
+    try:
+        await race(_serve_chat_ws(gateway, ws, ticket, request), lambda: until_disconnect(ws))
+    except (PeerGone, WebSocketDisconnect, OSError):
+        return  # the client left; the ticket or lease was given back on the way out
+    except LookupError:
+        await fail(ws, "removed from the queue by an administrator", ErrorCode.CANCELLED)
+        return
+    await close_quietly(ws)
+
+
+async def _serve_chat_ws(
+    gateway: Gateway, ws: WebSocket, ticket: Ticket, request: ChatRequest
+) -> None:
+    lease = await gateway.pool.acquire(ticket, lambda m: send_json(ws, m))
+    end = SessionEnd.LOST
+    try:
+        async with open_worker_session(gateway.settings, lease, "chat") as worker:
+            await worker.send(request.model_dump_json())
+            end = await relay_to_client(worker, ws.send_text)
+    except WorkerConnectError as exc:
+        await fail(ws, str(exc), ErrorCode.WORKER_FAILED)
+    finally:
+        gateway.pool.release(lease, ok=end is SessionEnd.OK)
+    if end is SessionEnd.LOST:
+        await fail(
+            ws, f"worker {lease.worker_id} failed during the request", ErrorCode.WORKER_FAILED
+        )
+
+
+def _error_response(status: int, message: str, code: ErrorCode | str) -> JSONResponse:
+    return JSONResponse({"success": False, "error": message, "code": str(code)}, status)
+
+
+async def _until_http_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+@router.post("/api/chat")
+async def chat_http(request: Request) -> JSONResponse:
+    """Non-streaming chat: waits in the queue, answers with the whole result."""
+    gateway = gateway_of(request)
+    limit = gateway.settings.limits.max_message_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        return _error_response(
+            413, f"body of {declared} bytes exceeds {limit}", "payload_too_large"
+        )
+    body = await request.body()
+    try:
+        chat = validate_chat(gateway, body)
+        ticket = submit(gateway, mint("chat"))
+    except ProtocolError as exc:
+        status = {
+            ErrorCode.QUEUE_FULL: 503,
+            ErrorCode.NO_WORKERS: 503,
+            ErrorCode.PAYLOAD_TOO_LARGE: 413,
+        }.get(exc.code, 400)
+        return _error_response(status, exc.message, exc.code)
+    try:
+        work = _serve_chat_http(gateway, ticket, chat)
+        return await race(work, lambda: _until_http_disconnect(request))
+    except PeerGone:
+        return _error_response(499, "client disconnected", "client_closed")
+    except LookupError:
+        return _error_response(409, "removed from the queue by an administrator", "cancelled")
+
+
+async def _serve_chat_http(gateway: Gateway, ticket: Ticket, chat: ChatRequest) -> JSONResponse:
+    queued_at = time.perf_counter()
+
+    async def ignore(_: dict[str, Any]) -> None:
+        return None
+
+    lease = await gateway.pool.acquire(ticket, ignore)
+    queue_wait_ms = (time.perf_counter() - queued_at) * 1000
+    messages: list[dict[str, Any]] = []
+
+    async def collect(text: str) -> None:
+        messages.append(json.loads(text))
+
+    end = SessionEnd.LOST
+    try:
+        async with open_worker_session(gateway.settings, lease, "chat") as worker:
+            await worker.send(chat.model_copy(update={"streaming": False}).model_dump_json())
+            end = await relay_to_client(worker, collect)
+    except WorkerConnectError as exc:
+        return _error_response(502, str(exc), ErrorCode.WORKER_FAILED)
+    finally:
+        gateway.pool.release(lease, ok=end is SessionEnd.OK)
+    final = messages[-1] if messages else {}
+    if end is SessionEnd.OK and final.get("type") == "done":
+        body = {key: value for key, value in final.items() if key != "type"}
+        return JSONResponse({"success": True, **body, "queue_wait_ms": round(queue_wait_ms, 1)})
+    if final.get("type") == "error":
+        status = 422 if final.get("code") in ("unsupported_capability", "invalid_request") else 502
+        return _error_response(status, final["error"], final.get("code", "inference_error"))
+    return _error_response(502, f"worker {lease.worker_id} failed", ErrorCode.WORKER_FAILED)

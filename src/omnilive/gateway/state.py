@@ -1,0 +1,41 @@
+"""Everything the gateway's routes share, built once in the lifespan."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from fastapi import Request, WebSocket
+
+from omnilive.config import Settings
+from omnilive.engines.base import Capabilities
+from omnilive.gateway.links import WorkerLink
+from omnilive.gateway.pool import Pool
+from omnilive.gateway.scheduler import WorkerHealth
+from omnilive.gateway.supervisor import Supervisor
+
+
+@dataclass
+class Gateway:
+    settings: Settings
+    pool: Pool
+    links: dict[str, WorkerLink] = field(default_factory=dict)
+    supervisor: Supervisor | None = None
+    started_at: float = field(default_factory=time.time)
+
+    def capabilities(self) -> Capabilities | None:
+        """What the workers' engine can do, once a worker has told us."""
+        for worker in self.pool.scheduler.workers.values():
+            if worker.capabilities and worker.health is not WorkerHealth.OFFLINE:
+                return Capabilities.from_dict(worker.capabilities)
+        for worker in self.pool.scheduler.workers.values():
+            if worker.capabilities:
+                return Capabilities.from_dict(worker.capabilities)
+        return None
+
+    def engine_name(self) -> str | None:
+        return next((link.last_status.get("engine") for link in self.links.values()), None)
+
+
+def gateway_of(connection: Request | WebSocket) -> Gateway:
+    return connection.app.state.gateway

@@ -1,0 +1,1 @@
+"""Typed wire messages, one module per API. Pydantic at the edges."""

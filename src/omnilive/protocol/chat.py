@@ -1,0 +1,138 @@
+"""Turn-based chat (``WS /ws/chat``, ``POST /api/chat``): spec/chat.md."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from omnilive.protocol.common import Base64Str
+
+_MODEL = ConfigDict(extra="ignore", frozen=True)
+
+
+class TextItem(BaseModel):
+    model_config = _MODEL
+    type: Literal["text"]
+    text: str
+
+
+class ImageItem(BaseModel):
+    model_config = _MODEL
+    type: Literal["image"]
+    data: Base64Str
+
+
+class AudioItem(BaseModel):
+    model_config = _MODEL
+    type: Literal["audio"]
+    data: Base64Str
+    sample_rate: int = Field(16000, ge=8000, le=48000)
+
+    @model_validator(mode="after")
+    def _whole_samples(self) -> AudioItem:
+        # base64 length → byte length without decoding again
+        padding = self.data[-2:].count("=")
+        n_bytes = len(self.data) * 3 // 4 - padding
+        if n_bytes % 4:
+            raise ValueError("audio data must be float32 PCM (a multiple of 4 bytes)")
+        return self
+
+    @property
+    def seconds(self) -> float:
+        padding = self.data[-2:].count("=")
+        return (len(self.data) * 3 // 4 - padding) / 4 / self.sample_rate
+
+
+class VideoItem(BaseModel):
+    model_config = _MODEL
+    type: Literal["video"]
+    data: Base64Str
+    stack_frames: int = Field(1, ge=1, le=16)
+
+
+ContentItem = Annotated[TextItem | ImageItem | AudioItem | VideoItem, Field(discriminator="type")]
+
+
+class Message(BaseModel):
+    model_config = _MODEL
+    role: Literal["system", "user", "assistant"]
+    content: str | list[ContentItem]
+
+    def items(self) -> list[TextItem | ImageItem | AudioItem | VideoItem]:
+        if isinstance(self.content, str):
+            return [TextItem(type="text", text=self.content)]
+        return list(self.content)
+
+
+class GenerationConfig(BaseModel):
+    model_config = _MODEL
+    max_new_tokens: int = Field(512, ge=1, le=8192)
+    temperature: float = Field(0.7, ge=0.0, le=2.0)
+    top_p: float = Field(0.8, gt=0.0, le=1.0)
+    length_penalty: float = Field(1.0, gt=0.0, le=10.0)
+
+
+class TTSConfig(BaseModel):
+    model_config = _MODEL
+    enabled: bool = True
+    mode: Literal["default", "audio_assistant", "omni", "audio_roleplay", "voice_cloning"] = (
+        "default"
+    )
+    # Accepted for wire compatibility, never used: a client must not name server files.
+    ref_audio_path: str | None = None
+    ref_audio_data: Base64Str | None = None
+    language: str | None = None
+    voice: str | None = None
+
+
+class ImageConfig(BaseModel):
+    model_config = _MODEL
+    max_slice_nums: int | None = Field(None, ge=1, le=64)
+    use_image_id: bool = True
+
+
+class ChatRequest(BaseModel):
+    """The single message a chat client sends."""
+
+    model_config = _MODEL
+    messages: list[Message] = Field(min_length=1)
+    streaming: bool = True
+    generation: GenerationConfig = Field(default_factory=GenerationConfig)
+    tts: TTSConfig = Field(default_factory=TTSConfig)
+    image: ImageConfig = Field(default_factory=ImageConfig)
+    omni_mode: bool = False
+    enable_thinking: bool = False
+
+    def modalities(self) -> set[str]:
+        return {item.type for m in self.messages for item in m.items()}
+
+    def audio_seconds(self) -> float:
+        return sum(i.seconds for m in self.messages for i in m.items() if isinstance(i, AudioItem))
+
+
+def chunk_message(text_delta: str, audio_data: str | None) -> dict[str, Any]:
+    return {"type": "chunk", "text_delta": text_delta, "audio_data": audio_data}
+
+
+def prefill_done_message(input_tokens: int) -> dict[str, Any]:
+    return {"type": "prefill_done", "input_tokens": input_tokens}
+
+
+def done_message(
+    text: str,
+    generated_tokens: int,
+    input_tokens: int,
+    audio_data: str | None,
+    recording_session_id: str,
+    timings: dict[str, float],
+) -> dict[str, Any]:
+    return {
+        "type": "done",
+        "text": text,
+        "generated_tokens": generated_tokens,
+        "input_tokens": input_tokens,
+        "audio_data": audio_data,
+        "recording_session_id": recording_session_id,
+        "timings": timings,
+    }

@@ -1,0 +1,102 @@
+"""Messages and error codes shared by every mode."""
+
+from __future__ import annotations
+
+import binascii
+import json
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, ValidationError
+
+
+class ErrorCode(StrEnum):
+    """Documented error codes (README, "Errors")."""
+
+    INVALID_JSON = "invalid_json"
+    INVALID_REQUEST = "invalid_request"
+    UNKNOWN_TYPE = "unknown_type"
+    PAYLOAD_TOO_LARGE = "payload_too_large"
+    UNSUPPORTED = "unsupported_capability"
+    QUEUE_FULL = "queue_full"
+    NO_WORKERS = "service_unavailable"
+    WORKER_FAILED = "worker_failed"
+    INFERENCE_ERROR = "inference_error"
+    TIMEOUT = "timeout"
+    NOT_READY = "not_ready"
+    CANCELLED = "cancelled"
+
+
+class ProtocolError(Exception):
+    """A client message that is refused with a documented code."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _check_base64(value: str) -> str:
+    try:
+        binascii.a2b_base64(value, strict_mode=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ValueError(f"invalid base64 ({exc})") from None
+    return value
+
+
+Base64Str = Annotated[str, AfterValidator(_check_base64)]
+"""A string that must be strict base64 (checked, not kept decoded)."""
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """One line naming the first offending field, without echoing payloads."""
+    # For a union (``content: str | list``) pydantic reports every branch;
+    # the deepest location is the one that names the real problem.
+    errors = exc.errors(include_input=False, include_url=False)
+    first = max(errors, key=lambda e: len(e["loc"]))
+    where = ".".join(str(p) for p in first["loc"] if not str(p).startswith(("str", "list[")))
+    return f"{where or 'message'}: {first['msg']}"
+
+
+def parse_json_object(raw: str | bytes, max_bytes: int) -> dict[str, Any]:
+    """Decode one client frame into a JSON object or raise :class:`ProtocolError`."""
+    if len(raw) > max_bytes:
+        raise ProtocolError(
+            ErrorCode.PAYLOAD_TOO_LARGE, f"message of {len(raw)} bytes exceeds {max_bytes}"
+        )
+    try:
+        value = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ProtocolError(ErrorCode.INVALID_JSON, f"message is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ProtocolError(ErrorCode.INVALID_REQUEST, "message must be a JSON object")
+    return value
+
+
+def error_message(message: str, code: ErrorCode | str) -> dict[str, Any]:
+    """The error message of the chat, half-duplex and duplex protocols."""
+    return {"type": "error", "error": message, "code": str(code)}
+
+
+def queued_message(
+    position: int, estimated_wait_s: float, ticket_id: str, queue_length: int
+) -> dict[str, Any]:
+    return {
+        "type": "queued",
+        "position": position,
+        "estimated_wait_s": round(estimated_wait_s, 1),
+        "ticket_id": ticket_id,
+        "queue_length": queue_length,
+    }
+
+
+def queue_update_message(position: int, estimated_wait_s: float, queue_length: int) -> dict:
+    return {
+        "type": "queue_update",
+        "position": position,
+        "estimated_wait_s": round(estimated_wait_s, 1),
+        "queue_length": queue_length,
+    }
+
+
+QUEUE_DONE: dict[str, Any] = {"type": "queue_done"}

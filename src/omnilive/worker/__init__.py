@@ -1,0 +1,1 @@
+"""A worker process: one engine, its session runners, an internal API."""

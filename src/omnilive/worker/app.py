@@ -1,0 +1,148 @@
+"""The worker's internal API: health, the control channel and session sockets.
+
+Only the gateway may talk to a worker: every route needs the internal token,
+checked before a WebSocket is accepted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import secrets
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request, WebSocket
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.websockets import WebSocketDisconnect, WebSocketState
+
+from omnilive.config import Settings
+from omnilive.engines import create_engine
+from omnilive.engines.base import Engine
+from omnilive.protocol.chat import ChatRequest
+from omnilive.protocol.common import ErrorCode, describe_validation_error, error_message
+from omnilive.protocol.internal import CLOSE_OK, CLOSE_SESSION_FAILED, CLOSE_WORKER_UNAVAILABLE
+from omnilive.tasks import TaskSet
+from omnilive.worker.runners.chat import run_chat
+from omnilive.worker.runtime import SESSION_KINDS, WorkerRuntime
+from omnilive.wsutil import PeerGone, race
+
+log = logging.getLogger(__name__)
+
+
+def _authorized(headers: Any, token: str) -> bool:
+    supplied = headers.get("authorization", "")
+    return bool(token) and secrets.compare_digest(supplied, f"Bearer {token}")
+
+
+async def _until_disconnect(ws: WebSocket) -> None:
+    """Return when the peer goes away; further frames on a chat socket are ignored."""
+    while True:
+        message = await ws.receive()
+        if message["type"] == "websocket.disconnect":
+            return
+
+
+def create_worker_app(settings: Settings, worker_id: str, engine: Engine | None = None) -> FastAPI:
+    """The worker's ASGI app. ``engine`` defaults to the one the settings name."""
+    token = settings.internal_token
+    if not token:
+        raise ValueError("a worker needs an internal token (OMNILIVE_INTERNAL_TOKEN)")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        runtime = WorkerRuntime(engine or create_engine(settings), worker_id)
+        tasks = TaskSet(f"worker-{worker_id}")
+        app.state.runtime = runtime
+        tasks.spawn("load", runtime.load())
+        try:
+            yield
+        finally:
+            await tasks.close()
+            runtime.close()
+
+    app = FastAPI(title=f"omnilive worker {worker_id}", lifespan=lifespan, openapi_url=None)
+
+    @app.middleware("http")
+    async def require_token(request: Request, call_next: Any) -> Any:
+        if not _authorized(request.headers, token):
+            return JSONResponse({"detail": "internal token required"}, status_code=401)
+        return await call_next(request)
+
+    @app.get("/health")
+    async def health(request: Request) -> dict[str, Any]:
+        return request.app.state.runtime.status()
+
+    @app.websocket("/internal/control")
+    async def control(ws: WebSocket) -> None:
+        if not _authorized(ws.headers, token):
+            await ws.close(code=1008)
+            return
+        await ws.accept()
+        runtime: WorkerRuntime = ws.app.state.runtime
+
+        async def push() -> bool:
+            while True:
+                changed = asyncio.ensure_future(runtime.wait_changed())
+                await ws.send_text(json.dumps(runtime.status()))
+                await changed
+
+        with contextlib.suppress(WebSocketDisconnect, PeerGone):
+            await race(push(), lambda: _until_disconnect(ws))
+
+    @app.websocket("/internal/session/{kind}/{session_id}")
+    async def session(ws: WebSocket, kind: str, session_id: str) -> None:
+        if not _authorized(ws.headers, token):
+            await ws.close(code=1008)
+            return
+        if kind not in SESSION_KINDS:
+            await ws.close(code=1008, reason=f"unknown session kind {kind!r}")
+            return
+        await ws.accept()
+        runtime: WorkerRuntime = ws.app.state.runtime
+        try:
+            async with runtime.session(session_id, kind):
+                ok = await _serve(ws, runtime, kind, session_id, settings)
+        except RuntimeError as exc:  # worker not ready
+            await ws.send_text(json.dumps(error_message(str(exc), ErrorCode.NO_WORKERS)))
+            await ws.close(code=CLOSE_WORKER_UNAVAILABLE)
+            return
+        if ws.client_state is WebSocketState.CONNECTED:
+            await ws.close(code=CLOSE_OK if ok else CLOSE_SESSION_FAILED)
+
+    return app
+
+
+async def _serve(
+    ws: WebSocket, runtime: WorkerRuntime, kind: str, session_id: str, settings: Settings
+) -> bool:
+    """Run the session's runner; any unexpected failure becomes an ``error``
+    message for the client, with the traceback in the worker's log."""
+    try:
+        if kind == "chat":
+            raw = await ws.receive_text()
+            try:
+                request = ChatRequest.model_validate_json(raw)
+            except ValidationError as exc:
+                message = describe_validation_error(exc)
+                await ws.send_text(json.dumps(error_message(message, ErrorCode.INVALID_REQUEST)))
+                return False
+            work = run_chat(runtime, session_id, request, ws.send_text)
+            return await race(work, lambda: _until_disconnect(ws))
+        await ws.send_text(
+            json.dumps(error_message(f"mode {kind} is not served yet", ErrorCode.UNSUPPORTED))
+        )
+        return False
+    except (WebSocketDisconnect, PeerGone):
+        return False
+    except Exception as exc:
+        log.exception("session %s failed", session_id)
+        if ws.client_state is WebSocketState.CONNECTED:
+            with contextlib.suppress(Exception):
+                await ws.send_text(
+                    json.dumps(error_message(f"internal error: {exc}", ErrorCode.INFERENCE_ERROR))
+                )
+        return False

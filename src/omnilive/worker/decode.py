@@ -1,0 +1,84 @@
+"""Turn validated wire requests into the engine's decoded types."""
+
+from __future__ import annotations
+
+import io
+
+from PIL import Image, UnidentifiedImageError
+
+from omnilive.audio import INPUT_RATE, AudioDecodeError, decode_b64, pcm_from_b64, resample
+from omnilive.engines.base import (
+    AudioPart,
+    ChatMessage,
+    ChatOptions,
+    GenerationOptions,
+    ImagePart,
+    Part,
+    TextPart,
+    VideoPart,
+    Voice,
+)
+from omnilive.protocol.chat import AudioItem, ChatRequest, ImageItem, TextItem, VideoItem
+
+
+class DecodeError(ValueError):
+    """Content that passed the gateway's checks but cannot be decoded."""
+
+
+def check_image(data: bytes, what: str = "image") -> bytes:
+    """Confirm the bytes are an image PIL can read (JPEG, PNG, WebP, ...)."""
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            img.verify()
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+        raise DecodeError(f"{what} is not a decodable image: {exc}") from None
+    return data
+
+
+def decode_item(item: TextItem | ImageItem | AudioItem | VideoItem) -> Part:
+    try:
+        if isinstance(item, TextItem):
+            return TextPart(item.text)
+        if isinstance(item, ImageItem):
+            return ImagePart(check_image(decode_b64(item.data)))
+        if isinstance(item, AudioItem):
+            pcm = pcm_from_b64(item.data)
+            return AudioPart(resample(pcm, item.sample_rate, INPUT_RATE))
+        return VideoPart(decode_b64(item.data), item.stack_frames)
+    except AudioDecodeError as exc:
+        raise DecodeError(f"{item.type} content: {exc}") from None
+
+
+def decode_voice(ref_audio_b64: str | None, name: str | None, language: str | None) -> Voice | None:
+    if ref_audio_b64:
+        try:
+            return Voice(reference=pcm_from_b64(ref_audio_b64), name=name, language=language)
+        except AudioDecodeError as exc:
+            raise DecodeError(f"reference audio: {exc}") from None
+    if name or language:
+        return Voice(name=name, language=language)
+    return None
+
+
+def decode_chat(request: ChatRequest) -> tuple[list[ChatMessage], ChatOptions]:
+    messages = [
+        ChatMessage(m.role, tuple(decode_item(item) for item in m.items()))
+        for m in request.messages
+    ]
+    g = request.generation
+    options = ChatOptions(
+        generation=GenerationOptions(
+            max_new_tokens=g.max_new_tokens,
+            temperature=g.temperature,
+            top_p=g.top_p,
+            length_penalty=g.length_penalty,
+            enable_thinking=request.enable_thinking,
+        ),
+        tts_enabled=request.tts.enabled,
+        tts_mode=request.tts.mode,
+        voice=decode_voice(request.tts.ref_audio_data, request.tts.voice, request.tts.language),
+        max_slice_nums=request.image.max_slice_nums,
+        use_image_id=request.image.use_image_id,
+        omni_mode=request.omni_mode,
+    )
+    return messages, options

@@ -1,0 +1,1 @@
+"""One runner per mode: it drives an engine session for one client."""

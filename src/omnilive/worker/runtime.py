@@ -1,0 +1,174 @@
+"""A worker's engine, its slots and its state, shared by the session runners."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, TypeVar
+
+from omnilive.engines.base import Engine
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# How long a cancelled session waits for its in-flight model step to finish
+# before giving up the slot anyway (a step that never returns is a hung worker).
+STEP_DRAIN_S = 120.0
+
+
+class WorkerState(StrEnum):
+    LOADING = "loading"
+    IDLE = "idle"
+    BUSY_CHAT = "busy_chat"
+    BUSY_HALF_DUPLEX = "busy_half_duplex"
+    DUPLEX_ACTIVE = "duplex_active"
+    DUPLEX_PAUSED = "duplex_paused"
+    ERROR = "error"
+
+
+SESSION_KINDS = ("chat", "half_duplex", "audio_duplex", "omni_duplex")
+_BUSY_STATE = {
+    "chat": WorkerState.BUSY_CHAT,
+    "half_duplex": WorkerState.BUSY_HALF_DUPLEX,
+    "audio_duplex": WorkerState.DUPLEX_ACTIVE,
+    "omni_duplex": WorkerState.DUPLEX_ACTIVE,
+}
+
+
+@dataclass
+class SessionRecord:
+    session_id: str
+    kind: str
+    started_at: float
+    state: WorkerState
+    kv_cache_length: int = 0
+
+
+class WorkerRuntime:
+    """Owns the engine. Model steps run on the engine's own threads (one per
+    slot), never on the event loop; a cancelled session still waits for its
+    step to return, so the engine is never used by two sessions of one slot."""
+
+    def __init__(self, engine: Engine, worker_id: str) -> None:
+        self.engine = engine
+        self.worker_id = worker_id
+        self.state = WorkerState.LOADING
+        self.error: str | None = None
+        self.sessions: dict[str, SessionRecord] = {}
+        self.total_requests = 0
+        self.total_inference_s = 0.0
+        self.load_progress: tuple[str, float] = ("starting", 0.0)
+        slots = engine.capabilities.slots
+        self._executor = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="engine")
+        self._slots = asyncio.Semaphore(slots)
+        self._changed = asyncio.Event()
+
+    # --- lifecycle -------------------------------------------------------------
+
+    async def load(self) -> None:
+        loop = asyncio.get_running_loop()
+
+        def progress(stage: str, fraction: float) -> None:
+            self.load_progress = (stage, fraction)
+            log.info("loading %s: %3.0f%%", stage, 100 * fraction)
+
+        started = time.perf_counter()
+        try:
+            await loop.run_in_executor(self._executor, self.engine.load, progress)
+        except Exception as exc:
+            log.exception("engine %s failed to load", self.engine.name)
+            self.error = f"{type(exc).__name__}: {exc}"
+            self._set_state(WorkerState.ERROR)
+            return
+        log.info("engine %s ready in %.2f s", self.engine.name, time.perf_counter() - started)
+        self._set_state(WorkerState.IDLE)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        self.engine.close()
+
+    # --- sessions --------------------------------------------------------------
+
+    @asynccontextmanager
+    async def session(self, session_id: str, kind: str) -> AsyncIterator[SessionRecord]:
+        """Hold one slot for a session. The gateway leases slots, so waiting
+        here only covers a previous session that is still finishing its step."""
+        if self.state in (WorkerState.LOADING, WorkerState.ERROR):
+            raise RuntimeError(f"worker is {self.state.value}")
+        async with self._slots:
+            record = SessionRecord(session_id, kind, time.time(), _BUSY_STATE[kind])
+            self.sessions[session_id] = record
+            self._refresh()
+            try:
+                yield record
+            finally:
+                self.sessions.pop(session_id, None)
+                self.total_requests += 1
+                self._refresh()
+
+    def set_session_state(self, record: SessionRecord, state: WorkerState) -> None:
+        record.state = state
+        self._refresh()
+
+    async def step(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run one model step on an engine thread."""
+        future = asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        started = time.perf_counter()
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            await asyncio.wait([future], timeout=STEP_DRAIN_S)
+            raise
+        finally:
+            self.total_inference_s += time.perf_counter() - started
+
+    # --- state -----------------------------------------------------------------
+
+    def _set_state(self, state: WorkerState) -> None:
+        self.state = state
+        self._notify()
+
+    def _refresh(self) -> None:
+        if self.state in (WorkerState.LOADING, WorkerState.ERROR):
+            return
+        latest = max(self.sessions.values(), key=lambda r: r.started_at, default=None)
+        self._set_state(latest.state if latest else WorkerState.IDLE)
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def wait_changed(self) -> None:
+        await self._changed.wait()
+
+    def status(self) -> dict[str, Any]:
+        current = next(iter(self.sessions), None)
+        calls = max(1, self.total_requests)
+        return {
+            "status": "healthy",
+            "worker_id": self.worker_id,
+            "worker_status": self.state.value,
+            "engine": self.engine.name,
+            "model_loaded": self.state not in (WorkerState.LOADING, WorkerState.ERROR),
+            "load_progress": {"stage": self.load_progress[0], "fraction": self.load_progress[1]},
+            "error": self.error,
+            "gpu_id": None,
+            "pid": os.getpid(),
+            "slots": self.engine.capabilities.slots,
+            "capabilities": self.engine.capabilities.to_dict(),
+            "current_session_id": current,
+            "sessions": [
+                {"session_id": r.session_id, "kind": r.kind, "state": r.state.value}
+                for r in self.sessions.values()
+            ],
+            "total_requests": self.total_requests,
+            "avg_inference_time_ms": round(1000 * self.total_inference_s / calls, 1),
+            "kv_cache_length": max((r.kv_cache_length for r in self.sessions.values()), default=0),
+        }

@@ -1,0 +1,36 @@
+"""Small helpers for running work alongside a peer that may disappear."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class PeerGone(Exception):
+    """The other side of a connection went away."""
+
+
+async def race(work: Awaitable[T], watcher: Callable[[], Awaitable[Any]]) -> T:
+    """Run ``work`` while ``watcher()`` waits for the peer to leave.
+
+    If the watcher returns first, ``work`` is cancelled (its cleanup runs) and
+    :class:`PeerGone` is raised. Both tasks are always awaited: nothing is left
+    running behind the caller.
+    """
+    work_task = asyncio.ensure_future(work)
+    watch_task = asyncio.ensure_future(watcher())
+    try:
+        await asyncio.wait([work_task, watch_task], return_when="FIRST_COMPLETED")
+    finally:
+        pending = [t for t in (work_task, watch_task) if not t.done()]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+    if work_task.done() and not work_task.cancelled():
+        return work_task.result()
+    if watch_task.done() and not watch_task.cancelled() and watch_task.exception():
+        raise watch_task.exception()  # type: ignore[misc]
+    raise PeerGone()

@@ -1,0 +1,19 @@
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from tests.servers import Server
+
+
+@pytest.fixture
+async def server(tmp_path: Path) -> AsyncIterator[Server]:
+    """One scripted worker behind a real gateway."""
+    srv = Server(tmp_path).start()
+    try:
+        await srv.wait_ready(workers=1)
+        yield srv
+    finally:
+        srv.stop()

@@ -1,0 +1,140 @@
+"""Real omnilive processes on ephemeral ports, for integration tests."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from websockets.asyncio.client import connect
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def free_port_run(n: int) -> int:
+    """A base port with ``n`` consecutive free ports."""
+    for _ in range(200):
+        base = free_port()
+        if base + n > 65000:
+            continue
+        ok = True
+        for port in range(base, base + n):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise RuntimeError("no free port range")
+
+
+class Server:
+    """``omnilive serve`` in a subprocess; stopped (and its workers) on exit."""
+
+    def __init__(
+        self,
+        tmp: Path,
+        engine: str = "scripted",
+        workers: int = 1,
+        env: dict[str, str] | None = None,
+        args: list[str] | None = None,
+    ) -> None:
+        self.port = free_port()
+        self.worker_base = free_port_run(workers)
+        self.tmp = tmp
+        self.log_path = tmp / f"server-{self.port}.log"
+        self.env = {
+            **os.environ,
+            "OMNILIVE_HEALTH_INTERVAL_S": "1",
+            "OMNILIVE_QUEUE_UPDATE_INTERVAL_S": "0.5",
+            "OMNILIVE_RESTART_BACKOFF_MAX_S": "1",
+            **(env or {}),
+        }
+        self.cmd = [
+            sys.executable, "-m", "omnilive", "serve",
+            "--engine", engine, "--workers", str(workers),
+            "--port", str(self.port), "--worker-base-port", str(self.worker_base),
+            "--data-dir", str(tmp / "data"), *(args or []),
+        ]  # fmt: skip
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def http(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+    def start(self) -> Server:
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(
+            self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, cwd=self.tmp
+        )
+        return self
+
+    async def wait_ready(self, timeout: float = 60.0, workers: int | None = None) -> dict[str, Any]:
+        """Until ``/status`` says ready (and ``workers`` idle slots, if given)."""
+        deadline = time.monotonic() + timeout
+        async with httpx.AsyncClient() as client:
+            while time.monotonic() < deadline:
+                assert self.process and self.process.poll() is None, self.log()
+                try:
+                    response = await client.get(f"{self.http}/status", timeout=2)
+                    body = response.json()
+                    idle = body["workers"]["by_state"].get("idle", 0)
+                    if response.status_code == 200 and (workers is None or idle >= workers):
+                        return body
+                except (httpx.HTTPError, ValueError):
+                    pass
+                await asyncio.sleep(0.1)
+        raise TimeoutError(f"server not ready:\n{self.log()}")
+
+    async def get(self, path: str) -> Any:
+        async with httpx.AsyncClient() as client:
+            return (await client.get(f"{self.http}{path}", timeout=10)).json()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-6000:] if self.log_path.exists() else ""
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if hasattr(self, "_log"):
+            self._log.close()
+
+
+async def chat_once(server: Server, payload: dict[str, Any], timeout: float = 30) -> list[dict]:
+    """Run one /ws/chat request; returns every message received."""
+    received: list[dict] = []
+    async with connect(f"{server.ws}/ws/chat", max_size=None) as ws:
+        await ws.send(json.dumps(payload))
+        async with asyncio.timeout(timeout):
+            async for raw in ws:
+                received.append(json.loads(raw))
+    return received
+
+
+def user(text: str, **extra: Any) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": text}], **extra}
