@@ -51,6 +51,9 @@ class LimitSettings(_Section):
     max_chat_messages: int = Field(256, description="Messages in one chat request.")
     max_chat_audio_s: float = Field(600.0, description="Total audio seconds in one chat request.")
     max_request_timeout_s: float = Field(3600.0, description="Cap on client-chosen timeouts.")
+    max_session_timeout_s: float = Field(
+        900.0, gt=0, description="Cap on a half-duplex session's inactivity timeout."
+    )
     first_message_timeout_s: float = Field(30.0, description="Wait for a client's first message.")
 
 

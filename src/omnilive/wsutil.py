@@ -3,10 +3,33 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
 T = TypeVar("T")
+
+
+FrameSource = AsyncIterator[str | bytes]
+
+
+async def receive_frame(ws: WebSocket) -> str | bytes:
+    """The next text or binary frame; raises WebSocketDisconnect when the peer leaves."""
+    message = await ws.receive()
+    if message["type"] == "websocket.disconnect":
+        raise WebSocketDisconnect(message.get("code", 1000))
+    text = message.get("text")
+    return text if text is not None else message.get("bytes", b"")
+
+
+async def frames_of(ws: WebSocket) -> FrameSource:
+    """Every frame the peer sends, until it disconnects."""
+    while True:
+        try:
+            yield await receive_frame(ws)
+        except WebSocketDisconnect:
+            return
 
 
 class PeerGone(Exception):

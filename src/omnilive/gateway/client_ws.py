@@ -13,14 +13,6 @@ from omnilive.protocol.common import ErrorCode, error_message
 CLOSE_TRY_AGAIN = 1013  # RFC 6455 "try again later": queue full, no workers
 
 
-async def receive_frame(ws: WebSocket) -> str | bytes:
-    """The next text or binary frame; raises WebSocketDisconnect when the peer leaves."""
-    message = await ws.receive()
-    if message["type"] == "websocket.disconnect":
-        raise WebSocketDisconnect(message.get("code", 1000))
-    return message.get("text") if message.get("text") is not None else message.get("bytes", b"")
-
-
 async def until_disconnect(ws: WebSocket) -> None:
     """Return when the client leaves; frames it sends meanwhile are dropped."""
     while True:

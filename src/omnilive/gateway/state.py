@@ -11,6 +11,7 @@ from omnilive.config import Settings
 from omnilive.engines.base import Capabilities
 from omnilive.gateway.links import WorkerLink
 from omnilive.gateway.pool import Pool
+from omnilive.gateway.registry import SessionRegistry
 from omnilive.gateway.scheduler import WorkerHealth
 from omnilive.gateway.supervisor import Supervisor
 
@@ -20,6 +21,7 @@ class Gateway:
     settings: Settings
     pool: Pool
     links: dict[str, WorkerLink] = field(default_factory=dict)
+    sessions: SessionRegistry = field(default_factory=SessionRegistry)
     supervisor: Supervisor | None = None
     started_at: float = field(default_factory=time.time)
 

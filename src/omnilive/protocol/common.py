@@ -7,7 +7,7 @@ import json
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, ValidationError
+from pydantic import AfterValidator, TypeAdapter, ValidationError
 
 
 class ErrorCode(StrEnum):
@@ -71,6 +71,23 @@ def parse_json_object(raw: str | bytes, max_bytes: int) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ProtocolError(ErrorCode.INVALID_REQUEST, "message must be a JSON object")
     return value
+
+
+def decode_client_message(
+    raw: str | bytes, adapter: TypeAdapter[Any], known_types: tuple[str, ...], max_bytes: int
+) -> Any:
+    """Parse and validate one client frame of a ``type``-tagged protocol."""
+    data = parse_json_object(raw, max_bytes)
+    kind = data.get("type")
+    if kind not in known_types:
+        raise ProtocolError(
+            ErrorCode.UNKNOWN_TYPE,
+            f"unknown message type {kind!r}; expected one of {', '.join(known_types)}",
+        )
+    try:
+        return adapter.validate_python(data)
+    except ValidationError as exc:
+        raise ProtocolError(ErrorCode.INVALID_REQUEST, describe_validation_error(exc)) from None
 
 
 def error_message(message: str, code: ErrorCode | str) -> dict[str, Any]:

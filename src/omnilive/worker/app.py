@@ -26,9 +26,11 @@ from omnilive.protocol.chat import ChatRequest
 from omnilive.protocol.common import ErrorCode, describe_validation_error, error_message
 from omnilive.protocol.internal import CLOSE_OK, CLOSE_SESSION_FAILED, CLOSE_WORKER_UNAVAILABLE
 from omnilive.tasks import TaskSet
+from omnilive.worker.outbox import Outbox
 from omnilive.worker.runners.chat import run_chat
-from omnilive.worker.runtime import SESSION_KINDS, WorkerRuntime
-from omnilive.wsutil import PeerGone, race
+from omnilive.worker.runners.half_duplex import HalfDuplexRunner
+from omnilive.worker.runtime import SESSION_KINDS, SessionRecord, WorkerRuntime
+from omnilive.wsutil import PeerGone, frames_of, race
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +106,8 @@ def create_worker_app(settings: Settings, worker_id: str, engine: Engine | None 
         await ws.accept()
         runtime: WorkerRuntime = ws.app.state.runtime
         try:
-            async with runtime.session(session_id, kind):
-                ok = await _serve(ws, runtime, kind, session_id, settings)
+            async with runtime.session(session_id, kind) as record:
+                ok = await _serve(ws, runtime, record, settings)
         except RuntimeError as exc:  # worker not ready
             await ws.send_text(json.dumps(error_message(str(exc), ErrorCode.NO_WORKERS)))
             await ws.close(code=CLOSE_WORKER_UNAVAILABLE)
@@ -117,32 +119,57 @@ def create_worker_app(settings: Settings, worker_id: str, engine: Engine | None 
 
 
 async def _serve(
-    ws: WebSocket, runtime: WorkerRuntime, kind: str, session_id: str, settings: Settings
+    ws: WebSocket, runtime: WorkerRuntime, record: SessionRecord, settings: Settings
 ) -> bool:
     """Run the session's runner; any unexpected failure becomes an ``error``
     message for the client, with the traceback in the worker's log."""
     try:
-        if kind == "chat":
-            raw = await ws.receive_text()
-            try:
-                request = ChatRequest.model_validate_json(raw)
-            except ValidationError as exc:
-                message = describe_validation_error(exc)
-                await ws.send_text(json.dumps(error_message(message, ErrorCode.INVALID_REQUEST)))
-                return False
-            work = run_chat(runtime, session_id, request, ws.send_text)
-            return await race(work, lambda: _until_disconnect(ws))
+        if record.kind == "chat":
+            return await _serve_chat(ws, runtime, record)
+        if record.kind == "half_duplex":
+            return await _serve_streaming(ws, runtime, record, settings)
         await ws.send_text(
-            json.dumps(error_message(f"mode {kind} is not served yet", ErrorCode.UNSUPPORTED))
+            json.dumps(
+                error_message(f"mode {record.kind} is not served yet", ErrorCode.UNSUPPORTED)
+            )
         )
         return False
     except (WebSocketDisconnect, PeerGone):
         return False
     except Exception as exc:
-        log.exception("session %s failed", session_id)
+        log.exception("session %s failed", record.session_id)
         if ws.client_state is WebSocketState.CONNECTED:
             with contextlib.suppress(Exception):
                 await ws.send_text(
                     json.dumps(error_message(f"internal error: {exc}", ErrorCode.INFERENCE_ERROR))
                 )
         return False
+
+
+async def _serve_chat(ws: WebSocket, runtime: WorkerRuntime, record: SessionRecord) -> bool:
+    raw = await ws.receive_text()
+    try:
+        request = ChatRequest.model_validate_json(raw)
+    except ValidationError as exc:
+        message = describe_validation_error(exc)
+        await ws.send_text(json.dumps(error_message(message, ErrorCode.INVALID_REQUEST)))
+        return False
+    work = run_chat(runtime, record.session_id, request, ws.send_text)
+    return await race(work, lambda: _until_disconnect(ws))
+
+
+async def _serve_streaming(
+    ws: WebSocket, runtime: WorkerRuntime, record: SessionRecord, settings: Settings
+) -> bool:
+    """A long-lived session: its runner reads frames, one writer sends."""
+    outbox = Outbox(ws.send_text)
+    writer = asyncio.ensure_future(outbox.run())
+    try:
+        runner = HalfDuplexRunner(runtime, record, settings, frames_of(ws), outbox)
+        reason = await runner.run()
+    finally:
+        await outbox.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(writer, 5)
+        writer.cancel()
+    return reason in ("stopped", "timeout", "disconnected")

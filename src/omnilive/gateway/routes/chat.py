@@ -22,7 +22,6 @@ from omnilive.gateway.client_ws import (
     CLOSE_TRY_AGAIN,
     close_quietly,
     fail,
-    receive_frame,
     send_json,
     until_disconnect,
 )
@@ -36,7 +35,7 @@ from omnilive.protocol.common import (
     describe_validation_error,
     parse_json_object,
 )
-from omnilive.wsutil import PeerGone, race
+from omnilive.wsutil import PeerGone, race, receive_frame
 
 router = APIRouter()
 

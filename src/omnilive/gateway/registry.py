@@ -1,0 +1,52 @@
+"""Sessions the gateway is serving, by id, so REST calls can reach them."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from websockets.asyncio.client import ClientConnection
+
+from omnilive.config import RequestType
+from omnilive.protocol.common import ErrorCode, ProtocolError
+
+
+@dataclass
+class ActiveSession:
+    session_id: str
+    kind: RequestType
+    worker: ClientConnection | None = None
+    started_at: float = field(default_factory=time.time)
+
+    async def send_control(self, message: dict[str, Any]) -> bool:
+        """Inject a control message (e.g. a REST stop) into the worker session."""
+        if self.worker is None:
+            return False
+        await self.worker.send(json.dumps(message))
+        return True
+
+
+class SessionRegistry:
+    """Sessions currently served, by id: lets REST calls reach a session."""
+
+    def __init__(self) -> None:
+        self._sessions: dict[str, ActiveSession] = {}
+
+    def add(self, session: ActiveSession) -> None:
+        if session.session_id in self._sessions:
+            raise ProtocolError(ErrorCode.INVALID_REQUEST, "session id is already in use")
+        self._sessions[session.session_id] = session
+
+    def remove(self, session_id: str) -> None:
+        self._sessions.pop(session_id, None)
+
+    def get(self, session_id: str) -> ActiveSession | None:
+        return self._sessions.get(session_id)
+
+    def by_kind(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for session in self._sessions.values():
+            counts[session.kind] = counts.get(session.kind, 0) + 1
+        return counts

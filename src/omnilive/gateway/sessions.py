@@ -1,0 +1,146 @@
+"""Long-lived sessions (half-duplex, duplex) through the gateway: queue, then a
+two-way relay to the leased worker. The gateway checks every client message
+against the mode's typed protocol before it reaches a worker; media stays
+base64 and is never decoded here."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+from starlette.websockets import WebSocket, WebSocketDisconnect
+from websockets.asyncio.client import ClientConnection
+
+from omnilive.config import RequestType
+from omnilive.gateway.bridge import (
+    SessionEnd,
+    WorkerConnectError,
+    open_worker_session,
+    relay_to_client,
+)
+from omnilive.gateway.client_ws import CLOSE_TRY_AGAIN, close_quietly, fail, send_json
+from omnilive.gateway.registry import ActiveSession
+from omnilive.gateway.scheduler import NoWorkersError, QueueFullError
+from omnilive.gateway.state import Gateway
+from omnilive.ids import is_safe_id
+from omnilive.protocol.common import ErrorCode, ProtocolError, error_message
+from omnilive.wsutil import PeerGone, frames_of, race
+
+# Validates one client frame; returns the message's ``type``.
+Validator = Callable[[str | bytes], str]
+
+
+async def serve_session(
+    gateway: Gateway,
+    ws: WebSocket,
+    session_id: str,
+    kind: RequestType,
+    validate: Validator,
+    early_types: tuple[str, ...] = ("prepare",),
+) -> None:
+    """Queue (always ending with ``queue_done``), then relay until either side ends."""
+    await ws.accept()
+    if not is_safe_id(session_id):
+        await fail(ws, "session id must be 1-128 of A-Z a-z 0-9 _ -", ErrorCode.INVALID_REQUEST)
+        return
+    session = ActiveSession(session_id, kind)
+    try:
+        gateway.sessions.add(session)
+    except ProtocolError as exc:
+        await fail(ws, exc.message, exc.code)
+        return
+    try:
+        try:
+            ticket = gateway.pool.submit(kind, session_id)
+        except (QueueFullError, NoWorkersError) as exc:
+            code = ErrorCode.QUEUE_FULL if isinstance(exc, QueueFullError) else ErrorCode.NO_WORKERS
+            await fail(ws, str(exc), code, CLOSE_TRY_AGAIN)
+            return
+        early: list[str | bytes] = []
+        try:
+            lease = await race(
+                gateway.pool.acquire(ticket, lambda m: send_json(ws, m), always_done=True),
+                lambda: _hold_while_queued(ws, validate, early, early_types),
+            )
+        except (PeerGone, WebSocketDisconnect, OSError):
+            return
+        except LookupError:
+            await fail(ws, "removed from the queue by an administrator", ErrorCode.CANCELLED)
+            return
+        await _relay(gateway, ws, session, lease, early, validate)
+    finally:
+        gateway.sessions.remove(session_id)
+
+
+async def _hold_while_queued(
+    ws: WebSocket, validate: Validator, early: list[str | bytes], early_types: tuple[str, ...]
+) -> None:
+    """While queued: keep the newest early message (a prepare sent before
+    ``queue_done``) for the worker; refuse everything else with ``not_ready``."""
+    async for raw in frames_of(ws):
+        try:
+            kind = validate(raw)
+        except ProtocolError as exc:
+            await send_json(ws, error_message(exc.message, exc.code))
+            continue
+        if kind in early_types:
+            early[:] = [raw]
+        else:
+            await send_json(ws, error_message("wait for queue_done", ErrorCode.NOT_READY))
+
+
+async def _forward_client(ws: WebSocket, worker: ClientConnection, validate: Validator) -> None:
+    async for raw in frames_of(ws):
+        try:
+            validate(raw)
+        except ProtocolError as exc:
+            await send_json(ws, error_message(exc.message, exc.code))
+            continue
+        await worker.send(raw)
+
+
+async def _relay(
+    gateway: Gateway,
+    ws: WebSocket,
+    session: ActiveSession,
+    lease: Any,
+    early: list[str | bytes],
+    validate: Validator,
+) -> None:
+    end = SessionEnd.LOST
+    try:
+        async with open_worker_session(gateway.settings, lease, session.kind) as worker:
+            session.worker = worker
+            for raw in early:
+                await worker.send(raw)
+            down = asyncio.ensure_future(relay_to_client(worker, ws.send_text))
+            up = asyncio.ensure_future(_forward_client(ws, worker, validate))
+            try:
+                await asyncio.wait([down, up], return_when="FIRST_COMPLETED")
+            finally:
+                up.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await up
+            if not down.done():  # the client left: closing the worker socket ends its runner
+                await worker.close()
+                down.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await down
+                end = SessionEnd.OK
+            else:
+                end = down.result()
+    except WorkerConnectError as exc:
+        await fail(ws, str(exc), ErrorCode.WORKER_FAILED)
+    except (WebSocketDisconnect, OSError):
+        end = SessionEnd.OK
+    finally:
+        session.worker = None
+        gateway.pool.release(lease, ok=end is not SessionEnd.LOST)
+    if end is SessionEnd.LOST:
+        await fail(
+            ws, f"worker {lease.worker_id} failed during the session", ErrorCode.WORKER_FAILED
+        )
+    else:
+        await close_quietly(ws)

@@ -1,0 +1,138 @@
+"""Half-duplex voice (``WS /ws/half_duplex/{session_id}``): spec/half-duplex.md."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+
+from omnilive.protocol.common import Base64Str
+
+_MODEL = ConfigDict(extra="ignore", frozen=True)
+
+
+def _whole_float32(data: str) -> None:
+    padding = data[-2:].count("=")
+    if (len(data) * 3 // 4 - padding) % 4:
+        raise ValueError("audio must be float32 PCM (a multiple of 4 bytes)")
+
+
+class VadSettings(BaseModel):
+    model_config = _MODEL
+    threshold: float = Field(0.8, ge=0.2, le=0.99)
+    min_speech_duration_ms: int = Field(128, ge=0, le=10_000)
+    min_silence_duration_ms: int = Field(800, ge=100, le=10_000)
+    speech_pad_ms: int = Field(30, ge=0, le=1_000)
+
+
+class HalfDuplexGeneration(BaseModel):
+    model_config = _MODEL
+    max_new_tokens: int = Field(256, ge=1, le=4096)
+    length_penalty: float = Field(1.1, gt=0, le=10)
+    temperature: float = Field(0.7, ge=0, le=2)
+    top_p: float = Field(0.8, gt=0, le=1)
+
+
+class HalfDuplexTts(BaseModel):
+    model_config = _MODEL
+    enabled: bool = True
+    voice: str | None = None
+    language: str | None = None
+
+
+class SessionSettings(BaseModel):
+    model_config = _MODEL
+    timeout_s: float = Field(180.0, gt=0)
+
+
+class HalfDuplexConfig(BaseModel):
+    model_config = _MODEL
+    vad: VadSettings = Field(default_factory=VadSettings)
+    generation: HalfDuplexGeneration = Field(default_factory=HalfDuplexGeneration)
+    tts: HalfDuplexTts = Field(default_factory=HalfDuplexTts)
+    session: SessionSettings = Field(default_factory=SessionSettings)
+
+
+class SystemText(BaseModel):
+    model_config = _MODEL
+    type: Literal["text"]
+    text: str
+
+
+class SystemAudio(BaseModel):
+    model_config = _MODEL
+    type: Literal["audio"]
+    data: Base64Str
+
+    @model_validator(mode="after")
+    def _check(self) -> SystemAudio:
+        _whole_float32(self.data)
+        return self
+
+
+SystemItem = Annotated[SystemText | SystemAudio, Field(discriminator="type")]
+
+
+class Prepare(BaseModel):
+    model_config = _MODEL
+    type: Literal["prepare"]
+    system_prompt: str | None = None
+    system_content: list[SystemItem] | None = None
+    config: HalfDuplexConfig = Field(default_factory=HalfDuplexConfig)
+    ref_audio_base64: Base64Str | None = None
+    recording: bool = True
+
+    @model_validator(mode="after")
+    def _check(self) -> Prepare:
+        if self.ref_audio_base64:
+            _whole_float32(self.ref_audio_base64)
+        return self
+
+
+class AudioChunk(BaseModel):
+    model_config = _MODEL
+    type: Literal["audio_chunk"]
+    audio_base64: Base64Str
+
+    @model_validator(mode="after")
+    def _check(self) -> AudioChunk:
+        _whole_float32(self.audio_base64)
+        return self
+
+
+class Stop(BaseModel):
+    model_config = _MODEL
+    type: Literal["stop"]
+
+
+ClientMessage = Annotated[Prepare | AudioChunk | Stop, Field(discriminator="type")]
+CLIENT_TYPES = ("prepare", "audio_chunk", "stop")
+client_message = TypeAdapter(ClientMessage)
+
+
+def prepared_message(session_id: str, timeout_s: float, recording_id: str | None) -> dict:
+    return {
+        "type": "prepared",
+        "session_id": session_id,
+        "timeout_s": timeout_s,
+        "recording_session_id": recording_id,
+    }
+
+
+def vad_state_message(speaking: bool) -> dict[str, Any]:
+    return {"type": "vad_state", "speaking": speaking}
+
+
+def generating_message(speech_duration_ms: float) -> dict[str, Any]:
+    return {"type": "generating", "speech_duration_ms": round(speech_duration_ms)}
+
+
+def turn_done_message(turn_index: int, text: str) -> dict[str, Any]:
+    return {"type": "turn_done", "turn_index": turn_index, "text": text}
+
+
+def timeout_message(elapsed_s: float) -> dict[str, Any]:
+    return {"type": "timeout", "elapsed_s": round(elapsed_s, 1)}
+
+
+STOPPED: dict[str, Any] = {"type": "stopped"}

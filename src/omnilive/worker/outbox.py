@@ -1,0 +1,45 @@
+"""The single writer of a session socket.
+
+Runners put messages; one task sends them in order. Control replies never
+wait behind media: ``flush()`` drops queued media messages (a stop or an
+interruption makes them stale), and the queue is bounded so a slow peer
+slows the producer instead of growing memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+OUTBOX_SIZE = 64
+_CLOSE = object()
+
+
+class Outbox:
+    def __init__(self, send: Callable[[str], Awaitable[None]], size: int = OUTBOX_SIZE) -> None:
+        self._send = send
+        self._queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=size)
+        self.sent = 0
+
+    async def put(self, message: dict[str, Any]) -> None:
+        await self._queue.put(message)
+
+    def flush(self) -> int:
+        """Drop every message not yet sent; returns how many were dropped."""
+        dropped = 0
+        while not self._queue.empty():
+            self._queue.get_nowait()
+            dropped += 1
+        return dropped
+
+    async def close(self) -> None:
+        """Let the writer send what is queued, then stop."""
+        await self._queue.put(_CLOSE)
+
+    async def run(self) -> None:
+        """The writer task."""
+        while (message := await self._queue.get()) is not _CLOSE:
+            await self._send(json.dumps(message))
+            self.sent += 1

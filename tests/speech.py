@@ -1,0 +1,42 @@
+"""Spoken test inputs made on the spot with espeak-ng (no downloads)."""
+
+from __future__ import annotations
+
+import base64
+import functools
+import subprocess
+
+import numpy as np
+
+from omnilive.audio import INPUT_RATE, read_wav, resample
+
+
+@functools.lru_cache(maxsize=64)
+def _spoken(text: str, voice: str) -> bytes:
+    wav = subprocess.run(
+        ["espeak-ng", "-v", voice, "-s", "165", "--stdout", text],
+        check=True,
+        capture_output=True,
+    ).stdout
+    samples, rate = read_wav(wav)
+    return resample(samples, rate, INPUT_RATE).tobytes()
+
+
+def speak(text: str, voice: str = "en-us") -> np.ndarray:
+    """``text`` spoken by espeak-ng, as 16 kHz float32 (trimmed of edge silence)."""
+    samples = np.frombuffer(_spoken(text, voice), dtype=np.float32)
+    voiced = np.flatnonzero(np.abs(samples) > 0.01)
+    return samples[voiced[0] : voiced[-1] + 1].copy() if voiced.size else samples.copy()
+
+
+def silence(seconds: float) -> np.ndarray:
+    return np.zeros(round(seconds * INPUT_RATE), np.float32)
+
+
+def chunks_b64(audio: np.ndarray, seconds: float = 0.5) -> list[str]:
+    """Split 16 kHz audio into base64 float32 chunks, as clients send them."""
+    size = round(seconds * INPUT_RATE)
+    return [
+        base64.b64encode(audio[i : i + size].astype("<f4").tobytes()).decode()
+        for i in range(0, audio.size, size)
+    ]

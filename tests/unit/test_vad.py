@@ -1,0 +1,146 @@
+"""The streaming VAD: its state machine on synthetic audio, then real Silero
+on speech made by espeak-ng."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from omnilive.vad import (
+    SileroModel,
+    SpeechDiscarded,
+    SpeechEnded,
+    SpeechPaused,
+    SpeechResumed,
+    SpeechStarted,
+    StreamingVad,
+    VadConfig,
+)
+from tests.speech import silence, speak
+
+RATE = 16_000
+
+
+class LoudnessModel:
+    """Speech probability 1 for loud windows, 0 for quiet: makes the state
+    machine's timing exact so it can be checked sample by sample."""
+
+    window = 512
+
+    def probability(self, frame: np.ndarray) -> float:
+        return 1.0 if np.abs(frame).max() > 0.1 else 0.0
+
+    def reset(self) -> None:
+        pass
+
+
+def loud(seconds: float) -> np.ndarray:
+    return np.full(round(seconds * RATE), 0.5, np.float32)
+
+
+def vad(**overrides) -> StreamingVad:
+    config = VadConfig(**{"ignore_initial_ms": 0, **overrides})
+    return StreamingVad(LoudnessModel(), config)
+
+
+def feed_all(v: StreamingVad, audio: np.ndarray, chunk: int = 8000) -> list:
+    events = []
+    for i in range(0, audio.size, chunk):
+        events.extend(v.feed(audio[i : i + chunk]))
+    return events
+
+
+def test_start_and_end_with_padding_on_both_sides():
+    v = vad(speech_pad_ms=32, min_silence_duration_ms=320)
+    # 0.512 s quiet then 1.024 s loud, aligned to windows, then 1 s quiet
+    audio = np.concatenate([silence(0.512), loud(1.024), silence(1.0)])
+    audio[:8192] = 0.001 * np.arange(8192) / 8192  # a distinguishable ramp before the trigger
+    events = feed_all(v, audio, chunk=1000)
+    started = [e for e in events if isinstance(e, SpeechStarted)]
+    ended = [e for e in events if isinstance(e, SpeechEnded)]
+    assert [e.at_ms for e in started] == [512.0]
+    assert len(ended) == 1
+    segment = ended[0].segment
+    pad = 512  # 32 ms
+    assert ended[0].speech_ms == pytest.approx(1024)
+    assert segment.size == 16384 + 2 * pad
+    # the leading pad is audio from before the trigger, not zeros or speech
+    np.testing.assert_array_equal(segment[:pad], audio[8192 - pad : 8192])
+    assert np.all(segment[pad : pad + 16384] == 0.5)
+    assert np.all(segment[-pad:] == 0)
+
+
+def test_short_speech_is_discarded():
+    v = vad(min_speech_duration_ms=200, min_silence_duration_ms=200)
+    events = feed_all(v, np.concatenate([silence(0.5), loud(0.064), silence(1.0)]))
+    assert any(isinstance(e, SpeechStarted) for e in events)
+    assert [type(e) for e in events] == [SpeechStarted, SpeechPaused, SpeechDiscarded]
+
+
+def test_pause_shorter_than_min_silence_does_not_end_speech():
+    v = vad(min_silence_duration_ms=800)
+    audio = np.concatenate([silence(0.5), loud(0.5), silence(0.5), loud(0.5), silence(1.0)])
+    events = feed_all(v, audio)
+    kinds = [type(e) for e in events]
+    assert kinds == [SpeechStarted, SpeechPaused, SpeechResumed, SpeechPaused, SpeechEnded]
+    assert events[-1].speech_ms == pytest.approx(1500, abs=40)
+
+
+def test_min_silence_decides_when_speech_ends():
+    for ms in (300, 900):
+        v = vad(min_silence_duration_ms=ms)
+        audio = np.concatenate([loud(0.5), silence(2.0)])
+        consumed = 0
+        for i in range(0, audio.size, 512):
+            consumed += 512
+            if any(isinstance(e, SpeechEnded) for e in v.feed(audio[i : i + 512])):
+                break
+        silence_heard_ms = 1000 * (consumed - 8000) / RATE
+        assert ms <= silence_heard_ms < ms + 64
+
+
+def test_cold_start_guard_ignores_initial_audio():
+    v = StreamingVad(LoudnessModel(), VadConfig(ignore_initial_ms=500, min_silence_duration_ms=200))
+    assert feed_all(v, np.concatenate([loud(0.4), silence(0.5)])) == []
+    events = feed_all(v, np.concatenate([loud(0.5), silence(0.5)]))
+    assert isinstance(events[0], SpeechStarted)
+    v.ignore_initial(500)
+    assert feed_all(v, loud(0.4)) == []
+
+
+def test_chunk_size_does_not_change_the_result():
+    audio = np.concatenate([silence(0.3), loud(0.7), silence(0.9), loud(0.4), silence(1.0)])
+    results = []
+    for chunk in (160, 512, 4000, 8000, audio.size):
+        events = feed_all(vad(min_silence_duration_ms=500), audio, chunk)
+        results.append([(type(e).__name__, getattr(e, "speech_ms", None)) for e in events])
+    assert all(r == results[0] for r in results)
+
+
+def test_paused_property_tracks_silence_after_speech():
+    v = vad(min_silence_duration_ms=800)
+    v.feed(loud(0.5))
+    assert v.speaking and not v.paused
+    v.feed(silence(0.3))
+    assert v.paused and v.speech_so_far.size > 0
+
+
+def test_silero_finds_spoken_sentence():
+    sentence = speak("The quick brown fox jumps over the lazy dog.")
+    audio = np.concatenate([silence(1.0), sentence, silence(1.5)])
+    v = StreamingVad(SileroModel(), VadConfig(threshold=0.5, min_silence_duration_ms=500))
+    events = feed_all(v, audio)
+    ended = [e for e in events if isinstance(e, SpeechEnded)]
+    assert len(ended) == 1, events
+    duration_ms = 1000 * sentence.size / RATE
+    # Silero ends speech at the last voiced window; espeak's pauses between words are short
+    assert abs(ended[0].speech_ms - duration_ms) < 400
+    started = next(e for e in events if isinstance(e, SpeechStarted))
+    assert 900 <= started.at_ms <= 1300
+
+
+def test_silero_ignores_silence_and_noise():
+    rng = np.random.default_rng(0)
+    noise = (0.005 * rng.standard_normal(RATE * 3)).astype(np.float32)
+    v = StreamingVad(SileroModel(), VadConfig())
+    assert feed_all(v, noise) == []
