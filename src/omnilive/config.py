@@ -57,6 +57,18 @@ class LimitSettings(_Section):
     first_message_timeout_s: float = Field(30.0, description="Wait for a client's first message.")
 
 
+class RecordingSettings(_Section):
+    """Session recordings under ``data_dir/sessions`` and their cleanup."""
+
+    enabled: bool = Field(True, description="Record sessions (clients may still opt out).")
+    retention_days: float = Field(30.0, gt=0, description="Delete recordings older than this.")
+    max_storage_gb: float = Field(50.0, gt=0, description="Delete oldest recordings above this.")
+    cleanup_interval_s: float = Field(86400.0, gt=0, description="Period of automatic cleanup.")
+    max_upload_mb: float = Field(200.0, gt=0, description="Cap on browser-side recording uploads.")
+    max_comment_chars: int = Field(2000, gt=0, description="Cap on a session comment.")
+    writer_queue: int = Field(256, ge=8, description="Pending writes per worker before blocking.")
+
+
 class ScriptedSettings(_Section):
     """The deterministic test engine (no model)."""
 
@@ -108,6 +120,7 @@ class Settings(_Section):
     log_level: str = "info"
     eta: EtaSettings = Field(default_factory=EtaSettings)
     limits: LimitSettings = Field(default_factory=LimitSettings)
+    recording: RecordingSettings = Field(default_factory=RecordingSettings)
     scripted: ScriptedSettings = Field(default_factory=ScriptedSettings)
     cascade: CascadeSettings = Field(default_factory=CascadeSettings)
     minicpmo: MiniCPMoSettings = Field(default_factory=MiniCPMoSettings)
