@@ -51,10 +51,24 @@ class LimitSettings(_Section):
     max_chat_messages: int = Field(256, description="Messages in one chat request.")
     max_chat_audio_s: float = Field(600.0, description="Total audio seconds in one chat request.")
     max_request_timeout_s: float = Field(3600.0, description="Cap on client-chosen timeouts.")
+    max_chunk_audio_s: float = Field(4.0, gt=0, description="Audio in one duplex chunk.")
+    max_frames_per_chunk: int = Field(8, ge=0, description="Video frames in one duplex chunk.")
+    max_frame_bytes: int = Field(2 * 1024 * 1024, gt=0, description="Size of one JPEG frame.")
     max_session_timeout_s: float = Field(
         900.0, gt=0, description="Cap on a half-duplex session's inactivity timeout."
     )
     first_message_timeout_s: float = Field(30.0, description="Wait for a client's first message.")
+
+
+class DuplexSettings(_Section):
+    """The full-duplex unit loop."""
+
+    max_pending_chunks: int = Field(
+        2, ge=1, description="Chunks waiting for the model; older ones are dropped beyond this."
+    )
+    idle_timeout_s: float = Field(60.0, gt=0, description="End a session that sends no audio.")
+    pause_timeout_s: float = Field(60.0, gt=0, description="Default pause before release.")
+    max_pause_s: float = Field(300.0, gt=0, description="Cap on a client-chosen pause timeout.")
 
 
 class RecordingSettings(_Section):
@@ -121,6 +135,7 @@ class Settings(_Section):
     eta: EtaSettings = Field(default_factory=EtaSettings)
     limits: LimitSettings = Field(default_factory=LimitSettings)
     recording: RecordingSettings = Field(default_factory=RecordingSettings)
+    duplex: DuplexSettings = Field(default_factory=DuplexSettings)
     scripted: ScriptedSettings = Field(default_factory=ScriptedSettings)
     cascade: CascadeSettings = Field(default_factory=CascadeSettings)
     minicpmo: MiniCPMoSettings = Field(default_factory=MiniCPMoSettings)

@@ -6,15 +6,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import secrets
 from pathlib import Path
-from typing import Any
 
 import httpx
 import numpy as np
 import pytest
-from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.client import connect
 
+from tests.clients import open_client
 from tests.servers import Server
 from tests.speech import chunks_b64, silence, speak
 
@@ -24,46 +23,6 @@ QUESTION = "What is the weather like in Paris today?"
 def utterance(text: str = QUESTION) -> np.ndarray:
     """Silence, a spoken sentence, then enough silence to end the turn."""
     return np.concatenate([silence(1.0), speak(text), silence(1.5)])
-
-
-class Client:
-    def __init__(self, ws: ClientConnection, session_id: str) -> None:
-        self.ws = ws
-        self.session_id = session_id
-        self.received: list[dict[str, Any]] = []
-
-    async def recv(self, timeout: float = 20) -> dict[str, Any]:
-        message = json.loads(await asyncio.wait_for(self.ws.recv(), timeout))
-        self.received.append(message)
-        return message
-
-    async def until(self, *types: str, timeout: float = 20) -> dict[str, Any]:
-        while (message := await self.recv(timeout))["type"] not in types:
-            pass
-        return message
-
-    async def send(self, message: dict[str, Any]) -> None:
-        await self.ws.send(json.dumps(message))
-
-    async def prepare(self, system_prompt: str = "You are helpful.", **config: Any) -> dict:
-        await self.until("queue_done")
-        await self.send({"type": "prepare", "system_prompt": system_prompt, "config": config})
-        return await self.until("prepared")
-
-    async def speak(self, audio: np.ndarray, pace_s: float = 0.0) -> None:
-        for chunk in chunks_b64(audio):
-            await self.send({"type": "audio_chunk", "audio_base64": chunk})
-            if pace_s:
-                await asyncio.sleep(pace_s)
-
-    def types(self) -> list[str]:
-        return [m["type"] for m in self.received]
-
-
-async def open_client(server: Server, session_id: str | None = None) -> Client:
-    session_id = session_id or f"hdx_{secrets.token_hex(4)}"
-    ws = await connect(f"{server.ws}/ws/half_duplex/{session_id}", max_size=None)
-    return Client(ws, session_id)
 
 
 async def test_two_full_turns_in_order_with_context(server: Server):
@@ -141,17 +100,17 @@ async def test_rest_stop_stops_only_that_session(tmp_path: Path):
 
 async def test_inactivity_timeout_and_cap(server: Server):
     client = await open_client(server)
-    prepared = await client.prepare(session={"timeout_s": 1})
+    prepared = await client.prepare(config={"session": {"timeout_s": 1}})
     assert prepared["timeout_s"] == 1
     timeout = await client.until("timeout", timeout=5)
     assert 0.9 <= timeout["elapsed_s"] < 2.5
     capped = await open_client(server)
-    assert (await capped.prepare(session={"timeout_s": 99999}))["timeout_s"] == 900
+    assert (await capped.prepare(config={"session": {"timeout_s": 99999}}))["timeout_s"] == 900
 
 
 async def test_timeout_resets_on_each_audio_chunk(server: Server):
     client = await open_client(server)
-    await client.prepare(session={"timeout_s": 1.5})
+    await client.prepare(config={"session": {"timeout_s": 1.5}})
     await client.speak(silence(3.0), pace_s=0.5)  # 3 s of activity > 1.5 s timeout
     assert "timeout" not in client.types()
     await client.until("timeout", timeout=5)

@@ -12,6 +12,10 @@ session, so tests that run real processes need no restart:
 ``#fail-unit:N``      duplex unit N (0-based) raises in generate
 ``#schedule:LLSSE``   duplex plan per unit, repeated: L listen, S speak, E speak + end turn
 ``#kv-per-unit:N``    duplex KV-cache growth per unit (to reach context limits quickly)
+``#finalize-latency:0.3``  sleep this long in every duplex finalize
+
+The duplex view also enforces the model's ordering rule: a prefill before the
+previous unit's finalize raises, so a runner that breaks it fails loudly.
 """
 
 from __future__ import annotations
@@ -84,6 +88,7 @@ class _Knobs:
     fail_turn: int | None = None
     fail_unit: int | None = None
     kv_per_unit: int = 10
+    finalize_latency_s: float = 0.0
 
     @classmethod
     def parse(cls, text: str, settings: ScriptedSettings) -> _Knobs:
@@ -95,6 +100,7 @@ class _Knobs:
             fail_turn=int(found["fail-turn"]) if "fail-turn" in found else None,
             fail_unit=int(found["fail-unit"]) if "fail-unit" in found else None,
             kv_per_unit=int(found.get("kv-per-unit", 10)),
+            finalize_latency_s=float(found.get("finalize-latency", 0.0)),
         )
 
     def pause(self) -> None:
@@ -212,6 +218,7 @@ class ScriptedDuplex(DuplexSession):
         self._frames = 0
         self._voice = ""
         self._speaking = False
+        self._unfinalized = False  # generate() ran, finalize() not yet
 
     def prepare(self, system_prompt: str, options: DuplexOptions) -> int:
         self._knobs = _Knobs.parse(system_prompt, self._settings)
@@ -224,6 +231,10 @@ class ScriptedDuplex(DuplexSession):
     def prefill(
         self, audio: np.ndarray, frames: list[bytes], max_slice_nums: int | None = None
     ) -> PrefillStats:
+        if self._unfinalized:
+            raise EngineError(
+                f"prefill of unit {self._unit} before finalize of unit {self._unit - 1}"
+            )
         self._knobs.pause()
         self._last_rms = rms(audio)
         self._frames = len(frames)
@@ -235,6 +246,7 @@ class ScriptedDuplex(DuplexSession):
         unit, self._unit = self._unit, self._unit + 1
         if self._knobs.fail_unit == unit:
             raise EngineError(f"scripted failure in unit {unit}")
+        self._unfinalized = True
         plan = self._knobs.schedule[self._cursor % len(self._knobs.schedule)]
         self._cursor += 1
         if force_listen:
@@ -260,6 +272,11 @@ class ScriptedDuplex(DuplexSession):
             n_tokens=8,
             n_tts_tokens=25,
         )
+
+    def finalize(self) -> None:
+        if self._knobs.finalize_latency_s:
+            time.sleep(self._knobs.finalize_latency_s)
+        self._unfinalized = False
 
     def _skip_to_listen(self) -> None:
         """A forced listen ends the turn: move the plan to its next listen."""

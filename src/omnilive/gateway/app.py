@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from omnilive.config import Settings
 from omnilive.gateway.links import WorkerLink, close_quietly
 from omnilive.gateway.pool import Pool
-from omnilive.gateway.routes import chat, half_duplex, queue, status
+from omnilive.gateway.routes import chat, duplex, half_duplex, queue, status
 from omnilive.gateway.state import Gateway
 from omnilive.gateway.supervisor import Supervisor, worker_url
 from omnilive.tasks import TaskSet
@@ -61,4 +61,5 @@ def create_app(settings: Settings, supervise: bool = False) -> FastAPI:
     app.include_router(queue.router)
     app.include_router(chat.router)
     app.include_router(half_duplex.router)
+    app.include_router(duplex.router)
     return app

@@ -68,6 +68,15 @@ class Pool:
         self._wake(assigned)
         return waiting
 
+    def retype(self, ticket: Ticket | None, lease: Lease | None, kind: RequestType) -> None:
+        """A session declared its type late (e.g. ``mode`` in prepare): its
+        estimate, its ETA sample and the status pages follow the new type."""
+        if ticket is not None:
+            ticket.request_type = kind
+        if lease is not None:
+            lease.request_type = kind
+        self._notify()
+
     def release(self, lease: Lease, ok: bool = True) -> None:
         self._wake(self.scheduler.release(lease, ok))
 

@@ -10,6 +10,7 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection
 
 from omnilive.config import RequestType
+from omnilive.gateway.scheduler import Lease, Ticket
 from omnilive.protocol.common import ErrorCode, ProtocolError
 
 
@@ -18,6 +19,8 @@ class ActiveSession:
     session_id: str
     kind: RequestType
     worker: ClientConnection | None = None
+    ticket: Ticket | None = None
+    lease: Lease | None = None
     started_at: float = field(default_factory=time.time)
 
     async def send_control(self, message: dict[str, Any]) -> bool:

@@ -28,8 +28,10 @@ from omnilive.ids import is_safe_id
 from omnilive.protocol.common import ErrorCode, ProtocolError, error_message
 from omnilive.wsutil import PeerGone, frames_of, race
 
-# Validates one client frame; returns the message's ``type``.
-Validator = Callable[[str | bytes], str]
+# Validates one client frame; returns the typed message (it has a ``type``).
+Validator = Callable[[str | bytes], Any]
+# Sees every valid client message, e.g. to learn the session's mode from prepare.
+MessageHook = Callable[[ActiveSession, Any], None]
 
 
 async def serve_session(
@@ -38,6 +40,7 @@ async def serve_session(
     session_id: str,
     kind: RequestType,
     validate: Validator,
+    on_message: MessageHook | None = None,
     early_types: tuple[str, ...] = ("prepare",),
 ) -> None:
     """Queue (always ending with ``queue_done``), then relay until either side ends."""
@@ -52,8 +55,13 @@ async def serve_session(
         await fail(ws, exc.message, exc.code)
         return
     try:
+
+        def observe(message: Any) -> None:
+            if on_message is not None:
+                on_message(session, message)
+
         try:
-            ticket = gateway.pool.submit(kind, session_id)
+            ticket = session.ticket = gateway.pool.submit(kind, session_id)
         except (QueueFullError, NoWorkersError) as exc:
             code = ErrorCode.QUEUE_FULL if isinstance(exc, QueueFullError) else ErrorCode.NO_WORKERS
             await fail(ws, str(exc), code, CLOSE_TRY_AGAIN)
@@ -62,42 +70,51 @@ async def serve_session(
         try:
             lease = await race(
                 gateway.pool.acquire(ticket, lambda m: send_json(ws, m), always_done=True),
-                lambda: _hold_while_queued(ws, validate, early, early_types),
+                lambda: _hold_while_queued(ws, validate, observe, early, early_types),
             )
         except (PeerGone, WebSocketDisconnect, OSError):
             return
         except LookupError:
             await fail(ws, "removed from the queue by an administrator", ErrorCode.CANCELLED)
             return
-        await _relay(gateway, ws, session, lease, early, validate)
+        session.lease = lease
+        await _relay(gateway, ws, session, lease, early, validate, observe)
     finally:
         gateway.sessions.remove(session_id)
 
 
 async def _hold_while_queued(
-    ws: WebSocket, validate: Validator, early: list[str | bytes], early_types: tuple[str, ...]
+    ws: WebSocket,
+    validate: Validator,
+    observe: Callable[[Any], None],
+    early: list[str | bytes],
+    early_types: tuple[str, ...],
 ) -> None:
     """While queued: keep the newest early message (a prepare sent before
     ``queue_done``) for the worker; refuse everything else with ``not_ready``."""
     async for raw in frames_of(ws):
         try:
-            kind = validate(raw)
+            message = validate(raw)
         except ProtocolError as exc:
             await send_json(ws, error_message(exc.message, exc.code))
             continue
-        if kind in early_types:
+        if message.type in early_types:
+            observe(message)
             early[:] = [raw]
         else:
             await send_json(ws, error_message("wait for queue_done", ErrorCode.NOT_READY))
 
 
-async def _forward_client(ws: WebSocket, worker: ClientConnection, validate: Validator) -> None:
+async def _forward_client(
+    ws: WebSocket, worker: ClientConnection, validate: Validator, observe: Callable[[Any], None]
+) -> None:
     async for raw in frames_of(ws):
         try:
-            validate(raw)
+            message = validate(raw)
         except ProtocolError as exc:
             await send_json(ws, error_message(exc.message, exc.code))
             continue
+        observe(message)
         await worker.send(raw)
 
 
@@ -108,6 +125,7 @@ async def _relay(
     lease: Any,
     early: list[str | bytes],
     validate: Validator,
+    observe: Callable[[Any], None],
 ) -> None:
     end = SessionEnd.LOST
     try:
@@ -116,7 +134,7 @@ async def _relay(
             for raw in early:
                 await worker.send(raw)
             down = asyncio.ensure_future(relay_to_client(worker, ws.send_text))
-            up = asyncio.ensure_future(_forward_client(ws, worker, validate))
+            up = asyncio.ensure_future(_forward_client(ws, worker, validate, observe))
             try:
                 await asyncio.wait([down, up], return_when="FIRST_COMPLETED")
             finally:

@@ -28,6 +28,7 @@ from omnilive.protocol.internal import CLOSE_OK, CLOSE_SESSION_FAILED, CLOSE_WOR
 from omnilive.tasks import TaskSet
 from omnilive.worker.outbox import Outbox
 from omnilive.worker.runners.chat import run_chat
+from omnilive.worker.runners.duplex import DuplexRunner
 from omnilive.worker.runners.half_duplex import HalfDuplexRunner
 from omnilive.worker.runtime import SESSION_KINDS, SessionRecord, WorkerRuntime
 from omnilive.wsutil import PeerGone, frames_of, race
@@ -126,14 +127,7 @@ async def _serve(
     try:
         if record.kind == "chat":
             return await _serve_chat(ws, runtime, record)
-        if record.kind == "half_duplex":
-            return await _serve_streaming(ws, runtime, record, settings)
-        await ws.send_text(
-            json.dumps(
-                error_message(f"mode {record.kind} is not served yet", ErrorCode.UNSUPPORTED)
-            )
-        )
-        return False
+        return await _serve_streaming(ws, runtime, record, settings)
     except (WebSocketDisconnect, PeerGone):
         return False
     except Exception as exc:
@@ -165,7 +159,8 @@ async def _serve_streaming(
     outbox = Outbox(ws.send_text)
     writer = asyncio.ensure_future(outbox.run())
     try:
-        runner = HalfDuplexRunner(runtime, record, settings, frames_of(ws), outbox)
+        runner_class = HalfDuplexRunner if record.kind == "half_duplex" else DuplexRunner
+        runner = runner_class(runtime, record, settings, frames_of(ws), outbox)
         reason = await runner.run()
     finally:
         await outbox.close()

@@ -22,8 +22,8 @@ async def half_duplex_ws(ws: WebSocket, session_id: str) -> None:
     gateway = gateway_of(ws)
     max_bytes = gateway.settings.limits.max_message_bytes
 
-    def validate(raw: str | bytes) -> str:
-        return decode_client_message(raw, client_message, CLIENT_TYPES, max_bytes).type
+    def validate(raw: str | bytes) -> object:
+        return decode_client_message(raw, client_message, CLIENT_TYPES, max_bytes)
 
     await serve_session(gateway, ws, session_id, "half_duplex", validate)
 

@@ -1,0 +1,366 @@
+"""Full duplex on the worker: the per-second prefill → generate → finalize loop.
+
+The reader never waits for the model, so ``pause``, ``resume``, ``stop`` and
+``force_listen`` take effect while a unit is being computed. Chunks wait in a
+small drop-oldest buffer. With deferred finalize (the default) a unit's
+result is sent before its finalize runs, and the next prefill waits for that
+finalize: the client hears sooner and the model's state stays consistent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from enum import StrEnum
+from typing import Any
+
+from omnilive.audio import AudioDecodeError, decode_b64, pcm_from_b64, pcm_to_b64
+from omnilive.config import Settings
+from omnilive.engines.base import DuplexOptions, DuplexSession, DuplexUnit, EngineError, Voice
+from omnilive.protocol.common import (
+    ErrorCode,
+    ProtocolError,
+    decode_client_message,
+    error_message,
+)
+from omnilive.protocol.duplex import (
+    CLIENT_TYPES,
+    RESUMED,
+    STOPPED,
+    AudioChunk,
+    DuplexMode,
+    Pause,
+    Prepare,
+    Resume,
+    Stop,
+    client_message,
+    parse_mode,
+    paused_message,
+    prepared_message,
+    timeout_message,
+)
+from omnilive.worker.chunk_buffer import ChunkBuffer, PendingChunk
+from omnilive.worker.decode import DecodeError, check_image
+from omnilive.worker.outbox import Outbox
+from omnilive.worker.runtime import SessionRecord, WorkerRuntime, WorkerState
+from omnilive.wsutil import FrameSource
+
+log = logging.getLogger(__name__)
+
+
+class Phase(StrEnum):
+    WAITING_PREPARE = "waiting_prepare"
+    ACTIVE = "active"
+    PAUSED = "paused"
+
+
+class SessionOver(Exception):
+    """Ends the runner with a reason: stopped, timeout, disconnected."""
+
+    def __init__(self, reason: str, message: dict[str, Any] | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.message = message
+
+
+def result_message(
+    unit: DuplexUnit,
+    chunk: PendingChunk,
+    prefill_ms: float,
+    generate_ms: float,
+    session_start: float,
+    vision: tuple[int, int],
+    dropped_total: int,
+) -> dict[str, Any]:
+    now = time.monotonic()
+    audio = unit.audio if unit.audio is not None and unit.audio.size else None
+    return {
+        "type": "result",
+        "is_listen": unit.is_listen,
+        "text": unit.text,
+        "audio_data": pcm_to_b64(audio) if audio is not None else None,
+        "end_of_turn": unit.end_of_turn,
+        "current_time": round(chunk.received_at - session_start, 3),
+        "unit_index": chunk.index,
+        "cost_prefill_ms": round(prefill_ms, 1),
+        "cost_llm_ms": round(unit.cost_llm_ms or generate_ms, 1),
+        "cost_tts_prep_ms": round(unit.cost_tts_prep_ms, 1),
+        "cost_tts_ms": round(unit.cost_tts_ms, 1),
+        "cost_token2wav_ms": round(unit.cost_token2wav_ms, 1),
+        "cost_all_ms": round(prefill_ms + generate_ms, 1),
+        "n_tokens": unit.n_tokens,
+        "n_tts_tokens": unit.n_tts_tokens,
+        "server_send_ts": round(time.time() * 1000),
+        "wall_clock_ms": round((now - chunk.received_at) * 1000, 1),
+        "kv_cache_length": unit.kv_cache_length,
+        "vision_slices": vision[0],
+        "vision_tokens": vision[1],
+        "dropped_chunks": chunk.dropped_before,
+        "dropped_chunks_total": dropped_total,
+    }
+
+
+class DuplexRunner:
+    """One audio or omni duplex session; :meth:`run` returns when it ends."""
+
+    def __init__(
+        self,
+        runtime: WorkerRuntime,
+        record: SessionRecord,
+        settings: Settings,
+        frames: FrameSource,
+        outbox: Outbox,
+    ) -> None:
+        self.runtime = runtime
+        self.record = record
+        self.settings = settings
+        self.frames = frames
+        self.outbox = outbox
+        self.mode: DuplexMode = "audio_duplex" if record.kind == "audio_duplex" else "omni_duplex"
+        self.phase = Phase.WAITING_PREPARE
+        self.session: DuplexSession = runtime.engine.open_duplex()
+        self.buffer = ChunkBuffer(settings.duplex.max_pending_chunks)
+        self.deferred_finalize = True
+        self.max_slice_nums = 1
+        self.started = time.monotonic()
+        self.last_audio = time.monotonic()
+        self.pause_deadline: float | None = None
+        self.units = 0
+        self._received = 0
+        self._finalized = asyncio.Event()
+        self._finalized.set()
+        self._finalize_task: asyncio.Task[None] | None = None
+        self._over: asyncio.Future[SessionOver] = asyncio.get_running_loop().create_future()
+
+    async def send(self, message: dict[str, Any]) -> None:
+        await self.outbox.put(message)
+
+    def end(self, over: SessionOver) -> None:
+        if not self._over.done():
+            self._over.set_result(over)
+
+    async def run(self) -> str:
+        tasks = [
+            asyncio.ensure_future(self._read()),
+            asyncio.ensure_future(self._compute()),
+            asyncio.ensure_future(self._watchdog()),
+        ]
+        try:
+            await asyncio.wait([self._over, *tasks], return_when="FIRST_COMPLETED")
+            for task in tasks:  # a task that failed ends the session with its error
+                if task.done() and not task.cancelled() and task.exception():
+                    raise task.exception()  # type: ignore[misc]
+            over = self._over.result() if self._over.done() else SessionOver("disconnected")
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if self._finalize_task is not None:
+                with contextlib.suppress(Exception):
+                    await self._finalize_task
+            await self.runtime.step(self.session.close)
+        if over.message is not None:
+            self.outbox.flush()  # results not yet sent are stale now
+            await self.send(over.message)
+        return over.reason
+
+    # --- reading -------------------------------------------------------------
+
+    async def _read(self) -> None:
+        max_bytes = self.settings.limits.max_message_bytes
+        async for raw in self.frames:
+            try:
+                message = decode_client_message(raw, client_message, CLIENT_TYPES, max_bytes)
+                if isinstance(message, Stop):
+                    self.end(SessionOver("stopped", STOPPED))
+                    return
+                if isinstance(message, Prepare):
+                    await self._prepare(message)
+                elif isinstance(message, AudioChunk):
+                    await self._audio(message)
+                elif isinstance(message, Pause):
+                    await self._pause(message)
+                elif isinstance(message, Resume):
+                    await self._resume()
+            except ProtocolError as exc:
+                await self.send(error_message(exc.message, exc.code))
+        self.end(SessionOver("disconnected"))
+
+    async def _prepare(self, message: Prepare) -> None:
+        if self.phase is not Phase.WAITING_PREPARE:
+            raise ProtocolError(ErrorCode.INVALID_REQUEST, "session is already prepared")
+        self.mode = parse_mode(message.mode) or self.mode
+        self.record.kind = self.mode
+        try:
+            llm_ref = pcm_from_b64(message.ref_audio_base64) if message.ref_audio_base64 else None
+            tts_ref = (
+                pcm_from_b64(message.tts_ref_audio_base64)
+                if message.tts_ref_audio_base64
+                else llm_ref
+            )
+        except AudioDecodeError as exc:
+            raise ProtocolError(ErrorCode.INVALID_REQUEST, f"reference audio: {exc}") from None
+        options = DuplexOptions(
+            llm_voice=Voice(reference=llm_ref) if llm_ref is not None else None,
+            tts_voice=Voice(reference=tts_ref) if tts_ref is not None else None,
+            max_slice_nums=message.max_slice_nums,
+            vision=self.mode == "omni_duplex",
+        )
+        self.deferred_finalize = message.deferred_finalize
+        self.max_slice_nums = message.max_slice_nums
+        try:
+            prompt_length = await self.runtime.step(
+                self.session.prepare, message.system_prompt, options
+            )
+        except EngineError as exc:
+            await self.send(error_message(f"prepare failed: {exc}", ErrorCode.INFERENCE_ERROR))
+            return
+        self.phase = Phase.ACTIVE
+        self.started = self.last_audio = time.monotonic()
+        capabilities = self.runtime.engine.capabilities.to_dict()
+        rec_id = self.record.session_id
+        await self.send(prepared_message(rec_id, prompt_length, rec_id, self.mode, capabilities))
+
+    async def _audio(self, message: AudioChunk) -> None:
+        if self.phase is Phase.WAITING_PREPARE:
+            raise ProtocolError(ErrorCode.NOT_READY, "send prepare before audio_chunk")
+        limits = self.settings.limits
+        try:
+            audio = pcm_from_b64(message.audio_base64)
+        except AudioDecodeError as exc:
+            raise ProtocolError(ErrorCode.INVALID_REQUEST, f"audio_base64: {exc}") from None
+        if audio.size > limits.max_chunk_audio_s * 16_000:
+            raise ProtocolError(
+                ErrorCode.PAYLOAD_TOO_LARGE,
+                f"chunk of {audio.size / 16_000:.2f} s exceeds {limits.max_chunk_audio_s} s",
+            )
+        frames = await self._frames(message.frame_base64_list or [])
+        self.last_audio = time.monotonic()
+        if self.phase is Phase.PAUSED:
+            return  # a paused session hears nothing
+        self.buffer.push(
+            PendingChunk(
+                index=self._received,
+                received_at=time.monotonic(),
+                received_wall=time.time(),
+                audio=audio,
+                frames=frames if self.mode == "omni_duplex" else [],
+                force_listen=message.force_listen,
+                max_slice_nums=message.max_slice_nums,
+            )
+        )
+        self._received += 1
+
+    async def _frames(self, encoded: list[str]) -> list[bytes]:
+        limits = self.settings.limits
+        if len(encoded) > limits.max_frames_per_chunk:
+            raise ProtocolError(
+                ErrorCode.PAYLOAD_TOO_LARGE,
+                f"{len(encoded)} frames exceed {limits.max_frames_per_chunk} per chunk",
+            )
+        frames = []
+        for number, data in enumerate(encoded):
+            try:
+                raw = decode_b64(data)
+            except AudioDecodeError as exc:
+                raise ProtocolError(ErrorCode.INVALID_REQUEST, f"frame {number}: {exc}") from None
+            if len(raw) > limits.max_frame_bytes:
+                raise ProtocolError(
+                    ErrorCode.PAYLOAD_TOO_LARGE,
+                    f"frame {number} of {len(raw)} bytes exceeds {limits.max_frame_bytes}",
+                )
+            frames.append(raw)
+        try:
+            await asyncio.to_thread(lambda: [check_image(f, "frame") for f in frames])
+        except DecodeError as exc:
+            raise ProtocolError(ErrorCode.INVALID_REQUEST, str(exc)) from None
+        return frames
+
+    async def _pause(self, message: Pause) -> None:
+        if self.phase is Phase.WAITING_PREPARE:
+            raise ProtocolError(ErrorCode.NOT_READY, "send prepare before pause")
+        duplex = self.settings.duplex
+        timeout = min(message.timeout or duplex.pause_timeout_s, duplex.max_pause_s)
+        self.phase = Phase.PAUSED
+        self.pause_deadline = time.monotonic() + timeout
+        self.buffer.clear()
+        self.runtime.set_session_state(self.record, WorkerState.DUPLEX_PAUSED)
+        await self.send(paused_message(timeout))
+
+    async def _resume(self) -> None:
+        if self.phase is not Phase.PAUSED:
+            raise ProtocolError(ErrorCode.INVALID_REQUEST, "session is not paused")
+        self.phase = Phase.ACTIVE
+        self.pause_deadline = None
+        self.last_audio = time.monotonic()
+        self.runtime.set_session_state(self.record, WorkerState.DUPLEX_ACTIVE)
+        await self.send(RESUMED)
+
+    # --- the unit loop ---------------------------------------------------------------
+
+    async def _compute(self) -> None:
+        step = self.runtime.step
+        while True:
+            chunk = await self.buffer.pop()
+            await self._finalized.wait()  # finalize of unit k before prefill of unit k+1
+            started = time.perf_counter()
+            try:
+                max_slices = chunk.max_slice_nums or self.max_slice_nums
+                stats = await step(self.session.prefill, chunk.audio, chunk.frames, max_slices)
+                prefilled = time.perf_counter()
+                unit = await step(self.session.generate, chunk.force_listen)
+            except EngineError as exc:
+                log.warning("unit %d of %s failed: %s", chunk.index, self.record.session_id, exc)
+                await self.send(error_message(f"unit failed: {exc}", ErrorCode.INFERENCE_ERROR))
+                continue
+            generated = time.perf_counter()
+            self.record.kv_cache_length = unit.kv_cache_length
+            message = result_message(
+                unit,
+                chunk,
+                (prefilled - started) * 1000,
+                (generated - prefilled) * 1000,
+                self.started,
+                (stats.vision_slices, stats.vision_tokens),
+                self.buffer.dropped_total,
+            )
+            self.units += 1
+            if self.deferred_finalize:
+                await self.send(message)
+                self._finalized.clear()
+                self._finalize_task = asyncio.ensure_future(self._finalize())
+            else:
+                await self._finalize()
+                await self.send(message)
+
+    async def _finalize(self) -> None:
+        try:
+            await self.runtime.step(self.session.finalize)
+        except EngineError as exc:
+            await self.send(error_message(f"finalize failed: {exc}", ErrorCode.INFERENCE_ERROR))
+        finally:
+            self._finalized.set()
+
+    # --- timeouts ----------------------------------------------------------------------
+
+    async def _watchdog(self) -> None:
+        """Ends a paused session when its pause expires (releasing the worker),
+        and an active one that has sent no audio for ``idle_timeout_s``."""
+        idle = self.settings.duplex.idle_timeout_s
+        first = self.settings.limits.first_message_timeout_s
+        while True:
+            now = time.monotonic()
+            if self.phase is Phase.PAUSED and self.pause_deadline is not None:
+                if now >= self.pause_deadline:
+                    self.end(SessionOver("timeout", timeout_message("pause", now - self.started)))
+                    return
+                wait = self.pause_deadline - now
+            else:
+                limit = first if self.phase is Phase.WAITING_PREPARE else idle
+                if now - self.last_audio >= limit:
+                    self.end(SessionOver("timeout", timeout_message("idle", now - self.started)))
+                    return
+                wait = self.last_audio + limit - now
+            await asyncio.sleep(min(wait, 0.25))

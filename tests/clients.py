@@ -1,0 +1,65 @@
+"""A small protocol client for the session modes, used by integration tests."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from typing import Any
+
+import numpy as np
+from websockets.asyncio.client import ClientConnection, connect
+
+from tests.servers import Server
+from tests.speech import chunks_b64
+
+
+class Client:
+    def __init__(self, ws: ClientConnection, session_id: str) -> None:
+        self.ws = ws
+        self.session_id = session_id
+        self.received: list[dict[str, Any]] = []
+
+    async def recv(self, timeout: float = 20) -> dict[str, Any]:
+        message = json.loads(await asyncio.wait_for(self.ws.recv(), timeout))
+        self.received.append(message)
+        return message
+
+    async def until(self, *types: str, timeout: float = 20) -> dict[str, Any]:
+        while (message := await self.recv(timeout))["type"] not in types:
+            pass
+        return message
+
+    async def send(self, message: dict[str, Any]) -> None:
+        await self.ws.send(json.dumps(message))
+
+    async def prepare(
+        self, system_prompt: str = "You are helpful.", config: dict | None = None, **fields: Any
+    ) -> dict:
+        await self.until("queue_done")
+        message = {"type": "prepare", "system_prompt": system_prompt, "config": config or {}}
+        await self.send({**message, **fields})
+        return await self.until("prepared")
+
+    async def chunk(self, audio: np.ndarray, **fields: Any) -> None:
+        """One duplex ``audio_chunk`` (whatever the length of ``audio``)."""
+        await self.send(
+            {"type": "audio_chunk", "audio_base64": chunks_b64(audio, 3600)[0], **fields}
+        )
+
+    async def speak(self, audio: np.ndarray, pace_s: float = 0.0) -> None:
+        for chunk in chunks_b64(audio):
+            await self.send({"type": "audio_chunk", "audio_base64": chunk})
+            if pace_s:
+                await asyncio.sleep(pace_s)
+
+    def types(self) -> list[str]:
+        return [m["type"] for m in self.received]
+
+
+async def open_client(
+    server: Server, session_id: str | None = None, path: str = "/ws/half_duplex", query: str = ""
+) -> Client:
+    session_id = session_id or f"s_{secrets.token_hex(4)}"
+    ws = await connect(f"{server.ws}{path}/{session_id}{query}", max_size=None)
+    return Client(ws, session_id)
