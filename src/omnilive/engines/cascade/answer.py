@@ -1,0 +1,182 @@
+"""One spoken answer: LLM text streamed token by token, speech per sentence.
+
+Every view answers the same way: tokens become text chunks at once, and each
+sentence is handed to espeak-ng the moment it is complete, its audio riding on
+the next chunk, so the first sentence can play while the rest is generated.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from omnilive.engines.base import GenerationOptions, TextAudioChunk
+from omnilive.engines.cascade.llm import LlamaChat
+from omnilive.engines.cascade.tts import EspeakTTS
+
+# A sentence ends at . ! ? (or a line break) once the next text starts with
+# whitespace: "3.5" and "e.g.," do not end one, "Paris. It" does.
+_SENTENCE_END = re.compile(r"[.!?…]+[\"')\]]*\s|\n")
+# Long sentences are cut after a clause, so speech starts sooner; the first
+# piece of an answer is cut harder still, since the user is waiting for it.
+_CLAUSE_END = re.compile(r"[,;:]\s")
+_WORD_END = re.compile(r"\S\s")
+CLAUSE_MIN_WORDS = 8
+FIRST_CLAUSE_MIN_WORDS = 4
+FIRST_MAX_WORDS = 12  # no punctuation yet: cut at a word boundary
+
+
+class SentenceSplitter:
+    """Cuts a stream of text pieces into sentences as soon as each is complete."""
+
+    def __init__(self) -> None:
+        self._pending = ""
+        self._first = True
+
+    def feed(self, piece: str) -> list[str]:
+        """Add a piece; return the sentences it completed (without trailing space)."""
+        self._pending += piece
+        done: list[str] = []
+        while True:
+            cut = self._cut()
+            if cut is None:
+                return done
+            sentence, self._pending = self._pending[:cut], self._pending[cut:]
+            if sentence.strip():
+                done.append(sentence.strip())
+                self._first = False
+
+    def flush(self) -> str:
+        rest, self._pending = self._pending.strip(), ""
+        return rest
+
+    def _cut(self) -> int | None:
+        """Where the pending text should be cut, if anywhere yet."""
+        end = _SENTENCE_END.search(self._pending)
+        if end is not None:
+            return end.end()
+        min_words = FIRST_CLAUSE_MIN_WORDS if self._first else CLAUSE_MIN_WORDS
+        for clause in _CLAUSE_END.finditer(self._pending):
+            if len(self._pending[: clause.start()].split()) >= min_words:
+                return clause.end()
+        if self._first:
+            # Only completed words count: the last one may still be growing.
+            words = list(_WORD_END.finditer(self._pending))
+            if len(words) >= FIRST_MAX_WORDS:
+                return words[FIRST_MAX_WORDS - 1].end()
+        return None
+
+
+@dataclass
+class SpokenSentence:
+    """A sentence of the answer with its audio and what it cost."""
+
+    text: str
+    audio: np.ndarray | None  # 24 kHz; None when speech is off
+    n_tokens: int
+    llm_ms: float  # generating its tokens (the first sentence includes the prompt)
+    tts_ms: float
+
+
+@dataclass
+class AnswerStats:
+    """Timings of one answer, from the moment it was asked for."""
+
+    n_tokens: int = 0
+    first_token_ms: float | None = None
+    first_audio_ms: float | None = None
+    sentences: list[SpokenSentence] = field(default_factory=list)
+
+
+class AnswerStream:
+    """Iterates one answer as :class:`TextAudioChunk` s; see the module docstring.
+
+    ``cancel`` stops it between tokens. ``text`` and ``stats`` fill in as it
+    runs, so a caller that stops early still knows what was said.
+    """
+
+    def __init__(
+        self,
+        llm: LlamaChat,
+        tts: EspeakTTS,
+        prompt: list[int],
+        options: GenerationOptions,
+        max_tokens: int,
+        voice: str | None,
+        cancel: threading.Event | None = None,
+    ) -> None:
+        self._llm = llm
+        self._tts = tts
+        self._prompt = prompt
+        self._options = options
+        self._max_tokens = max_tokens
+        self._voice = voice  # None: text only
+        self._cancel = cancel or threading.Event()
+        self.text = ""
+        self.stats = AnswerStats()
+        self._chunks = self._run()
+
+    def __iter__(self) -> Iterator[TextAudioChunk]:
+        return self._chunks
+
+    def __next__(self) -> TextAudioChunk:
+        return next(self._chunks)
+
+    def close(self) -> None:
+        self._chunks.close()
+
+    def _run(self) -> Iterator[TextAudioChunk]:
+        started = mark = time.perf_counter()
+        splitter = SentenceSplitter()
+        sentence_tokens = 0
+        tokens = self._llm.stream(self._prompt, self._options, self._max_tokens)
+        try:
+            for piece in tokens:
+                if self._cancel.is_set():
+                    return
+                now = time.perf_counter()
+                if self.stats.first_token_ms is None:
+                    self.stats.first_token_ms = (now - started) * 1000
+                self.stats.n_tokens += 1
+                sentence_tokens += 1
+                self.text += piece
+                audio = None
+                for sentence in splitter.feed(piece):
+                    audio = _join(audio, self._speak(sentence, sentence_tokens, mark, started))
+                    sentence_tokens, mark = 0, time.perf_counter()
+                if piece or audio is not None:
+                    yield TextAudioChunk(text=piece, audio=audio, n_tokens=1)
+            if self._cancel.is_set():
+                return
+            rest = splitter.flush()
+            if rest:
+                audio = self._speak(rest, sentence_tokens, mark, started)
+                if audio is not None:
+                    yield TextAudioChunk(audio=audio)
+        finally:
+            tokens.close()  # type: ignore[attr-defined]
+
+    def _speak(
+        self, sentence: str, n_tokens: int, since: float, started: float
+    ) -> np.ndarray | None:
+        llm_ms = (time.perf_counter() - since) * 1000
+        audio, tts_ms = (None, 0.0)
+        if self._voice is not None:
+            audio, tts_ms = self._tts.timed(sentence, self._voice)
+            if self.stats.first_audio_ms is None and audio.size:
+                self.stats.first_audio_ms = (time.perf_counter() - started) * 1000
+        if audio is not None and not audio.size:
+            audio = None  # nothing speakable in it ("...")
+        self.stats.sentences.append(SpokenSentence(sentence, audio, n_tokens, llm_ms, tts_ms))
+        return audio
+
+
+def _join(a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray | None:
+    if a is None or b is None:
+        return b if a is None else a
+    return np.concatenate([a, b])

@@ -1,0 +1,74 @@
+"""A conversation's history, kept within the model's context.
+
+The system prompt always stays; when the next prompt would not leave room for
+the answer, whole exchanges are dropped from the oldest on. Fitting is
+computed without changing anything, so speculative work (an answer started
+before the user finished) can be discarded, and applied when the turn is
+committed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from omnilive.engines.base import EngineError
+from omnilive.engines.cascade.llm import Message
+
+Counter = Callable[[list[Message]], int]
+
+
+@dataclass(frozen=True)
+class Fit:
+    """How to make the next prompt fit: drop ``dropped`` oldest turns."""
+
+    dropped: int
+    messages: list[Message]
+    tokens: int
+
+
+class Conversation:
+    """System prompt plus alternating user / assistant turns."""
+
+    def __init__(self, system: str) -> None:
+        self.system = system
+        self.turns: list[Message] = []
+        self._saved: list[Message] = []
+
+    def messages(self, *extra: Message) -> list[Message]:
+        return [Message("system", self.system), *self.turns, *extra]
+
+    def fit(self, count: Counter, budget: int, *extra: Message) -> Fit:
+        """The fewest oldest turns to drop so the prompt with ``extra`` fits ``budget``.
+
+        Turns go from the front until the history starts at a user turn again,
+        so an answer is never kept without its question.
+        """
+        dropped = 0
+        while True:
+            messages = [Message("system", self.system), *self.turns[dropped:], *extra]
+            tokens = count(messages)
+            if tokens <= budget:
+                return Fit(dropped, messages, tokens)
+            if dropped >= len(self.turns):
+                raise EngineError(
+                    f"the prompt needs {tokens} tokens even without history; "
+                    f"the context leaves {budget} for it"
+                )
+            dropped += 1
+            while dropped < len(self.turns) and self.turns[dropped].role != "user":
+                dropped += 1
+
+    def commit(self, fit: Fit, *extra: Message) -> None:
+        """Apply a :meth:`fit` and append the turns it was computed with."""
+        del self.turns[: fit.dropped]
+        self.turns.extend(extra)
+
+    def add(self, role: str, text: str) -> None:
+        self.turns.append(Message(role, text))
+
+    def snapshot(self) -> None:
+        self._saved = list(self.turns)
+
+    def rollback(self) -> None:
+        self.turns = list(self._saved)

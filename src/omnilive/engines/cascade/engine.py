@@ -1,0 +1,122 @@
+"""The cascade engine: loads the models once and opens sessions of each view."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from omnilive.audio import INPUT_RATE, OUTPUT_RATE, resample
+from omnilive.config import CascadeSettings
+from omnilive.engines.base import (
+    Capabilities,
+    ChatSession,
+    DuplexSession,
+    Engine,
+    EngineError,
+    GenerationOptions,
+    HalfDuplexSession,
+    Modality,
+    ProgressCallback,
+    Voice,
+)
+from omnilive.engines.cascade.asr import WhisperASR
+from omnilive.engines.cascade.chat import CascadeChat
+from omnilive.engines.cascade.duplex import CascadeDuplex
+from omnilive.engines.cascade.half_duplex import CascadeHalfDuplex
+from omnilive.engines.cascade.llm import N_CTX, LlamaChat, Message
+from omnilive.engines.cascade.models import prepare_models
+from omnilive.engines.cascade.stack import ModelStack, log
+from omnilive.engines.cascade.tts import EspeakTTS
+
+WARMUP_PHRASE = "Hello."
+
+
+class CascadeEngine(Engine):
+    """Silero VAD + Whisper base + SmolLM2-135M + espeak-ng, offline on the CPU.
+
+    Hears text and audio, speaks with espeak-ng voices; it cannot see and
+    cannot clone a voice. One session at a time (the CPU is the bottleneck).
+    """
+
+    name = "cascade"
+
+    def __init__(self, settings: CascadeSettings, data_dir: Path) -> None:
+        self._settings = settings
+        self._data_dir = Path(data_dir)
+        self._stack: ModelStack | None = None
+        self.load_timings: dict[str, float] = {}
+        self.capabilities = Capabilities(
+            input_modalities=frozenset({Modality.TEXT, Modality.AUDIO}),
+            audio_output=True,
+            voice_cloning=False,
+            context_length=N_CTX,
+            slots=1,
+        )
+
+    def load(self, progress: ProgressCallback) -> None:
+        started = time.perf_counter()
+        files = prepare_models(self._data_dir, progress)
+        joined = time.perf_counter()
+        threads = self._settings.threads
+        stack = ModelStack(
+            asr=WhisperASR(files.whisper_dir, threads),
+            llm=LlamaChat(files.llm_gguf, threads, N_CTX),
+            tts=EspeakTTS(self._settings.voice),
+        )
+        # Each stage reports its own fraction, like the join before it.
+        progress("load models", 0.0)
+        stack.tts.load()
+        progress("load models", 0.1)
+        stack.asr.load()
+        progress("load models", 0.6)
+        stack.llm.load()
+        progress("load models", 1.0)
+        loaded = time.perf_counter()
+        progress("warm up", 0.0)
+        self._warm_up(stack)
+        done = time.perf_counter()
+        self._stack = stack
+        progress("ready", 1.0)
+        self.load_timings = {
+            "files_s": joined - started,
+            "models_s": loaded - joined,
+            "warmup_s": done - loaded,
+            "total_s": done - started,
+        }
+        rounded = {k: round(v, 3) for k, v in self.load_timings.items()}
+        log.info("cascade engine loaded: %s", rounded)
+
+    def _warm_up(self, stack: ModelStack) -> None:
+        """One pass through every model, so the first real request pays no first-call costs."""
+        speech = stack.tts.synthesize(WARMUP_PHRASE, self._settings.voice)
+        stack.asr.transcribe(resample(speech, OUTPUT_RATE, INPUT_RATE))
+        prompt = stack.llm.tokens([Message("system", "Say hello."), Message("user", WARMUP_PHRASE)])
+        for _ in stack.llm.stream(prompt, GenerationOptions(temperature=0.0), max_tokens=2):
+            pass
+
+    def _loaded(self) -> ModelStack:
+        if self._stack is None:
+            raise EngineError("the cascade engine is not loaded")
+        return self._stack
+
+    @property
+    def stack(self) -> ModelStack:
+        """The loaded models (tests and benchmarks time them one by one)."""
+        return self._loaded()
+
+    def open_chat(self) -> ChatSession:
+        return CascadeChat(self._loaded(), self.require)
+
+    def open_half_duplex(self) -> HalfDuplexSession:
+        return CascadeHalfDuplex(self._loaded(), self.require)
+
+    def open_duplex(self) -> DuplexSession:
+        return CascadeDuplex(self._loaded())
+
+    def default_voice(self) -> Voice | None:
+        return Voice(name=self._settings.voice)
+
+    def close(self) -> None:
+        if self._stack is not None:
+            self._stack.llm.close()
+            self._stack = None

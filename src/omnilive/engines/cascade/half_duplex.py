@@ -1,0 +1,366 @@
+"""Half-duplex voice turns on the cascade, with work started before the turn ends.
+
+The session runner calls :meth:`hear` with the speech so far while the user
+talks. That hands work to the session's own background thread and returns at
+once, so the runner's VAD is never held up:
+
+- while the user speaks, the speech so far is transcribed now and then
+  (``partial_transcript``): after each second of new speech, and as soon as the
+  last ~0.2 s sound quiet, which is often the end (the runner's VAD waits
+  longer before it calls it a pause);
+- when the VAD hears a pause, the answer is started: the speech is transcribed
+  (or the quiet-moment transcript reused, if no speech came after it), the LLM
+  runs until its first sentence is complete and espeak has spoken it, then the
+  stream is parked.
+
+If :meth:`prefill` then gets the same speech (the same samples, give or take a
+silent tail) it adopts the parked answer: the first chunk of :meth:`generate`
+carries audio at once. Any other speech, or new speech in :meth:`hear`, cancels
+the early work, which is discarded without touching the history.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from omnilive.engines.base import (
+    AudioPart,
+    ChatMessage,
+    EngineError,
+    HalfDuplexOptions,
+    HalfDuplexSession,
+    Modality,
+    Part,
+    TextAudioChunk,
+    modalities_of,
+)
+from omnilive.engines.cascade._vad import FRAME, RATE, FrameVAD
+from omnilive.engines.cascade.answer import AnswerStream
+from omnilive.engines.cascade.asr import Transcript
+from omnilive.engines.cascade.conversation import Conversation, Fit
+from omnilive.engines.cascade.llm import Message
+from omnilive.engines.cascade.stack import (
+    ModelStack,
+    Notices,
+    log,
+    spoken_system_prompt,
+    text_of,
+)
+
+PARTIAL_STEP_S = 1.0  # new speech between two partial transcripts
+QUIET_TAIL_S = 0.2  # this much trailing audio without speech triggers a transcript
+QUIET_MIN_NEW_S = 0.3  # ...if at least this much speech came since the last one
+TAIL_SPEECH_THRESHOLD = 0.5  # VAD probability that makes extra samples "speech"
+TAIL_SPEECH_FRAMES = 3  # ~100 ms of it means the user said more
+INAUDIBLE = "[inaudible]"
+
+
+@dataclass(eq=False)
+class _Early:
+    """Work started from one version of the speech, before :meth:`prefill`."""
+
+    speech: np.ndarray
+    speculative: bool  # also start the answer (the VAD heard a pause)
+    cancel: threading.Event = field(default_factory=threading.Event)
+    future: Future[None] | None = None
+    transcript: Transcript | None = None
+    fit: Fit | None = None
+    answer: AnswerStream | None = None
+    head: list[TextAudioChunk] = field(default_factory=list)  # chunks already made
+    heard: _Early | None = None  # an earlier transcript of the same speech to reuse
+    _closing: threading.Lock = field(default_factory=threading.Lock)
+
+    def discard(self) -> None:
+        """Close a parked answer; safe from either thread, and more than once."""
+        with self._closing:
+            answer, self.answer = self.answer, None
+        if answer is not None:
+            answer.close()
+
+
+@dataclass
+class TurnStats:
+    """How the last turn was served (for benchmarks and logs)."""
+
+    transcript: str = ""
+    asr_ms: float = 0.0
+    speculative: bool = False  # prefill adopted an answer started in hear()
+    transcribed_early: bool = False  # ...whose transcript was made before the pause
+    first_token_ms: float | None = None
+    first_audio_ms: float | None = None
+
+
+@dataclass(eq=False)
+class _Turn:
+    fit: Fit
+    answer: AnswerStream | None
+    head: list[TextAudioChunk]
+
+
+class CascadeHalfDuplex(HalfDuplexSession):
+    """A voice conversation whose history persists across turns, within the context."""
+
+    def __init__(self, stack: ModelStack, require: Callable[[set[Modality]], None]) -> None:
+        self._stack = stack
+        self._require = require
+        self._notices = Notices()
+        self._options = HalfDuplexOptions()
+        self._voice = stack.tts.resolve_voice(None).espeak
+        self._conversation = Conversation(spoken_system_prompt(""))
+        # The background thread reads the history while the runner's thread
+        # may commit or roll it back.
+        self._lock = threading.Lock()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cascade-hd")
+        self._vad = FrameVAD()  # ~60 ms to create: not on the first hear()
+        self._early: _Early | None = None
+        self._partial_samples = 0
+        self._turn: _Turn | None = None
+        self._speaking: AnswerStream | None = None  # the answer generate() is streaming
+        self._closed = False
+        self.partial_transcript = ""
+        self.context_tokens = 0
+        self.stats = TurnStats()
+
+    # --- observable state -------------------------------------------------
+
+    @property
+    def warnings(self) -> list[str]:
+        return self._notices.items
+
+    @property
+    def history(self) -> list[Message]:
+        """The prompt's messages as they stand: system prompt first, then the turns."""
+        with self._lock:
+            return self._conversation.messages()
+
+    def settle(self) -> None:
+        """Wait until early work in flight is done (for tests and benchmarks)."""
+        early = self._early
+        if early is not None and early.future is not None:
+            early.future.exception()
+
+    # --- the view ----------------------------------------------------------
+
+    def prepare(self, system: list[Part], options: HalfDuplexOptions) -> int:
+        self._require(modalities_of([ChatMessage("system", tuple(system))]))
+        self._cancel_early(wait=True)
+        if any(isinstance(p, AudioPart) for p in system):
+            self._notices.add(
+                "voice cloning is not available on the cascade engine: "
+                "the reference audio in the system content was not used"
+            )
+        self._options = options
+        self._voice = self._stack.voice(options.voice, self._notices).espeak
+        with self._lock:
+            self._conversation = Conversation(spoken_system_prompt(text_of(system)))
+            fit = self._conversation.fit(self._stack.llm.count, self._budget())
+        self.context_tokens = fit.tokens
+        return fit.tokens
+
+    def hear(self, speech_so_far: np.ndarray, paused: bool) -> None:
+        if self._closed or self._turn is not None or self._speaking is not None:
+            return  # a turn is under way: nothing heard now starts another yet
+        early = self._early
+        if early is not None and early.speculative:
+            if self._same_speech(early.speech, speech_so_far):
+                return  # only silence was added: the answer in flight still fits
+            self._cancel_early(wait=False)
+            early = None
+        speech = np.array(speech_so_far, dtype=np.float32)
+        if paused:
+            heard = early if early and self._same_speech(early.speech, speech) else None
+            if heard is None:
+                self._cancel_early(wait=False)
+            self._start_early(speech, speculative=True, heard=heard)
+            return
+        if early is not None and early.future is not None and not early.future.done():
+            return  # one transcript at a time; the next call will catch up
+        new = speech.size - self._partial_samples
+        quiet = new >= QUIET_MIN_NEW_S * RATE and not self._vad.has_speech(
+            speech[-round(QUIET_TAIL_S * RATE) :], TAIL_SPEECH_THRESHOLD, 1
+        )
+        if quiet or new >= PARTIAL_STEP_S * RATE:
+            self._partial_samples = speech.size
+            self._start_early(speech, speculative=False)
+
+    def prefill(self, speech: np.ndarray) -> int:
+        if self._speaking is not None:
+            self._end_answer(self._speaking)  # the runner dropped the last answer early
+        speech = np.asarray(speech, dtype=np.float32)
+        turn = self._adopt(speech)
+        if turn is None:
+            self._cancel_early(wait=True)
+            transcript = self._stack.asr.transcribe(speech, self._voice)
+            self.stats = TurnStats(transcript.text, transcript.cost_ms)
+            with self._lock:
+                fit = self._fit(transcript)
+            turn = _Turn(fit, None, [])
+        count = self._stack.llm.count
+        added = turn.fit.tokens - count(turn.fit.messages[:-1])
+        with self._lock:
+            self._conversation.commit(turn.fit, turn.fit.messages[-1])
+        self._partial_samples, self.partial_transcript = 0, ""
+        self._turn = turn
+        self.context_tokens = turn.fit.tokens
+        return max(1, added)
+
+    def generate(self) -> Iterator[TextAudioChunk]:
+        turn, self._turn = self._turn, None
+        if turn is None:
+            raise EngineError("generate before prefill")
+        answer = turn.answer or self._stack.answer(
+            self._stack.llm.tokens(turn.fit.messages),
+            self._options.generation,
+            self._stack.spoken_budget(self._options.generation),
+            self._voice if self._options.tts_enabled else None,
+        )
+        self._speaking = answer
+        try:
+            yield from turn.head
+            yield from answer
+        finally:
+            self.context_tokens = turn.fit.tokens + answer.stats.n_tokens
+            self._end_answer(answer)
+
+    def snapshot(self) -> None:
+        with self._lock:
+            self._conversation.snapshot()
+
+    def rollback(self) -> None:
+        self._cancel_early(wait=True)
+        if self._speaking is not None:
+            self._speaking.close()
+            self._speaking = None
+        self._turn = None
+        with self._lock:
+            self._conversation.rollback()
+
+    def close(self) -> None:
+        self._closed = True
+        self._cancel_early(wait=True)
+        if self._speaking is not None:
+            self._end_answer(self._speaking)
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+    def _end_answer(self, answer: AnswerStream) -> None:
+        """Close an answer and put what it said in the history, once."""
+        if self._speaking is not answer:
+            return
+        self._speaking = None
+        answer.close()
+        self.stats.first_token_ms = answer.stats.first_token_ms
+        self.stats.first_audio_ms = answer.stats.first_audio_ms
+        if answer.text.strip():
+            with self._lock:
+                self._conversation.add("assistant", answer.text.strip())
+
+    # --- early work ----------------------------------------------------------
+
+    def _budget(self) -> int:
+        return self._stack.llm.n_ctx - self._stack.spoken_budget(self._options.generation)
+
+    def _fit(self, transcript: Transcript) -> Fit:
+        """The prompt for this turn; the caller holds the lock."""
+        user = Message("user", transcript.text or INAUDIBLE)
+        return self._conversation.fit(self._stack.llm.count, self._budget(), user)
+
+    def _start_early(
+        self, speech: np.ndarray, speculative: bool, heard: _Early | None = None
+    ) -> None:
+        early = _Early(speech, speculative, heard=heard)
+        early.future = self._executor.submit(self._work, early)
+        # Work cancelled while it runs cleans up after itself when it ends.
+        early.future.add_done_callback(lambda _: early.discard() if early.cancel.is_set() else None)
+        self._early = early
+
+    def _work(self, early: _Early) -> None:
+        """Runs on the session's thread: transcribe, and maybe start the answer."""
+        if early.cancel.is_set():
+            return
+        # A reusable transcript ran before this job on the same thread: it is done.
+        transcript = early.heard.transcript if early.heard is not None else None
+        if transcript is None:
+            transcript = self._stack.asr.transcribe(early.speech, self._voice)
+        early.transcript = transcript
+        if not early.speculative:
+            self.partial_transcript = transcript.text
+            return
+        if early.cancel.is_set():
+            return
+        with self._lock:
+            fit = self._fit(transcript)
+        answer = self._stack.answer(
+            self._stack.llm.tokens(fit.messages),
+            self._options.generation,
+            self._stack.spoken_budget(self._options.generation),
+            self._voice if self._options.tts_enabled else None,
+            cancel=early.cancel,
+        )
+        # Run up to the end of the first sentence (and its audio), then park.
+        for chunk in answer:
+            early.head.append(chunk)
+            if answer.stats.sentences or early.cancel.is_set():
+                break
+        if early.cancel.is_set():
+            answer.close()
+            return
+        early.fit, early.answer = fit, answer
+
+    def _adopt(self, speech: np.ndarray) -> _Turn | None:
+        """The early answer, if it was started from this same speech."""
+        early = self._early
+        if early is None or not early.speculative or early.future is None:
+            return None
+        if not self._same_speech(early.speech, speech):
+            return None
+        try:
+            early.future.result()  # still running: finishing it beats starting over
+        except EngineError as exc:
+            log.warning("cascade: early answer failed, answering again: %s", exc)
+            return None
+        if early.answer is None or early.fit is None or early.transcript is None:
+            return None
+        self._early = None
+        reused = early.heard is not None and early.heard.transcript is early.transcript
+        self.stats = TurnStats(
+            early.transcript.text,
+            early.transcript.cost_ms,
+            speculative=True,
+            transcribed_early=reused,
+        )
+        return _Turn(early.fit, early.answer, early.head)
+
+    def _same_speech(self, a: np.ndarray, b: np.ndarray) -> bool:
+        """Whether one clip is the other plus (or minus) only a silent tail."""
+        n = min(a.size, b.size)
+        if not np.array_equal(a[:n], b[:n]):
+            return False
+        tail = (a if a.size > b.size else b)[n:]
+        if tail.size < FRAME:
+            return True
+        return not self._vad.has_speech(tail, TAIL_SPEECH_THRESHOLD, TAIL_SPEECH_FRAMES)
+
+    def _cancel_early(self, wait: bool) -> None:
+        """Stop early work; ``wait`` for the thread to let go of the models.
+
+        :meth:`hear` does not wait (it must return at once): the thread sees
+        the flag within one LLM token and closes what it started itself.
+        """
+        early, self._early = self._early, None
+        if early is None:
+            return
+        early.cancel.set()
+        if early.future is None:
+            return
+        if wait:
+            try:
+                early.future.result()
+            except EngineError as exc:
+                log.info("cascade: discarded early work had failed: %s", exc)
+        if early.future.done():
+            early.discard()

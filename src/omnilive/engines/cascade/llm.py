@@ -1,0 +1,197 @@
+"""The language model: SmolLM2-135M-Instruct (GGUF) through llama-cpp-python.
+
+Prompts are rendered with the chat template stored in the GGUF file, then
+tokenized here, so callers can count tokens exactly and fit a conversation to
+the context before generating. llama.cpp keeps the KV cache of the previous
+prompt and reuses its longest common prefix, so a conversation that only grows
+re-evaluates just its new turn.
+
+When the oldest turns of a conversation are dropped to stay within the
+context, the prompt no longer shares a long prefix with the cache; prompt
+evaluation runs at only a few hundred tokens/s on two cores, so re-reading the
+whole history would stall that turn for seconds. Instead the dropped tokens are
+removed from the KV cache and the rest shifted into place (llama.cpp's context
+shift), so only the new turn is evaluated.
+
+One :class:`Llama` serves every session of the engine. A new generation
+preempts the previous one: the engine has one slot, and a stream that was
+abandoned (a cancelled speculation, a closed session) must not block the next.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from omnilive.engines.base import EngineError, GenerationOptions
+
+N_CTX = 2048
+REPEAT_PENALTY = 1.1  # a 135M model loops without it
+SEED = 0x5EED
+SHIFT_MIN_MATCH = 16  # cached tokens that must line up after a gap to shift them
+
+
+@dataclass(frozen=True)
+class Message:
+    """One chat message as the template sees it."""
+
+    role: str  # system | user | assistant
+    content: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"role": self.role, "content": self.content}
+
+
+class LlamaChat:
+    """A loaded chat model with exact token counting and preemptible streams."""
+
+    def __init__(self, gguf: Path, threads: int, n_ctx: int = N_CTX) -> None:
+        self._gguf = gguf
+        self._threads = threads
+        self.n_ctx = n_ctx
+        self._llm: Any = None
+        self._formatter: Any = None
+        self._stop: list[str] = []
+        # Serialises every call into llama.cpp; ``_generation`` names the one
+        # stream allowed to advance (see module docstring).
+        self._lock = threading.Lock()
+        self._generation = 0
+        self._current: Iterator[Any] | None = None
+        self.last_reused = 0  # prompt tokens the last stream found in the cache
+
+    def load(self) -> None:
+        from llama_cpp import Llama
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        llm = Llama(
+            model_path=str(self._gguf),
+            n_ctx=self.n_ctx,
+            n_threads=self._threads,
+            n_threads_batch=self._threads,
+            seed=SEED,
+            verbose=False,
+        )
+        template = llm.metadata.get("tokenizer.chat_template")
+        if not template:
+            raise EngineError(f"{self._gguf.name} carries no chat template")
+        eos = llm.detokenize([llm.token_eos()], special=True).decode("utf-8", "replace")
+        bos = llm.detokenize([llm.token_bos()], special=True).decode("utf-8", "replace")
+        self._formatter = Jinja2ChatFormatter(template, eos_token=eos, bos_token=bos)
+        # ChatML: a new "<|im_start|>" means the model began another turn itself.
+        self._stop = sorted({eos, "<|im_start|>", "<|im_end|>"})
+        self._llm = llm
+
+    def close(self) -> None:
+        with self._lock:
+            self._generation += 1
+            self._close_current()
+            if self._llm is not None:
+                self._llm.close()
+                self._llm = None
+
+    def clear_cache(self) -> None:
+        """Forget the cached prompt: the next stream evaluates everything."""
+        with self._lock:
+            self._generation += 1
+            self._close_current()
+            if self._llm is not None:
+                self._llm.reset()
+
+    def tokens(self, messages: list[Message]) -> list[int]:
+        """The prompt for ``messages`` followed by the assistant's turn opener."""
+        if self._llm is None:
+            raise EngineError("the language model is not loaded")
+        rendered = self._formatter(messages=[m.as_dict() for m in messages])
+        return self._llm.tokenize(rendered.prompt.encode("utf-8"), add_bos=False, special=True)
+
+    def count(self, messages: list[Message]) -> int:
+        return len(self.tokens(messages))
+
+    def stream(
+        self, prompt: list[int], options: GenerationOptions, max_tokens: int
+    ) -> Iterator[str]:
+        """Yield the answer's text one token at a time.
+
+        Ends early, without error, if another stream starts meanwhile.
+        """
+        if len(prompt) + max_tokens > self.n_ctx:
+            raise EngineError(
+                f"prompt of {len(prompt)} tokens + {max_tokens} new ones "
+                f"exceeds the context of {self.n_ctx}"
+            )
+        with self._lock:
+            if self._llm is None:
+                raise EngineError("the language model is not loaded")
+            self._generation += 1
+            mine = self._generation
+            self._close_current()
+            self.last_reused = self._reuse_cache(prompt)
+            completion = self._llm.create_completion(
+                prompt,
+                max_tokens=max_tokens,
+                temperature=options.temperature,
+                top_p=options.top_p,
+                repeat_penalty=REPEAT_PENALTY,
+                stop=self._stop,
+                stream=True,
+            )
+            self._current = completion
+        try:
+            while True:
+                with self._lock:
+                    if self._generation != mine:
+                        return
+                    chunk = next(completion, None)
+                if chunk is None:
+                    return
+                yield chunk["choices"][0]["text"]
+        finally:
+            with self._lock:
+                if self._generation == mine:
+                    self._close_current()
+
+    def _reuse_cache(self, prompt: list[int]) -> int:
+        """Shift cached tokens over a dropped stretch; returns the reusable prefix.
+
+        The cache holds the last prompt and answer. If ``prompt`` equals it
+        with a stretch removed after their common prefix (older turns dropped),
+        that stretch leaves the KV cache and what follows moves up to close
+        the gap. The caller holds the lock.
+        """
+        llm = self._llm
+        cached = np.asarray(llm.input_ids[: llm.n_tokens])
+        shared = _common_prefix(cached, prompt)
+        ahead = prompt[shared : shared + SHIFT_MIN_MATCH]
+        if len(ahead) < SHIFT_MIN_MATCH or shared == cached.size:
+            return shared
+        for start in np.flatnonzero(cached[shared + 1 :] == ahead[0]) + shared + 1:
+            if cached[start : start + SHIFT_MIN_MATCH].tolist() != ahead:
+                continue
+            gap, end = int(start) - shared, int(cached.size)
+            ctx = llm._ctx  # llama-cpp-python has no public API for a context shift
+            if not ctx.kv_cache_seq_rm(0, shared, int(start)):
+                return shared
+            ctx.kv_cache_seq_shift(0, int(start), end, -gap)
+            llm.input_ids[shared : end - gap] = cached[start:end].copy()
+            llm.n_tokens = end - gap
+            return shared + _common_prefix(
+                np.asarray(llm.input_ids[shared : llm.n_tokens]), prompt[shared:]
+            )
+        return shared
+
+    def _close_current(self) -> None:
+        """Close the live llama.cpp generator; the caller holds the lock."""
+        if self._current is not None:
+            current, self._current = self._current, None
+            current.close()  # type: ignore[attr-defined]
+
+
+def _common_prefix(cached: np.ndarray, prompt: list[int]) -> int:
+    n = min(cached.size, len(prompt))
+    differ = np.flatnonzero(cached[:n] != np.asarray(prompt[:n]))
+    return int(differ[0]) if differ.size else n

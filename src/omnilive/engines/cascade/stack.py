@@ -1,0 +1,77 @@
+"""The three loaded models and what every view of the cascade shares."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+
+from omnilive.engines.base import GenerationOptions, Part, TextPart, Voice
+from omnilive.engines.cascade.answer import AnswerStream
+from omnilive.engines.cascade.asr import WhisperASR
+from omnilive.engines.cascade.llm import LlamaChat
+from omnilive.engines.cascade.tts import EspeakTTS, SpokenVoice
+
+log = logging.getLogger("omnilive.engines.cascade")
+
+DEFAULT_SYSTEM_PROMPT = "You are a friendly, helpful voice assistant."
+# A 135M model rambles; spoken answers should be short anyway.
+SPOKEN_STYLE = "Answer in one or two short sentences of plain spoken English."
+SPOKEN_MAX_TOKENS = 128
+
+
+def spoken_system_prompt(text: str) -> str:
+    """The session's own prompt (or ours) plus the instruction to answer briefly."""
+    return f"{text.strip() or DEFAULT_SYSTEM_PROMPT}\n{SPOKEN_STYLE}"
+
+
+def text_of(parts: list[Part] | tuple[Part, ...]) -> str:
+    return " ".join(p.text.strip() for p in parts if isinstance(p, TextPart) and p.text.strip())
+
+
+class Notices:
+    """Limitations a session hit but worked around, for the client to be told.
+
+    Each is logged once and kept in :attr:`items` (exposed by the sessions as
+    ``warnings``): the engine answers, but never silently drops a request.
+    """
+
+    def __init__(self) -> None:
+        self.items: list[str] = []
+
+    def add(self, message: str) -> None:
+        if message not in self.items:
+            self.items.append(message)
+            log.warning("cascade: %s", message)
+
+    def extend(self, messages: tuple[str, ...] | list[str]) -> None:
+        for message in messages:
+            self.add(message)
+
+
+@dataclass
+class ModelStack:
+    """Whisper, SmolLM2 and espeak-ng, loaded once and shared by all sessions."""
+
+    asr: WhisperASR
+    llm: LlamaChat
+    tts: EspeakTTS
+
+    def voice(self, voice: Voice | None, notices: Notices) -> SpokenVoice:
+        spoken = self.tts.resolve_voice(voice)
+        notices.extend(spoken.warnings)
+        return spoken
+
+    def answer(
+        self,
+        prompt: list[int],
+        options: GenerationOptions,
+        max_tokens: int,
+        voice: str | None,
+        cancel: threading.Event | None = None,
+    ) -> AnswerStream:
+        return AnswerStream(self.llm, self.tts, prompt, options, max_tokens, voice, cancel)
+
+    def spoken_budget(self, options: GenerationOptions) -> int:
+        """Tokens an answer spoken aloud may take (the request's cap, bounded)."""
+        return max(1, min(options.max_new_tokens, SPOKEN_MAX_TOKENS))

@@ -1,0 +1,130 @@
+"""Text to speech with Debian's espeak-ng, run as a separate program.
+
+espeak-ng speaks a sentence in ~15 ms, so each sentence is synthesised on its
+own as soon as the LLM completes it. Its 22,050 Hz output is resampled to the
+24 kHz of the wire. It cannot imitate a reference recording; callers report
+that (see :func:`resolve_voice`).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from omnilive.audio import OUTPUT_RATE, AudioDecodeError, read_wav, resample
+from omnilive.engines.base import EngineError, Voice
+
+ESPEAK = "espeak-ng"
+SYNTH_TIMEOUT_S = 10.0
+# Markup a chat model likes to emit that espeak would read out ("asterisk").
+_UNSPOKEN = re.compile(r"[*_#`~|<>\[\]{}]+")
+_SPEAKABLE = re.compile(r"\w")
+
+
+@dataclass(frozen=True)
+class SpokenVoice:
+    """The espeak voice a session speaks with, and why it differs from the request."""
+
+    espeak: str
+    warnings: tuple[str, ...] = field(default=())
+
+
+def speakable(text: str) -> str:
+    """Text as espeak should read it; empty if nothing in it can be said."""
+    cleaned = " ".join(_UNSPOKEN.sub(" ", text).split())
+    return cleaned if _SPEAKABLE.search(cleaned) else ""
+
+
+class EspeakTTS:
+    """espeak-ng behind a small API: known voices and 24 kHz float32 synthesis."""
+
+    def __init__(self, default_voice: str) -> None:
+        self._default = default_voice
+        self._voices: set[str] = set()
+
+    def load(self) -> None:
+        if shutil.which(ESPEAK) is None:
+            raise EngineError(f"{ESPEAK} is not installed (apt-get install {ESPEAK})")
+        listing = self._run(["--voices"], b"").decode("utf-8", "replace")
+        self._voices = parse_voices(listing)
+        if self._default.lower() not in self._voices:
+            raise EngineError(f"the default espeak-ng voice {self._default!r} does not exist")
+
+    def knows(self, name: str) -> bool:
+        base = name.lower().split("+", 1)[0]  # "en-us+f3": a voice plus a variant
+        return base in self._voices
+
+    def synthesize(self, text: str, voice: str) -> np.ndarray:
+        """24 kHz float32 speech for ``text``; an empty array if nothing is speakable."""
+        text = speakable(text)
+        if not text:
+            return np.zeros(0, dtype=np.float32)
+        wav = self._run(["-v", voice, "-b", "1", "--stdout"], text.encode("utf-8"))
+        try:
+            samples, rate = read_wav(wav)
+        except AudioDecodeError as exc:
+            raise EngineError(f"{ESPEAK} produced no audio: {exc}") from exc
+        return resample(samples, rate, OUTPUT_RATE)
+
+    def timed(self, text: str, voice: str) -> tuple[np.ndarray, float]:
+        started = time.perf_counter()
+        audio = self.synthesize(text, voice)
+        return audio, (time.perf_counter() - started) * 1000
+
+    def resolve_voice(self, voice: Voice | None) -> SpokenVoice:
+        """Pick the espeak voice for a request, saying what could not be honoured.
+
+        A reference recording cannot be imitated by espeak: the answer is still
+        spoken, with the named or default voice, and a warning says so.
+        """
+        warnings: list[str] = []
+        if voice is not None and voice.reference is not None:
+            warnings.append(
+                "voice cloning is not available on the cascade engine: the reference "
+                "audio was not used; speaking with an espeak-ng voice instead"
+            )
+        for wanted in (voice.name, voice.language) if voice is not None else ():
+            if not wanted:
+                continue
+            if self.knows(wanted):
+                return SpokenVoice(wanted.lower(), tuple(warnings))
+            warnings.append(f"espeak-ng has no voice {wanted!r}")
+        return SpokenVoice(self._default, tuple(warnings))
+
+    @staticmethod
+    def _run(args: list[str], stdin: bytes) -> bytes:
+        try:
+            done = subprocess.run(
+                [ESPEAK, *args],
+                input=stdin,
+                capture_output=True,
+                timeout=SYNTH_TIMEOUT_S,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise EngineError(f"{ESPEAK} failed: {exc}") from exc
+        if done.returncode != 0 or (not done.stdout and args[0] != "--voices"):
+            detail = done.stderr.decode("utf-8", "replace").strip()
+            raise EngineError(f"{ESPEAK} failed ({done.returncode}): {detail}")
+        return done.stdout
+
+
+def parse_voices(listing: str) -> set[str]:
+    """Voice names from ``espeak-ng --voices``: language codes, names and files.
+
+    MBROLA voices (files under ``mb/``) are left out: they need a separate
+    program and voice data that a plain espeak-ng install lacks.
+    """
+    names: set[str] = set()
+    for line in listing.splitlines()[1:]:
+        columns = line.split()
+        if len(columns) < 5 or columns[4].startswith("mb/"):
+            continue
+        language, name, file = columns[1], columns[3], columns[4]
+        names.update({language.lower(), name.lower(), file.lower(), file.split("/")[-1].lower()})
+    return names

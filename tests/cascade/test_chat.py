@@ -1,0 +1,138 @@
+"""Chat on the cascade: streamed text, speech per sentence, audio in, no vision."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from omnilive.engines.base import (
+    AudioPart,
+    CapabilityError,
+    ChatMessage,
+    ChatOptions,
+    GenerationOptions,
+    ImagePart,
+    TextPart,
+    VideoPart,
+    Voice,
+    modalities_of,
+)
+from omnilive.engines.cascade import CascadeEngine
+from omnilive.engines.cascade.chat import CascadeChat
+from tests.cascade.speech import Say, overlap
+
+pytestmark = pytest.mark.cascade
+
+GREEDY = GenerationOptions(max_new_tokens=60, temperature=0.0)
+
+
+def ask(text: str) -> list[ChatMessage]:
+    return [ChatMessage("user", (TextPart(text),))]
+
+
+def open_chat(engine: CascadeEngine) -> CascadeChat:
+    chat = engine.open_chat()
+    assert isinstance(chat, CascadeChat)
+    return chat
+
+
+def test_text_streams_and_each_sentence_is_spoken_as_soon_as_it_ends(
+    engine: CascadeEngine,
+) -> None:
+    chat = open_chat(engine)
+    n_input = chat.prefill(ask("Tell me about the moon."), ChatOptions(generation=GREEDY))
+    assert n_input > 5
+    chunks = list(chat.generate())
+    chat.close()
+
+    text_at = [i for i, c in enumerate(chunks) if c.text]
+    audio_at = [i for i, c in enumerate(chunks) if c.audio is not None]
+    assert len(text_at) > 10  # token by token, not one block
+    assert len(audio_at) >= 2, "the reply should have at least two sentences"
+    assert audio_at[0] < text_at[-1]  # the first sentence is heard before the text ends
+    for i in audio_at:
+        audio = chunks[i].audio
+        assert audio is not None and audio.dtype == np.float32 and audio.size > 2400
+        assert np.abs(audio).max() > 0.01
+    assert sum(c.n_tokens for c in chunks) == len(text_at)
+
+
+def test_no_audio_when_speech_is_off(engine: CascadeEngine) -> None:
+    chat = open_chat(engine)
+    options = ChatOptions(generation=GREEDY, tts_enabled=False)
+    chat.prefill(ask("Tell me about the moon."), options)
+    chunks = list(chat.generate())
+    assert "".join(c.text for c in chunks).strip()
+    assert all(c.audio is None for c in chunks)
+
+
+def test_max_new_tokens_caps_the_answer(engine: CascadeEngine) -> None:
+    chat = open_chat(engine)
+    options = ChatOptions(generation=GenerationOptions(max_new_tokens=5, temperature=0.0))
+    chat.prefill(ask("Tell me about the moon."), options)
+    assert sum(c.n_tokens for c in chat.generate()) <= 5
+
+
+def test_spoken_question_reaches_the_prompt(engine: CascadeEngine, say: Say) -> None:
+    chat = open_chat(engine)
+    spoken = "Please describe the weather in London today."
+    message = ChatMessage("user", (TextPart("Answer this:"), AudioPart(say(spoken))))
+    chat.prefill([message], ChatOptions(generation=GREEDY))
+    (heard,) = chat.transcripts
+    prompt = chat.prompt[-1]
+    assert prompt.role == "user"
+    assert prompt.content.startswith("Answer this:")
+    assert heard.text in prompt.content
+    assert overlap(spoken, prompt.content) >= 0.8
+
+
+def test_earlier_messages_and_system_prompt_are_kept(engine: CascadeEngine) -> None:
+    chat = open_chat(engine)
+    messages = [
+        ChatMessage("system", (TextPart("You are a pirate."),)),
+        ChatMessage("user", (TextPart("Hello."),)),
+        ChatMessage("assistant", (TextPart("Ahoy!"),)),
+        ChatMessage("user", (TextPart("Who are you?"),)),
+    ]
+    chat.prefill(messages, ChatOptions(generation=GREEDY))
+    assert [(m.role, m.content) for m in chat.prompt] == [
+        ("system", "You are a pirate."),
+        ("user", "Hello."),
+        ("assistant", "Ahoy!"),
+        ("user", "Who are you?"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("part", "missing"),
+    [(ImagePart(b"\xff\xd8jpeg"), "image"), (VideoPart(b"mp4"), "video")],
+)
+def test_images_and_video_are_refused_naming_the_capability(
+    engine: CascadeEngine, part: ImagePart | VideoPart, missing: str
+) -> None:
+    messages = [ChatMessage("user", (TextPart("What is this?"), part))]
+    with pytest.raises(CapabilityError, match=missing) as raised:
+        engine.require(modalities_of(messages))
+    assert raised.value.engine == "cascade" and missing in raised.value.missing
+    with pytest.raises(CapabilityError, match=missing):
+        open_chat(engine).prefill(messages, ChatOptions())
+
+
+def test_reference_voice_is_answered_and_reported(engine: CascadeEngine, say: Say) -> None:
+    chat = open_chat(engine)
+    reference = Voice(reference=say("This is my voice."))
+    chat.prefill(ask("Say hi."), ChatOptions(generation=GREEDY, voice=reference))
+    chunks = list(chat.generate())
+    assert any(c.audio is not None for c in chunks)
+    assert any("voice cloning is not available" in w for w in chat.warnings)
+
+
+def test_named_voices(engine: CascadeEngine) -> None:
+    known = open_chat(engine)
+    known.prefill(ask("Hi."), ChatOptions(generation=GREEDY, voice=Voice(name="en-gb")))
+    assert known.warnings == []
+    unknown = open_chat(engine)
+    unknown.prefill(ask("Hi."), ChatOptions(generation=GREEDY, voice=Voice(name="nobody")))
+    assert any("nobody" in w for w in unknown.warnings)
+    default = engine.default_voice()
+    assert default is not None and default.name == "en-us"

@@ -1,0 +1,183 @@
+"""Duplex on the cascade: 1 s units in, listen or speak out, barge-in stops speech."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from omnilive.audio import INPUT_RATE, OUTPUT_RATE
+from omnilive.engines.base import DuplexOptions, DuplexUnit, EngineError
+from omnilive.engines.cascade import CascadeEngine
+from omnilive.engines.cascade.asr import Transcript
+from omnilive.engines.cascade.duplex import CascadeDuplex
+from tests.cascade.speech import Say, overlap, silence
+
+pytestmark = pytest.mark.cascade
+
+MAX_UNITS = 30  # a reply that never ends fails the test instead of hanging it
+
+
+def open_session(engine: CascadeEngine, options: DuplexOptions | None = None) -> CascadeDuplex:
+    session = engine.open_duplex()
+    assert isinstance(session, CascadeDuplex)
+    assert session.prepare("You are a helpful assistant.", options or DuplexOptions()) > 0
+    return session
+
+
+def units(audio: np.ndarray) -> Iterator[np.ndarray]:
+    """1 s units, the last one padded with silence."""
+    padded = np.concatenate([audio, silence(1.0)])
+    for start in range(0, audio.size, INPUT_RATE):
+        yield padded[start : start + INPUT_RATE]
+
+
+def step(session: CascadeDuplex, audio: np.ndarray, force_listen: bool = False) -> DuplexUnit:
+    stats = session.prefill(audio, [])
+    assert stats.cost_ms < 500
+    unit = session.generate(force_listen)
+    session.finalize()
+    return unit
+
+
+def until_speaking(session: CascadeDuplex) -> DuplexUnit:
+    for _ in range(MAX_UNITS):
+        unit = step(session, silence(1.0))
+        if not unit.is_listen:
+            return unit
+    raise AssertionError("the model never answered")
+
+
+def test_listens_then_speaks_then_ends_its_turn(engine: CascadeEngine, say: Say) -> None:
+    session = open_session(engine)
+    question = "What is the capital of France?"
+    heard = [step(session, u) for u in units(np.concatenate([silence(1.0), say(question)]))]
+    assert all(u.is_listen for u in heard)  # never talks over the user
+
+    spoken = [until_speaking(session)]
+    while not spoken[-1].end_of_turn:
+        assert len(spoken) < MAX_UNITS
+        spoken.append(step(session, silence(1.0)))
+    after = [step(session, silence(1.0)) for _ in range(2)]
+
+    assert all(not u.is_listen and u.audio is not None for u in spoken)
+    sizes = [u.audio.size for u in spoken if u.audio is not None]
+    assert all(0 < n <= OUTPUT_RATE for n in sizes)
+    assert all(n == OUTPUT_RATE for n in sizes[1:-1])  # middle units are exactly 1 s
+    assert spoken[0].text  # the first unit carries its sentence
+    assert spoken[0].cost_llm_ms > 0 and spoken[0].n_tokens > 0
+    text = " ".join(u.text for u in spoken if u.text)
+    assert all(u.is_listen and not u.end_of_turn for u in after)
+
+    history = session.history
+    assert [m.role for m in history] == ["system", "user", "assistant"]
+    assert overlap(question, history[1].content) >= 0.6
+    assert history[2].content == text
+    assert after[-1].kv_cache_length > spoken[0].kv_cache_length > 0
+    session.close()
+
+
+def test_barge_in_stops_the_speech(engine: CascadeEngine, say: Say) -> None:
+    session = open_session(engine)
+    for u in units(say("Tell me about the moon.")):
+        step(session, u)
+    first = until_speaking(session)
+    assert not first.end_of_turn, "the answer should be longer than one unit"
+
+    interruption = list(units(say("Wait, stop. I have another question.")))
+    reaction = [step(session, interruption[0])]
+    if not reaction[0].is_listen:  # allowed one more unit to react
+        reaction.append(step(session, interruption[1]))
+    assert reaction[-1].is_listen and reaction[-1].end_of_turn
+    # What was cut off is gone: the history has only what was actually said.
+    said = session.history[2].content
+    assert said.startswith(first.text)
+    session.close()
+
+
+def test_force_listen_stops_the_speech_and_drops_the_rest(engine: CascadeEngine, say: Say) -> None:
+    session = open_session(engine)
+    for u in units(say("Tell me about the moon.")):
+        step(session, u)
+    first = until_speaking(session)
+    assert not first.end_of_turn
+    stopped = step(session, silence(1.0), force_listen=True)
+    assert stopped.is_listen and stopped.end_of_turn
+    later = [step(session, silence(1.0)) for _ in range(3)]
+    assert all(u.is_listen and not u.end_of_turn for u in later)  # not resumed
+    session.close()
+
+
+def test_omni_sessions_accept_frames_and_say_vision_is_missing(engine: CascadeEngine) -> None:
+    session = open_session(engine, DuplexOptions(vision=True))
+    assert any("vision is not available" in w for w in session.warnings)
+    stats = session.prefill(silence(1.0), [b"\xff\xd8 a jpeg"], max_slice_nums=1)
+    assert stats.vision_tokens == 0
+    assert session.generate().is_listen
+    session.close()
+
+
+def test_noise_is_not_an_utterance(engine: CascadeEngine) -> None:
+    session = open_session(engine)
+    rng = np.random.default_rng(0)
+    for _ in range(4):
+        noise = rng.normal(0, 0.003, INPUT_RATE).astype(np.float32)
+        assert step(session, noise).is_listen
+    assert len(session.history) == 1
+    session.close()
+
+
+def test_speech_that_goes_on_before_the_answer_is_answered_as_one(
+    engine: CascadeEngine, say: Say, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Hold Whisper back so the first reply cannot be ready when the user goes on.
+    asr, heard_sizes = engine.stack.asr, []
+    transcribe, gate = asr.transcribe, threading.Event()
+
+    def held_back(samples: np.ndarray, language: str | None = None) -> Transcript:
+        heard_sizes.append(samples.size)
+        gate.wait(timeout=10)
+        return transcribe(samples, language)
+
+    monkeypatch.setattr(asr, "transcribe", held_back)
+    session = open_session(engine)
+    first, rest = say("What is the capital"), say("of France?")
+    for u in units(np.concatenate([first, silence(1.0)])):
+        assert step(session, u).is_listen
+    assert len(heard_sizes) == 1  # the first part ended an utterance: a reply began
+    threading.Timer(0.2, gate.set).start()  # let that reply's Whisper call finish
+    for u in units(rest):
+        assert step(session, u).is_listen
+    until_speaking(session)
+    assert heard_sizes[-1] > first.size + rest.size * 0.8  # both parts, heard as one
+    assert overlap("what is the capital", session.history[1].content) >= 0.75
+    session.close()
+
+
+def test_a_failed_reply_is_reported(
+    engine: CascadeEngine, say: Say, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(text: str, voice: str) -> np.ndarray:
+        raise EngineError("espeak-ng is broken")
+
+    monkeypatch.setattr(engine.stack.tts, "synthesize", broken)
+    session = open_session(engine)
+    stream = np.concatenate([say("What is the capital of France?"), silence(float(MAX_UNITS))])
+    with pytest.raises(EngineError, match="espeak-ng is broken"):
+        for u in units(stream):
+            step(session, u)
+    assert session.generate().is_listen  # the session goes on listening
+    session.close()
+
+
+def test_closed_sessions_leave_no_threads_behind(engine: CascadeEngine, say: Say) -> None:
+    duplex = open_session(engine)
+    for u in units(np.concatenate([say("What is the capital of France?"), silence(1.0)])):
+        step(duplex, u)
+    half = engine.open_half_duplex()
+    half.hear(say("Hello there."), paused=True)  # early work in flight
+    duplex.close()
+    half.close()
+    assert [t.name for t in threading.enumerate() if t.name.startswith("cascade-")] == []

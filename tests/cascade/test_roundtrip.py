@@ -1,0 +1,49 @@
+"""Real audio both ways: espeak speech → transcript; the engine's speech → Whisper."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from omnilive.audio import INPUT_RATE, OUTPUT_RATE, resample
+from omnilive.engines.base import (
+    AudioPart,
+    ChatMessage,
+    ChatOptions,
+    GenerationOptions,
+    TextPart,
+)
+from omnilive.engines.cascade import CascadeEngine
+from tests.cascade.speech import Say, overlap
+
+pytestmark = pytest.mark.cascade
+
+GREEDY = GenerationOptions(max_new_tokens=40, temperature=0.0)
+
+
+@pytest.mark.parametrize(
+    "sentence",
+    [
+        "Please describe the weather in London today.",
+        "Why is the sky blue during the day?",
+        "How far away is the moon from the earth in kilometers?",
+    ],
+)
+def test_the_engine_hears_what_espeak_says(engine: CascadeEngine, say: Say, sentence: str) -> None:
+    chat = engine.open_chat()
+    chat.prefill([ChatMessage("user", (AudioPart(say(sentence)),))], ChatOptions(generation=GREEDY))
+    (heard,) = chat.transcripts
+    assert overlap(sentence, heard.text) >= 0.8, heard.text
+
+
+def test_whisper_understands_the_engines_spoken_answer(engine: CascadeEngine) -> None:
+    chat = engine.open_chat()
+    question = ChatMessage("user", (TextPart("What is the capital of France?"),))
+    chat.prefill([question], ChatOptions(generation=GREEDY))
+    chunks = list(chat.generate())
+    text = "".join(c.text for c in chunks)
+    audio = np.concatenate([c.audio for c in chunks if c.audio is not None])
+    assert audio.dtype == np.float32 and audio.size > OUTPUT_RATE // 2
+
+    heard = engine.stack.asr.transcribe(resample(audio, OUTPUT_RATE, INPUT_RATE))
+    assert overlap(text, heard.text) >= 0.6, (text, heard.text)

@@ -1,0 +1,185 @@
+"""The cascade's model-free pieces: text splitting, history fitting, unit buffering."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+
+from omnilive.engines.base import EngineError
+from omnilive.engines.cascade.answer import SentenceSplitter, SpokenSentence
+from omnilive.engines.cascade.asr import collapse_repeats, window_frames
+from omnilive.engines.cascade.conversation import Conversation
+from omnilive.engines.cascade.llm import Message
+from omnilive.engines.cascade.models import JOIN_STAGE, ProgressBar
+from omnilive.engines.cascade.reply import Reply
+from omnilive.engines.cascade.tts import parse_voices, speakable
+
+
+def split(pieces: list[str]) -> list[str]:
+    splitter = SentenceSplitter()
+    out = [s for piece in pieces for s in splitter.feed(piece)]
+    rest = splitter.flush()
+    return [*out, rest] if rest else out
+
+
+def test_sentences_end_at_punctuation_followed_by_space() -> None:
+    pieces = ["Paris", " is", " 3.5", " km", " wide.", " It", " is", " old!", " Yes"]
+    assert split(pieces) == ["Paris is 3.5 km wide.", "It is old!", "Yes"]
+
+
+def test_a_sentence_is_released_as_soon_as_the_next_word_starts() -> None:
+    splitter = SentenceSplitter()
+    assert splitter.feed("Hello there.") == []
+    assert splitter.feed(" How") == ["Hello there."]
+    assert splitter.flush() == "How"
+
+
+def word_pieces(text: str) -> list[str]:
+    first, *rest = text.split(" ")
+    return [first, *(" " + word for word in rest)]
+
+
+def test_long_sentences_are_cut_after_a_clause() -> None:
+    text = (
+        "Sure, the sun is a star. It is hot, and the light we see from it, "
+        "which travels far, takes eight minutes to arrive."
+    )
+    assert split(word_pieces(text)) == [
+        "Sure, the sun is a star.",  # the first clause is too short to cut
+        "It is hot, and the light we see from it,",  # the first comma after 8 words
+        "which travels far, takes eight minutes to arrive.",
+    ]
+
+
+def test_the_first_piece_is_cut_early() -> None:
+    text = "The moon is about 384,400 kilometers away from the earth on average and it is bright."
+    assert split(word_pieces(text)) == [
+        "The moon is about 384,400 kilometers away from the earth on average",
+        "and it is bright.",
+    ]
+    assert split(word_pieces("When sunlight reaches us, it scatters. Short.")) == [
+        "When sunlight reaches us,",
+        "it scatters.",
+        "Short.",
+    ]
+
+
+def test_collapse_repeats_keeps_one_copy_of_a_loop() -> None:
+    loop = [1, 2, 3, 4] * 5 + [1, 2]
+    assert collapse_repeats(loop) == [1, 2, 3, 4]
+    assert collapse_repeats([5, 6, 7, 8, 9]) == [5, 6, 7, 8, 9]
+    assert collapse_repeats([1, 1, 1, 1]) == [1, 1, 1, 1]  # shorter than min_period
+
+
+def test_window_grows_with_speech_and_caps_at_30_s() -> None:
+    assert window_frames(16_000) == 200  # 1 s + margin, rounded up to 2 s
+    assert window_frames(16_000 * 4) == 500
+    assert window_frames(16_000 * 60) == 3000
+
+
+def count_words(messages: list[Message]) -> int:
+    return sum(len(m.content.split()) + 1 for m in messages)
+
+
+def test_fit_drops_oldest_exchanges_and_keeps_the_system_prompt() -> None:
+    conversation = Conversation("be brief")
+    for i in range(4):
+        conversation.add("user", f"question {i}")
+        conversation.add("assistant", f"answer {i}")
+    new = Message("user", "last one")
+    fit = conversation.fit(count_words, 12, new)
+    assert fit.dropped == 6
+    assert fit.messages == [Message("system", "be brief"), *conversation.turns[6:], new]
+    assert fit.tokens <= 12
+    conversation.commit(fit, new)
+    assert conversation.turns[0] == Message("user", "question 3")
+    assert conversation.turns[-1] == new
+
+
+def test_fit_never_keeps_an_answer_without_its_question() -> None:
+    conversation = Conversation("s")
+    conversation.add("user", "a b c d e f")
+    conversation.add("assistant", "g")
+    conversation.add("user", "h")
+    conversation.add("assistant", "i")
+    fit = conversation.fit(count_words, 9, Message("user", "j"))
+    assert fit.messages[1].role == "user"
+
+
+def test_fit_fails_when_even_the_new_turn_alone_is_too_long() -> None:
+    conversation = Conversation("s")
+    with pytest.raises(EngineError, match="even without history"):
+        conversation.fit(count_words, 3, Message("user", "far too many words here"))
+
+
+def test_rollback_restores_the_snapshot() -> None:
+    conversation = Conversation("s")
+    conversation.add("user", "kept")
+    conversation.snapshot()
+    conversation.add("assistant", "lost")
+    conversation.rollback()
+    assert conversation.turns == [Message("user", "kept")]
+
+
+def sentence(text: str, seconds: float) -> SpokenSentence:
+    audio = np.full(round(seconds * 24_000), 0.1, dtype=np.float32)
+    return SpokenSentence(text, audio, n_tokens=3, llm_ms=1.0, tts_ms=1.0)
+
+
+def test_reply_hands_out_whole_units_and_marks_the_last() -> None:
+    reply = Reply(np.zeros(10, dtype=np.float32))
+    assert reply.take(wait_s=0.0) is None  # nothing yet: still thinking
+    reply.push(sentence("One.", 1.5))
+    reply.push(sentence("Two.", 0.8))
+    reply.finish()
+    first = reply.take(wait_s=0.0)
+    second = reply.take(wait_s=0.0)
+    third = reply.take(wait_s=0.0)
+    assert first is not None and second is not None and third is not None
+    assert (first.audio.size, second.audio.size, third.audio.size) == (24_000, 24_000, 7_200)
+    assert [s.text for s in first.sentences] == ["One."]
+    assert [s.text for s in second.sentences] == ["Two."]  # begins at 1.5 s
+    assert third.sentences == []
+    assert (first.last, second.last, third.last) == (False, False, True)
+    after = reply.take(wait_s=0.0)
+    assert after is not None and after.last and after.audio.size == 0
+
+
+def test_reply_take_waits_for_a_full_unit_only_as_long_as_told() -> None:
+    reply = Reply(np.zeros(10, dtype=np.float32))
+    reply.push(sentence("Short.", 0.5))
+    piece = reply.take(wait_s=0.05)
+    assert piece is not None and piece.audio.size == 12_000 and not piece.last
+
+
+def test_voice_listing_keeps_espeak_voices_and_drops_mbrola() -> None:
+    listing = (
+        "Pty Language       Age/Gender VoiceName          File                 Other Languages\n"
+        " 2  en-us           --/M      English_(America)  gmw/en-US            (en 3)\n"
+        " 5  en-us           --/F      us-mbrola-1        mb/mb-us1            (en 8)\n"
+        " 5  fr-fr           --/M      French_(France)    roa/fr               (fr 5)\n"
+    )
+    voices = parse_voices(listing)
+    assert {"en-us", "english_(america)", "fr-fr", "fr"} <= voices
+    assert "us-mbrola-1" not in voices
+
+
+def test_markup_is_not_read_out() -> None:
+    assert speakable("**Paris** is `nice`") == "Paris is nice"
+    assert speakable("...") == ""
+
+
+def test_progress_bar_reports_to_callback_and_stream() -> None:
+    seen: list[tuple[str, float]] = []
+    stream = io.StringIO()
+    bar = ProgressBar(1000, lambda stage, f: seen.append((stage, f)), stream)
+    for _ in range(100):
+        bar.advance(10)
+    assert [round(f * 100) for _, f in seen] == list(range(0, 101, 5))
+    assert all(stage == JOIN_STAGE for stage, _ in seen)
+    # Not a terminal: a few whole lines, not hundreds of redraws.
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 5 and "  0%" in lines[0] and "100%" in lines[-1]
+    assert "\r" not in stream.getvalue()
