@@ -57,9 +57,19 @@ class Client:
         return [m["type"] for m in self.received]
 
 
+OPENED: list[Client] = []  # closed after each test by the integration conftest
+
+
 async def open_client(
     server: Server, session_id: str | None = None, path: str = "/ws/half_duplex", query: str = ""
 ) -> Client:
     session_id = session_id or f"s_{secrets.token_hex(4)}"
     ws = await connect(f"{server.ws}{path}/{session_id}{query}", max_size=None)
-    return Client(ws, session_id)
+    client = Client(ws, session_id)
+    OPENED.append(client)
+    return client
+
+
+async def close_all() -> None:
+    while OPENED:
+        await OPENED.pop().ws.close()

@@ -54,6 +54,7 @@ class Server:
         workers: int = 1,
         env: dict[str, str] | None = None,
         args: list[str] | None = None,
+        command: str = "serve",
     ) -> None:
         self.port = free_port()
         self.worker_base = free_port_run(workers)
@@ -67,11 +68,11 @@ class Server:
             **(env or {}),
         }
         self.cmd = [
-            sys.executable, "-m", "omnilive", "serve",
-            "--engine", engine, "--workers", str(workers),
-            "--port", str(self.port), "--worker-base-port", str(self.worker_base),
-            "--data-dir", str(tmp / "data"), *(args or []),
+            sys.executable, "-m", "omnilive", command, "--engine", engine,
+            "--port", str(self.port), "--data-dir", str(tmp / "data"), *(args or []),
         ]  # fmt: skip
+        if command == "serve":
+            self.cmd += ["--workers", str(workers), "--worker-base-port", str(self.worker_base)]
         self.process: subprocess.Popen[bytes] | None = None
 
     @property

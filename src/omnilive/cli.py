@@ -1,4 +1,4 @@
-"""``omnilive serve | gateway | worker``: load settings once, start processes."""
+"""``omnilive serve | gateway | worker | cleanup``: load settings once, start processes."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any
 
 from omnilive.config import Settings, load_settings
 from omnilive.gateway.supervisor import SETTINGS_ENV
+from omnilive.recording import cleanup as recording_cleanup
 
 # uvicorn refuses larger frames outright (close 1009); below it, omnilive
 # answers an oversize message with a ``payload_too_large`` error instead.
@@ -48,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--host", dest="worker_host")
     worker.add_argument("--port", type=int, dest="worker_port")
     worker.add_argument("--worker-id", default="w0")
+
+    cleanup = commands.add_parser("cleanup", help="delete recordings by age, then total size")
+    recording_cleanup.add_arguments(cleanup)
     return parser
 
 
@@ -69,8 +73,21 @@ def resolve_settings(args: argparse.Namespace, environ: dict[str, str]) -> Setti
     return load_settings(args.config, environ, _overrides(args))
 
 
+SHUTDOWN_GRACE_S = 5.0
+
+
 def _run(app: Any, host: str, port: int, settings: Settings) -> None:
     import uvicorn
+
+    class GracefulServer(uvicorn.Server):
+        """Before uvicorn closes connections, let sessions say goodbye in their
+        own protocol (e.g. ``session.closed{server_shutdown}``)."""
+
+        async def shutdown(self, sockets: Any = None) -> None:
+            gateway = getattr(app.state, "gateway", None)
+            if gateway is not None:
+                await gateway.drain(SHUTDOWN_GRACE_S)
+            await super().shutdown(sockets)
 
     config = uvicorn.Config(
         app,
@@ -81,12 +98,14 @@ def _run(app: Any, host: str, port: int, settings: Settings) -> None:
         lifespan="on",
         timeout_graceful_shutdown=10,
     )
-    uvicorn.Server(config).run()
+    GracefulServer(config).run()
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     environ = dict(os.environ)
+    if args.command == "cleanup":
+        return recording_cleanup.run_cli(args, environ)
     settings = resolve_settings(args, environ)
     logging.basicConfig(
         level=settings.log_level.upper(),

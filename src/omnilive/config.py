@@ -71,6 +71,14 @@ class DuplexSettings(_Section):
     max_pause_s: float = Field(300.0, gt=0, description="Cap on a client-chosen pause timeout.")
 
 
+class RealtimeSettings(_Section):
+    """The Realtime API's fixed limits (configurable here for tests and operators)."""
+
+    video_max_s: float = Field(300.0, gt=0, description="Total life of a video session.")
+    audio_max_s: float = Field(600.0, gt=0, description="Total life of an audio session.")
+    context_tokens: int = Field(8192, gt=0, description="KV-cache size that ends a session.")
+
+
 class RecordingSettings(_Section):
     """Session recordings under ``data_dir/sessions`` and their cleanup."""
 
@@ -108,6 +116,23 @@ class MiniCPMoSettings(_Section):
     model_path: Path | None = Field(None, description="Local checkpoint directory.")
     attn_implementation: Literal["sdpa", "flash_attention_2"] = "sdpa"
     device: str = "cuda"
+    audio_output: bool = Field(
+        True, description="Load the speech decoder (init_tts); off answers in text only."
+    )
+    default_voice: Path | None = Field(
+        None, description="WAV of the voice used when a request brings none."
+    )
+    max_speak_tokens_per_unit: int = Field(
+        20, ge=1, description="Text tokens a duplex unit may speak before it yields."
+    )
+    force_listen_units: int = Field(
+        3, ge=0, description="Duplex units at the start of a session that always listen."
+    )
+    memory_headroom_gb: float = Field(
+        4.0, ge=0, description="GPU memory needed beyond the weights (caches, activations)."
+    )
+    warmup: bool = Field(True, description="Run one chat and one duplex unit before IDLE.")
+    torch_compile: bool = Field(False, description="torch.compile the LLM and TTS (slow start).")
 
 
 class Settings(_Section):
@@ -136,6 +161,7 @@ class Settings(_Section):
     limits: LimitSettings = Field(default_factory=LimitSettings)
     recording: RecordingSettings = Field(default_factory=RecordingSettings)
     duplex: DuplexSettings = Field(default_factory=DuplexSettings)
+    realtime: RealtimeSettings = Field(default_factory=RealtimeSettings)
     scripted: ScriptedSettings = Field(default_factory=ScriptedSettings)
     cascade: CascadeSettings = Field(default_factory=CascadeSettings)
     minicpmo: MiniCPMoSettings = Field(default_factory=MiniCPMoSettings)

@@ -41,7 +41,8 @@ class SileroModel:
         self.window = int(self._vad.window_size_samples)
 
     def probability(self, frame: np.ndarray) -> float:
-        return float(self._vad.process(np.ascontiguousarray(frame, dtype=np.float32)))
+        # The library wants a writable, contiguous float32 buffer of its own.
+        return float(self._vad.process(np.array(frame, dtype=np.float32)))
 
     def reset(self) -> None:
         self._vad.reset()

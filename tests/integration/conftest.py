@@ -5,7 +5,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.clients import close_all
 from tests.servers import Server
+
+
+@pytest.fixture(autouse=True)
+async def _close_clients() -> AsyncIterator[None]:
+    """Every session client a test opened is closed when it ends."""
+    yield
+    await close_all()
 
 
 @pytest.fixture

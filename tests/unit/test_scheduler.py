@@ -197,3 +197,10 @@ def test_200_requests_on_3_workers_all_complete_with_contiguous_positions():
             break
     assert completed == 200
     assert not scheduler.queue
+
+
+def test_capacity_counts_only_requests_that_wait():
+    scheduler, _ = make(max_queue=0)
+    assert scheduler.submit("chat", "a").lease is not None  # served at once: no queue used
+    with pytest.raises(QueueFullError):
+        scheduler.submit("chat", "b")

@@ -223,6 +223,12 @@ class ChatSession(abc.ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release per-request state."""
 
+    @property
+    def warnings(self) -> list[str]:
+        """Things the engine could not do as asked (e.g. clone a voice) but
+        answered anyway; runners pass them on to the client."""
+        return []
+
 
 class HalfDuplexSession(abc.ABC):
     """Voice turns with context kept across turns of one session."""
@@ -261,6 +267,11 @@ class HalfDuplexSession(abc.ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the session's state."""
 
+    @property
+    def warnings(self) -> list[str]:
+        """See :attr:`ChatSession.warnings`."""
+        return []
+
 
 class DuplexSession(abc.ABC):
     """The per-second unit loop of full duplex: prefill, generate, finalize."""
@@ -284,6 +295,11 @@ class DuplexSession(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the session's state (caches, GPU memory)."""
+
+    @property
+    def warnings(self) -> list[str]:
+        """See :attr:`ChatSession.warnings`."""
+        return []
 
 
 ProgressCallback = Callable[[str, float], None]

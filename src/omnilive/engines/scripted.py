@@ -13,6 +13,7 @@ session, so tests that run real processes need no restart:
 ``#schedule:LLSSE``   duplex plan per unit, repeated: L listen, S speak, E speak + end turn
 ``#kv-per-unit:N``    duplex KV-cache growth per unit (to reach context limits quickly)
 ``#finalize-latency:0.3``  sleep this long in every duplex finalize
+``#speak-seconds:0.7``  audio per duplex speak unit (S; E units get half), default 1.0
 
 The duplex view also enforces the model's ordering rule: a prefill before the
 previous unit's finalize raises, so a runner that breaks it fails loudly.
@@ -89,6 +90,7 @@ class _Knobs:
     fail_unit: int | None = None
     kv_per_unit: int = 10
     finalize_latency_s: float = 0.0
+    speak_seconds: float = 1.0
 
     @classmethod
     def parse(cls, text: str, settings: ScriptedSettings) -> _Knobs:
@@ -101,6 +103,7 @@ class _Knobs:
             fail_unit=int(found["fail-unit"]) if "fail-unit" in found else None,
             kv_per_unit=int(found.get("kv-per-unit", 10)),
             finalize_latency_s=float(found.get("finalize-latency", 0.0)),
+            speak_seconds=float(found.get("speak-seconds", 1.0)),
         )
 
     def pause(self) -> None:
@@ -259,7 +262,7 @@ class ScriptedDuplex(DuplexSession):
             return DuplexUnit(is_listen=True, kv_cache_length=self._kv)
         end = plan == "E"
         text = f"unit {unit} rms {self._last_rms:.3f} frames {self._frames}{self._voice} "
-        seconds = 0.5 if end else 1.0
+        seconds = self._knobs.speak_seconds / 2 if end else self._knobs.speak_seconds
         audio = tone(seconds, OUTPUT_RATE, 300.0 + 10 * (unit % 20))
         self._speaking = not end
         self._kv += 8

@@ -12,9 +12,10 @@ from fastapi import FastAPI
 from omnilive.config import Settings
 from omnilive.gateway.links import WorkerLink, close_quietly
 from omnilive.gateway.pool import Pool
-from omnilive.gateway.routes import chat, duplex, half_duplex, queue, status
+from omnilive.gateway.routes import chat, duplex, half_duplex, queue, realtime, sessions, status
 from omnilive.gateway.state import Gateway
 from omnilive.gateway.supervisor import Supervisor, worker_url
+from omnilive.recording.cleanup import cleanup_periodically
 from omnilive.tasks import TaskSet
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,7 @@ def create_app(settings: Settings, supervise: bool = False) -> FastAPI:
         for worker_id, link in gateway.links.items():
             tasks.spawn(f"control-{worker_id}", link.run_control())
             tasks.spawn(f"health-{worker_id}", link.run_health(client))
+        tasks.spawn("recording-cleanup", cleanup_periodically(settings))
         app.state.gateway = gateway
         try:
             yield
@@ -62,4 +64,6 @@ def create_app(settings: Settings, supervise: bool = False) -> FastAPI:
     app.include_router(chat.router)
     app.include_router(half_duplex.router)
     app.include_router(duplex.router)
+    app.include_router(realtime.router)
+    app.include_router(sessions.router)
     return app

@@ -11,7 +11,13 @@ from websockets.exceptions import ConnectionClosedError, InvalidHandshake, WebSo
 
 from omnilive.config import Settings
 from omnilive.gateway.scheduler import Lease
-from omnilive.protocol.internal import CLOSE_OK, CLOSE_SESSION_FAILED, bearer, ws_url
+from omnilive.protocol.internal import (
+    CLOSE_OK,
+    CLOSE_SESSION_FAILED,
+    CLOSE_WORKER_UNAVAILABLE,
+    bearer,
+    ws_url,
+)
 
 WORKER_OPEN_TIMEOUT_S = 10.0
 # Headroom over the client limit: internal messages carry the client's payload
@@ -27,6 +33,7 @@ class SessionEnd(Enum):
     OK = "ok"  # the worker finished the session normally
     FAILED = "failed"  # the worker ended it with an error the client was sent
     LOST = "lost"  # the worker went away mid-session (crash, kill)
+    REFUSED = "refused"  # the worker was not ready or had no free slot
 
 
 @asynccontextmanager
@@ -67,4 +74,6 @@ async def relay_to_client(
         return SessionEnd.OK
     if code == CLOSE_SESSION_FAILED:
         return SessionEnd.FAILED
+    if code == CLOSE_WORKER_UNAVAILABLE:
+        return SessionEnd.REFUSED
     return SessionEnd.LOST

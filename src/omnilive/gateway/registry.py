@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import dataclass, field
@@ -36,17 +37,28 @@ class SessionRegistry:
 
     def __init__(self) -> None:
         self._sessions: dict[str, ActiveSession] = {}
+        self._empty = asyncio.Event()
+        self._empty.set()
 
     def add(self, session: ActiveSession) -> None:
         if session.session_id in self._sessions:
             raise ProtocolError(ErrorCode.INVALID_REQUEST, "session id is already in use")
         self._sessions[session.session_id] = session
+        self._empty.clear()
 
     def remove(self, session_id: str) -> None:
         self._sessions.pop(session_id, None)
+        if not self._sessions:
+            self._empty.set()
+
+    async def wait_empty(self) -> None:
+        await self._empty.wait()
 
     def get(self, session_id: str) -> ActiveSession | None:
         return self._sessions.get(session_id)
+
+    def count(self) -> int:
+        return len(self._sessions)
 
     def by_kind(self) -> dict[str, int]:
         counts: dict[str, int] = {}

@@ -120,7 +120,8 @@ class Scheduler:
         """Queue a request; it may be assigned at once (``ticket.lease`` set)."""
         if not self.workers:
             raise NoWorkersError("no workers are configured")
-        if len(self.queue) >= self.max_queue_size:
+        must_wait = bool(self.queue) or self._best_worker() is None
+        if must_wait and len(self.queue) >= self.max_queue_size:
             raise QueueFullError(f"queue is full ({self.max_queue_size} waiting)")
         ticket = Ticket(f"q_{secrets.token_hex(6)}", request_type, session_id, self.clock())
         self.queue[ticket.ticket_id] = ticket

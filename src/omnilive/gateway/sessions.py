@@ -26,6 +26,7 @@ from omnilive.gateway.scheduler import NoWorkersError, QueueFullError
 from omnilive.gateway.state import Gateway
 from omnilive.ids import is_safe_id
 from omnilive.protocol.common import ErrorCode, ProtocolError, error_message
+from omnilive.recording.recovery import RecordingIdNote, recover_abandoned
 from omnilive.wsutil import PeerGone, frames_of, race
 
 # Validates one client frame; returns the typed message (it has a ``type``).
@@ -128,12 +129,13 @@ async def _relay(
     observe: Callable[[Any], None],
 ) -> None:
     end = SessionEnd.LOST
+    recording = RecordingIdNote()  # the worker announces the id in ``prepared``
     try:
         async with open_worker_session(gateway.settings, lease, session.kind) as worker:
             session.worker = worker
             for raw in early:
                 await worker.send(raw)
-            down = asyncio.ensure_future(relay_to_client(worker, ws.send_text))
+            down = asyncio.ensure_future(relay_to_client(worker, recording.watching(ws.send_text)))
             up = asyncio.ensure_future(_forward_client(ws, worker, validate, observe))
             try:
                 await asyncio.wait([down, up], return_when="FIRST_COMPLETED")
@@ -160,5 +162,9 @@ async def _relay(
         await fail(
             ws, f"worker {lease.worker_id} failed during the session", ErrorCode.WORKER_FAILED
         )
+        if recording.recording_id is not None:  # its writer died with the worker
+            await asyncio.to_thread(
+                recover_abandoned, gateway.settings.data_dir, recording.recording_id
+            )
     else:
         await close_quietly(ws)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from dataclasses import dataclass, field
 
@@ -24,6 +26,16 @@ class Gateway:
     sessions: SessionRegistry = field(default_factory=SessionRegistry)
     supervisor: Supervisor | None = None
     started_at: float = field(default_factory=time.time)
+    # Set when a graceful shutdown begins: sessions end with their protocol's
+    # shutdown message while the connections are still open.
+    shutting_down: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def drain(self, grace_s: float) -> None:
+        """Tell every session the server is going away; wait for them to end."""
+        self.shutting_down.set()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(grace_s):
+                await self.sessions.wait_empty()
 
     def capabilities(self) -> Capabilities | None:
         """What the workers' engine can do, once a worker has told us."""

@@ -103,6 +103,8 @@ class ChatRequest(BaseModel):
     image: ImageConfig = Field(default_factory=ImageConfig)
     omni_mode: bool = False
     enable_thinking: bool = False
+    # The client may opt this request out of session recording.
+    recording: bool = True
 
     def modalities(self) -> set[str]:
         return {item.type for m in self.messages for item in m.items()}
@@ -124,7 +126,7 @@ def done_message(
     generated_tokens: int,
     input_tokens: int,
     audio_data: str | None,
-    recording_session_id: str,
+    recording_session_id: str | None,
     timings: dict[str, float],
 ) -> dict[str, Any]:
     return {

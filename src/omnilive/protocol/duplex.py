@@ -42,6 +42,10 @@ class Prepare(BaseModel):
     max_slice_nums: int = Field(1, ge=1, le=9)
     mode: str | None = None
     recording: bool = True
+    # Set by the gateway when it serves the Realtime API over this protocol:
+    dialect: Literal["duplex", "realtime"] = "duplex"
+    context_limit: int | None = Field(None, ge=1)  # end the session once the KV cache is this full
+    ref_audio_format: Literal["pcm_f32", "wav"] = "pcm_f32"
 
     @model_validator(mode="after")
     def _check(self) -> Prepare:
@@ -51,7 +55,7 @@ class Prepare(BaseModel):
             raise ValueError("mode must be audio_duplex or omni_duplex")
         for name in ("ref_audio_base64", "tts_ref_audio_base64"):
             value = getattr(self, name)
-            if value:
+            if value and self.ref_audio_format == "pcm_f32":
                 _whole_float32(value, name)
         return self
 

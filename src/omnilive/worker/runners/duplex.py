@@ -16,19 +16,21 @@ import time
 from enum import StrEnum
 from typing import Any
 
-from omnilive.audio import AudioDecodeError, decode_b64, pcm_from_b64, pcm_to_b64
-from omnilive.config import Settings
-from omnilive.engines.base import DuplexOptions, DuplexSession, DuplexUnit, EngineError, Voice
-from omnilive.protocol.common import (
-    ErrorCode,
-    ProtocolError,
-    decode_client_message,
-    error_message,
+import numpy as np
+
+from omnilive.audio import (
+    INPUT_RATE,
+    AudioDecodeError,
+    decode_b64,
+    pcm_from_b64,
+    read_wav,
+    resample,
 )
+from omnilive.config import Settings
+from omnilive.engines.base import DuplexOptions, DuplexSession, EngineError, Voice
+from omnilive.protocol.common import ErrorCode, ProtocolError, decode_client_message
 from omnilive.protocol.duplex import (
     CLIENT_TYPES,
-    RESUMED,
-    STOPPED,
     AudioChunk,
     DuplexMode,
     Pause,
@@ -37,13 +39,18 @@ from omnilive.protocol.duplex import (
     Stop,
     client_message,
     parse_mode,
-    paused_message,
-    prepared_message,
-    timeout_message,
 )
+from omnilive.recording.duplex import DuplexRecorder, open_duplex_recorder
+from omnilive.recording.files import new_recording_id
 from omnilive.worker.chunk_buffer import ChunkBuffer, PendingChunk
 from omnilive.worker.decode import DecodeError, check_image
 from omnilive.worker.outbox import Outbox
+from omnilive.worker.presenters import (
+    DuplexPresenter,
+    Presenter,
+    RealtimePresenter,
+    UnitTiming,
+)
 from omnilive.worker.runtime import SessionRecord, WorkerRuntime, WorkerState
 from omnilive.wsutil import FrameSource
 
@@ -57,49 +64,22 @@ class Phase(StrEnum):
 
 
 class SessionOver(Exception):
-    """Ends the runner with a reason: stopped, timeout, disconnected."""
+    """Ends the runner: stopped, pause, idle, context_full or disconnected."""
 
-    def __init__(self, reason: str, message: dict[str, Any] | None = None) -> None:
+    def __init__(self, reason: str, tell_client: bool = True) -> None:
         super().__init__(reason)
         self.reason = reason
-        self.message = message
+        self.tell_client = tell_client
 
 
-def result_message(
-    unit: DuplexUnit,
-    chunk: PendingChunk,
-    prefill_ms: float,
-    generate_ms: float,
-    session_start: float,
-    vision: tuple[int, int],
-    dropped_total: int,
-) -> dict[str, Any]:
-    now = time.monotonic()
-    audio = unit.audio if unit.audio is not None and unit.audio.size else None
-    return {
-        "type": "result",
-        "is_listen": unit.is_listen,
-        "text": unit.text,
-        "audio_data": pcm_to_b64(audio) if audio is not None else None,
-        "end_of_turn": unit.end_of_turn,
-        "current_time": round(chunk.received_at - session_start, 3),
-        "unit_index": chunk.index,
-        "cost_prefill_ms": round(prefill_ms, 1),
-        "cost_llm_ms": round(unit.cost_llm_ms or generate_ms, 1),
-        "cost_tts_prep_ms": round(unit.cost_tts_prep_ms, 1),
-        "cost_tts_ms": round(unit.cost_tts_ms, 1),
-        "cost_token2wav_ms": round(unit.cost_token2wav_ms, 1),
-        "cost_all_ms": round(prefill_ms + generate_ms, 1),
-        "n_tokens": unit.n_tokens,
-        "n_tts_tokens": unit.n_tts_tokens,
-        "server_send_ts": round(time.time() * 1000),
-        "wall_clock_ms": round((now - chunk.received_at) * 1000, 1),
-        "kv_cache_length": unit.kv_cache_length,
-        "vision_slices": vision[0],
-        "vision_tokens": vision[1],
-        "dropped_chunks": chunk.dropped_before,
-        "dropped_chunks_total": dropped_total,
-    }
+def decode_reference(data: str | None, fmt: str) -> np.ndarray | None:
+    """A reference voice as 16 kHz float32: raw PCM, or a WAV (Realtime API)."""
+    if not data:
+        return None
+    if fmt == "wav":
+        samples, rate = read_wav(decode_b64(data))
+        return resample(samples, rate, INPUT_RATE)
+    return pcm_from_b64(data)
 
 
 class DuplexRunner:
@@ -124,6 +104,9 @@ class DuplexRunner:
         self.buffer = ChunkBuffer(settings.duplex.max_pending_chunks)
         self.deferred_finalize = True
         self.max_slice_nums = 1
+        self.presenter: Presenter = DuplexPresenter()
+        self.context_limit: int | None = None
+        self.recorder: DuplexRecorder | None = None
         self.started = time.monotonic()
         self.last_audio = time.monotonic()
         self.pause_deadline: float | None = None
@@ -136,6 +119,9 @@ class DuplexRunner:
 
     async def send(self, message: dict[str, Any]) -> None:
         await self.outbox.put(message)
+
+    async def send_error(self, code: ErrorCode, message: str) -> None:
+        await self.send(self.presenter.error(code, message))
 
     def end(self, over: SessionOver) -> None:
         if not self._over.done():
@@ -152,7 +138,7 @@ class DuplexRunner:
             for task in tasks:  # a task that failed ends the session with its error
                 if task.done() and not task.cancelled() and task.exception():
                     raise task.exception()  # type: ignore[misc]
-            over = self._over.result() if self._over.done() else SessionOver("disconnected")
+            over = self._over.result() if self._over.done() else SessionOver("disconnected", False)
         finally:
             for task in tasks:
                 task.cancel()
@@ -161,9 +147,11 @@ class DuplexRunner:
                 with contextlib.suppress(Exception):
                     await self._finalize_task
             await self.runtime.step(self.session.close)
-        if over.message is not None:
+            if self.recorder is not None:
+                await self.recorder.close()
+        if over.tell_client:
             self.outbox.flush()  # results not yet sent are stale now
-            await self.send(over.message)
+            await self.send(self.presenter.ended(over.reason, time.monotonic() - self.started))
         return over.reason
 
     # --- reading -------------------------------------------------------------
@@ -174,7 +162,7 @@ class DuplexRunner:
             try:
                 message = decode_client_message(raw, client_message, CLIENT_TYPES, max_bytes)
                 if isinstance(message, Stop):
-                    self.end(SessionOver("stopped", STOPPED))
+                    self.end(SessionOver("stopped"))
                     return
                 if isinstance(message, Prepare):
                     await self._prepare(message)
@@ -185,21 +173,21 @@ class DuplexRunner:
                 elif isinstance(message, Resume):
                     await self._resume()
             except ProtocolError as exc:
-                await self.send(error_message(exc.message, exc.code))
-        self.end(SessionOver("disconnected"))
+                await self.send_error(exc.code, exc.message)
+        self.end(SessionOver("disconnected", False))
 
     async def _prepare(self, message: Prepare) -> None:
         if self.phase is not Phase.WAITING_PREPARE:
             raise ProtocolError(ErrorCode.INVALID_REQUEST, "session is already prepared")
         self.mode = parse_mode(message.mode) or self.mode
         self.record.kind = self.mode
+        if message.dialect == "realtime":
+            self.presenter = RealtimePresenter()
+        self.context_limit = message.context_limit
         try:
-            llm_ref = pcm_from_b64(message.ref_audio_base64) if message.ref_audio_base64 else None
-            tts_ref = (
-                pcm_from_b64(message.tts_ref_audio_base64)
-                if message.tts_ref_audio_base64
-                else llm_ref
-            )
+            llm_ref = decode_reference(message.ref_audio_base64, message.ref_audio_format)
+            tts_ref = decode_reference(message.tts_ref_audio_base64, message.ref_audio_format)
+            tts_ref = tts_ref if tts_ref is not None else llm_ref
         except AudioDecodeError as exc:
             raise ProtocolError(ErrorCode.INVALID_REQUEST, f"reference audio: {exc}") from None
         options = DuplexOptions(
@@ -215,13 +203,29 @@ class DuplexRunner:
                 self.session.prepare, message.system_prompt, options
             )
         except EngineError as exc:
-            await self.send(error_message(f"prepare failed: {exc}", ErrorCode.INFERENCE_ERROR))
+            await self.send_error(ErrorCode.INFERENCE_ERROR, f"prepare failed: {exc}")
             return
+        kind = "realtime" if message.dialect == "realtime" else self.mode
+        self.recorder = open_duplex_recorder(
+            self.settings,
+            kind,
+            new_recording_id(kind),
+            worker_id=self.runtime.worker_id,
+            config=message.model_dump(
+                include={"system_prompt", "max_slice_nums", "deferred_finalize", "mode", "dialect"}
+            ),
+            opted_in=message.recording,
+        )
         self.phase = Phase.ACTIVE
         self.started = self.last_audio = time.monotonic()
-        capabilities = self.runtime.engine.capabilities.to_dict()
-        rec_id = self.record.session_id
-        await self.send(prepared_message(rec_id, prompt_length, rec_id, self.mode, capabilities))
+        extra = {
+            "mode": self.mode,
+            "capabilities": self.runtime.engine.capabilities.to_dict(),
+            "warnings": list(self.session.warnings),
+        }
+        recording_id = self.recorder.recording_id if self.recorder else None
+        session_id = self.record.session_id
+        await self.send(self.presenter.prepared(session_id, prompt_length, recording_id, extra))
 
     async def _audio(self, message: AudioChunk) -> None:
         if self.phase is Phase.WAITING_PREPARE:
@@ -287,7 +291,7 @@ class DuplexRunner:
         self.pause_deadline = time.monotonic() + timeout
         self.buffer.clear()
         self.runtime.set_session_state(self.record, WorkerState.DUPLEX_PAUSED)
-        await self.send(paused_message(timeout))
+        await self.send(self.presenter.paused(timeout))
 
     async def _resume(self) -> None:
         if self.phase is not Phase.PAUSED:
@@ -296,7 +300,7 @@ class DuplexRunner:
         self.pause_deadline = None
         self.last_audio = time.monotonic()
         self.runtime.set_session_state(self.record, WorkerState.DUPLEX_ACTIVE)
-        await self.send(RESUMED)
+        await self.send(self.presenter.resumed())
 
     # --- the unit loop ---------------------------------------------------------------
 
@@ -313,33 +317,53 @@ class DuplexRunner:
                 unit = await step(self.session.generate, chunk.force_listen)
             except EngineError as exc:
                 log.warning("unit %d of %s failed: %s", chunk.index, self.record.session_id, exc)
-                await self.send(error_message(f"unit failed: {exc}", ErrorCode.INFERENCE_ERROR))
+                await self.send_error(ErrorCode.INFERENCE_ERROR, f"unit failed: {exc}")
                 continue
             generated = time.perf_counter()
             self.record.kv_cache_length = unit.kv_cache_length
-            message = result_message(
-                unit,
-                chunk,
-                (prefilled - started) * 1000,
-                (generated - prefilled) * 1000,
-                self.started,
-                (stats.vision_slices, stats.vision_tokens),
-                self.buffer.dropped_total,
+            timing = UnitTiming(
+                prefill_ms=(prefilled - started) * 1000,
+                generate_ms=(generated - prefilled) * 1000,
+                session_start=self.started,
+                vision_slices=stats.vision_slices,
+                vision_tokens=stats.vision_tokens,
+                dropped_total=self.buffer.dropped_total,
             )
+            messages = self.presenter.unit(unit, chunk, timing)
             self.units += 1
-            if self.deferred_finalize:
+            if self.recorder is not None:
+                await self.recorder.unit(
+                    chunk.index,
+                    chunk.received_wall,
+                    chunk.audio,
+                    chunk.frames,
+                    mode="LISTEN" if unit.is_listen else "SPEAK",
+                    text=unit.text,
+                    ai_audio=unit.audio,
+                    end_of_turn=unit.end_of_turn,
+                    timing={
+                        "prefill_ms": round(timing.prefill_ms, 1),
+                        "generate_ms": round(timing.generate_ms, 1),
+                        "kv_cache_length": unit.kv_cache_length,
+                    },
+                    dropped_before=chunk.dropped_before,
+                )
+            if not self.deferred_finalize:
+                await self._finalize()
+            for message in messages:
                 await self.send(message)
+            if self.context_limit is not None and unit.kv_cache_length >= self.context_limit:
+                self.end(SessionOver("context_full"))
+                return
+            if self.deferred_finalize:
                 self._finalized.clear()
                 self._finalize_task = asyncio.ensure_future(self._finalize())
-            else:
-                await self._finalize()
-                await self.send(message)
 
     async def _finalize(self) -> None:
         try:
             await self.runtime.step(self.session.finalize)
         except EngineError as exc:
-            await self.send(error_message(f"finalize failed: {exc}", ErrorCode.INFERENCE_ERROR))
+            await self.send_error(ErrorCode.INFERENCE_ERROR, f"finalize failed: {exc}")
         finally:
             self._finalized.set()
 
@@ -354,13 +378,13 @@ class DuplexRunner:
             now = time.monotonic()
             if self.phase is Phase.PAUSED and self.pause_deadline is not None:
                 if now >= self.pause_deadline:
-                    self.end(SessionOver("timeout", timeout_message("pause", now - self.started)))
+                    self.end(SessionOver("pause"))
                     return
                 wait = self.pause_deadline - now
             else:
                 limit = first if self.phase is Phase.WAITING_PREPARE else idle
                 if now - self.last_audio >= limit:
-                    self.end(SessionOver("timeout", timeout_message("idle", now - self.started)))
+                    self.end(SessionOver("idle"))
                     return
                 wait = self.last_audio + limit - now
             await asyncio.sleep(min(wait, 0.25))

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from omnilive.audio import AudioDecodeError, pcm_from_b64, pcm_to_b64
+from omnilive.audio import INPUT_RATE, AudioDecodeError, pcm_from_b64, pcm_to_b64
 from omnilive.config import Settings
 from omnilive.engines.base import (
     AudioPart,
@@ -48,6 +48,14 @@ from omnilive.protocol.half_duplex import (
     timeout_message,
     turn_done_message,
     vad_state_message,
+)
+from omnilive.recording.files import new_recording_id
+from omnilive.recording.turns import (
+    TurnInput,
+    TurnOutput,
+    TurnRecorder,
+    TurnStatus,
+    open_turn_recorder,
 )
 from omnilive.vad import (
     SileroModel,
@@ -121,6 +129,7 @@ class HalfDuplexRunner:
         self._turn: asyncio.Task[None] | None = None
         self._hear: asyncio.Task[None] | None = None
         self._hear_wanted: tuple[np.ndarray, bool] | None = None  # newest (speech, paused)
+        self.recorder: TurnRecorder | None = None
 
     async def send(self, message: dict[str, Any]) -> None:
         await self.outbox.put(message)
@@ -137,9 +146,13 @@ class HalfDuplexRunner:
             for task in (reader, watchdog):
                 task.cancel()
             await asyncio.gather(reader, watchdog, return_exceptions=True)
-            await self._end_turn()
-            await self._stop_hear()
-            await self.runtime.step(self.session.close)
+            try:
+                await self._end_turn()
+                await self._stop_hear()
+                await self.runtime.step(self.session.close)
+            finally:
+                if self.recorder is not None:  # after the last turn was recorded
+                    await self.recorder.close()
         if reason == "stopped":
             await self.send(STOPPED)
         elif reason == "timeout":
@@ -198,8 +211,31 @@ class HalfDuplexRunner:
         self.timeout_s = min(config.session.timeout_s, self.settings.limits.max_session_timeout_s)
         self.phase = Phase.LISTENING
         self.last_activity = time.monotonic()
-        await self.send(
-            prepared_message(self.record.session_id, self.timeout_s, self.record.session_id)
+        self.recorder = self._open_recorder(message)
+        recording_id = self.recorder.recording_id if self.recorder is not None else None
+        await self.send(prepared_message(self.record.session_id, self.timeout_s, recording_id))
+
+    def _open_recorder(self, message: Prepare) -> TurnRecorder | None:
+        """The session id is the client's choice (guessable), so the recording
+        gets its own server-minted id, announced in ``prepared``."""
+        config = {
+            "system_prompt": message.system_prompt,
+            "system_content": [
+                item.model_dump() if item.type == "text" else {"type": "audio"}
+                for item in message.system_content or []
+            ],
+            "voice_reference": bool(message.ref_audio_base64),
+            **message.config.model_dump(),
+        }
+        return open_turn_recorder(
+            self.settings,
+            "half_duplex",
+            new_recording_id("half_duplex"),
+            worker_id=self.runtime.worker_id,
+            config=config,
+            opted_in=message.recording,
+            title=(message.system_prompt or "")[:80],
+            extra_meta={"client_session_id": self.record.session_id},
         )
 
     async def _audio(self, message: AudioChunk) -> None:
@@ -225,7 +261,7 @@ class HalfDuplexRunner:
                 await self.send(vad_state_message(False))
                 await self.send(generating_message(event.speech_ms))
                 self.phase = Phase.GENERATING
-                self._turn = asyncio.ensure_future(self._answer(event.segment))
+                self._turn = asyncio.ensure_future(self._answer(event.segment, time.time()))
                 return  # audio after the end of speech belongs to no turn
         if vad.speaking:
             self._want_hear(vad.speech_so_far, vad.paused)
@@ -252,24 +288,32 @@ class HalfDuplexRunner:
 
     # --- the answer ----------------------------------------------------------------
 
-    async def _answer(self, speech: np.ndarray) -> None:
+    async def _answer(self, speech: np.ndarray, ended_ts: float) -> None:
         await self._stop_hear()  # one model step per session at a time
         step = self.runtime.step
-        texts: list[str] = []
+        started = time.perf_counter()
+        output = TurnOutput()
+        timing: dict[str, float] = {}
+        status: TurnStatus = "interrupted"  # until it completes or fails
+        failure: str | None = None
         try:
             await step(self.session.snapshot)
             await step(self.session.prefill, speech)
+            timing["prefill_ms"] = round((time.perf_counter() - started) * 1000, 1)
             chunks = self.session.generate()
             try:
                 while (chunk := await step(next, chunks, None)) is not None:
-                    texts.append(chunk.text)
+                    timing.setdefault("first_chunk_ms", (time.perf_counter() - started) * 1000)
                     audio = pcm_to_b64(chunk.audio) if chunk.audio is not None else None
                     await self.send(chunk_message(chunk.text, audio))
+                    output.add(chunk.text, chunk.audio, time.time())
             finally:
                 await step(chunks.close)
-            await self.send(turn_done_message(self.turns, "".join(texts)))
+            await self.send(turn_done_message(self.turns, "".join(output.text)))
             self.turns += 1
+            status = "done"
         except EngineError as exc:
+            status, failure = "failed", str(exc)
             log.warning("turn %d of %s failed: %s", self.turns, self.record.session_id, exc)
             await step(self.session.rollback)
             await self.send(error_message(f"turn failed: {exc}", ErrorCode.INFERENCE_ERROR))
@@ -278,6 +322,29 @@ class HalfDuplexRunner:
                 self.vad.reset()  # cheap; must happen before audio is fed again
             self.phase = Phase.LISTENING
             self.last_activity = time.monotonic()
+            if self.recorder is not None:
+                timing["total_ms"] = round((time.perf_counter() - started) * 1000, 1)
+                await self._record_turn(speech, ended_ts, output, timing, status, failure)
+
+    async def _record_turn(
+        self,
+        speech: np.ndarray,
+        ended_ts: float,
+        output: TurnOutput,
+        timing: dict[str, float],
+        status: TurnStatus,
+        failure: str | None,
+    ) -> None:
+        assert self.recorder is not None and self.vad is not None
+        # SpeechEnded fires after min_silence of quiet; the segment (speech
+        # plus pad) ended that long ago, give or take one VAD window.
+        vad = self.vad.config
+        trailing_s = (vad.min_silence_duration_ms - vad.speech_pad_ms) / 1000
+        speech_ts = ended_ts - trailing_s - speech.size / INPUT_RATE
+        if "first_chunk_ms" in timing:
+            timing["first_chunk_ms"] = round(timing["first_chunk_ms"], 1)
+        source = TurnInput(speech=speech, speech_ts=speech_ts)
+        await self.recorder.turn(ended_ts, source, output, timing, status, failure)
 
     async def _end_turn(self) -> None:
         """Interrupt the answer: queued chunks are dropped, the step in flight

@@ -1,0 +1,142 @@
+"""Recorded sessions: metadata, timeline, files, a streamed zip, browser-side
+uploads, comments, and the viewer page's route.
+
+The recording id is the capability: ids are minted from ``secrets``, and an
+unknown or unsafe id is a plain 404. File work runs off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import html
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import FileResponse, HTMLResponse, Response, StreamingResponse
+from pydantic import BaseModel
+
+from omnilive.gateway.state import gateway_of
+from omnilive.recording.archive import iter_zip
+from omnilive.recording.files import RECORDING
+from omnilive.recording.store import (
+    NotFound,
+    Upload,
+    UploadRejected,
+    find_session,
+    read_comment,
+    read_meta,
+    resolve_asset,
+    write_comment,
+)
+
+router = APIRouter()
+
+
+async def _session(request: Request, recording_id: str) -> Path:
+    data_dir = gateway_of(request).settings.data_dir
+    try:
+        return await asyncio.to_thread(find_session, data_dir, recording_id)
+    except NotFound:
+        raise HTTPException(404, "no such session") from None
+
+
+@router.get("/api/sessions/{recording_id}")
+async def session_meta(request: Request, recording_id: str) -> dict[str, Any]:
+    directory = await _session(request, recording_id)
+    try:
+        return await asyncio.to_thread(read_meta, directory)
+    except NotFound:
+        raise HTTPException(404, "no such session") from None
+
+
+@router.get("/api/sessions/{recording_id}/recording")
+async def session_recording(request: Request, recording_id: str) -> Response:
+    directory = await _session(request, recording_id)
+    # Read whole, not streamed from a stat'd size: a live session's file is
+    # replaced (renamed over) every second or so.
+    try:
+        body = await asyncio.to_thread((directory / RECORDING).read_bytes)
+    except FileNotFoundError:
+        raise HTTPException(404, "no recording yet") from None
+    return Response(body, media_type="application/json")
+
+
+@router.get("/api/sessions/{recording_id}/assets/{path:path}")
+async def session_asset(request: Request, recording_id: str, path: str) -> FileResponse:
+    directory = await _session(request, recording_id)
+    try:
+        return FileResponse(await asyncio.to_thread(resolve_asset, directory, path))
+    except NotFound:
+        raise HTTPException(404, "no such file in this session") from None
+
+
+@router.get("/api/sessions/{recording_id}/download")
+async def session_download(request: Request, recording_id: str) -> StreamingResponse:
+    directory = await _session(request, recording_id)
+    return StreamingResponse(
+        iter_zip(directory),
+        media_type="application/zip",
+        headers={"Content-Disposition": f'attachment; filename="{directory.name}.zip"'},
+    )
+
+
+@router.post("/api/sessions/{recording_id}/upload-recording")
+async def session_upload(request: Request, recording_id: str) -> dict[str, Any]:
+    """The browser's own recording of the session (webm / mp4 / wav, told by
+    its magic bytes) as the raw request body, capped at ``max_upload_mb``."""
+    directory = await _session(request, recording_id)
+    max_bytes = int(gateway_of(request).settings.recording.max_upload_mb * 1024 * 1024)
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > max_bytes:
+        raise HTTPException(413, f"upload exceeds {max_bytes} bytes")
+    upload = await asyncio.to_thread(Upload, directory, max_bytes)
+    name = None
+    try:
+        async for chunk in request.stream():
+            if chunk:
+                await asyncio.to_thread(upload.write, chunk)
+        name = await asyncio.to_thread(upload.commit)
+    except UploadRejected as exc:
+        raise HTTPException(exc.status, exc.message) from None
+    finally:
+        if name is None:  # refused, client gone, cancelled: leave no partial file
+            await asyncio.to_thread(upload.abort)
+    return {"success": True, "file": name, "size": upload.size}
+
+
+class CommentBody(BaseModel):
+    comment: str
+
+
+@router.get("/api/sessions/{recording_id}/comment")
+async def get_comment(request: Request, recording_id: str) -> dict[str, Any]:
+    directory = await _session(request, recording_id)
+    return {"session_id": recording_id, "comment": await asyncio.to_thread(read_comment, directory)}
+
+
+@router.post("/api/sessions/{recording_id}/comment")
+async def set_comment(request: Request, recording_id: str, body: CommentBody) -> dict[str, Any]:
+    directory = await _session(request, recording_id)
+    limit = gateway_of(request).settings.recording.max_comment_chars
+    if len(body.comment) > limit:
+        raise HTTPException(413, f"comment of {len(body.comment)} characters exceeds {limit}")
+    await asyncio.to_thread(write_comment, directory, body.comment)
+    return {"success": True, "session_id": recording_id, "comment": body.comment}
+
+
+_VIEWER = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>omnilive session {id}</title></head>
+<body><h1>Session {id}</h1>
+<p>The session viewer comes with the browser pages. Meanwhile:
+<a href="/api/sessions/{id}">metadata</a> ·
+<a href="/api/sessions/{id}/recording">timeline</a> ·
+<a href="/api/sessions/{id}/download">download (zip)</a></p>
+</body></html>
+"""
+
+
+@router.get("/s/{recording_id}", response_class=HTMLResponse)
+async def viewer(request: Request, recording_id: str) -> HTMLResponse:
+    directory = await _session(request, recording_id)
+    return HTMLResponse(_VIEWER.replace("{id}", html.escape(directory.name)))

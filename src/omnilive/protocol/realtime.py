@@ -1,0 +1,186 @@
+"""The Realtime API (``WS /v1/realtime?mode=video|audio``): spec/realtime-api.md.
+
+Client events are validated here with the spec's error codes: a missing
+required field is ``missing_field``; any other bad value ``invalid_payload``;
+an unknown ``type`` ``unknown_event``.
+"""
+
+from __future__ import annotations
+
+import binascii
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+MIN_APPEND_SAMPLES = 4000  # 250 ms at 16 kHz
+CLOSE_UNSUPPORTED_DATA = 1003  # a frame that is not JSON
+
+_MODEL = ConfigDict(extra="ignore", frozen=True)
+
+
+class RealtimeErrorCode(StrEnum):
+    NOT_READY = "not_ready"
+    UNKNOWN_EVENT = "unknown_event"
+    MISSING_FIELD = "missing_field"
+    INVALID_PAYLOAD = "invalid_payload"
+    SERVICE_UNAVAILABLE = "service_unavailable"
+    QUEUE_FULL = "queue_full"
+    WORKER_BUSY = "worker_busy"
+    WORKER_CONNECT_FAILED = "worker_connect_failed"
+    INFERENCE_ERROR = "inference_error"
+
+
+CLIENT_ERRORS = {
+    RealtimeErrorCode.NOT_READY,
+    RealtimeErrorCode.UNKNOWN_EVENT,
+    RealtimeErrorCode.MISSING_FIELD,
+    RealtimeErrorCode.INVALID_PAYLOAD,
+}
+
+
+class CloseReason(StrEnum):
+    STOPPED = "stopped"
+    TIMEOUT = "timeout"
+    CONTEXT_FULL = "context_full"
+    SERVER_SHUTDOWN = "server_shutdown"
+    ERROR = "error"
+
+
+class RealtimeError(Exception):
+    def __init__(self, code: RealtimeErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _strict_base64(value: str) -> str:
+    try:
+        binascii.a2b_base64(value, strict_mode=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ValueError(f"invalid base64 ({exc})") from None
+    return value
+
+
+class SessionConfig(BaseModel):
+    model_config = _MODEL
+    instructions: str
+    max_slice_nums: int = Field(1, ge=1, le=9)
+    ref_audio: str | None = None  # base64 WAV, 16 kHz
+    tts_ref_audio: str | None = None  # falls back to ref_audio
+    recording: bool = True
+
+    @field_validator("ref_audio", "tts_ref_audio")
+    @classmethod
+    def _base64(cls, value: str | None) -> str | None:
+        return None if value is None else _strict_base64(value)
+
+
+class SessionUpdate(BaseModel):
+    model_config = _MODEL
+    type: Literal["session.update"]
+    session: SessionConfig
+
+
+class Append(BaseModel):
+    model_config = _MODEL
+    type: Literal["input_audio_buffer.append"]
+    audio: str
+    video_frames: list[str] | None = None
+    force_listen: bool = False
+    max_slice_nums: int | None = Field(None, ge=1, le=9)
+
+    @field_validator("audio")
+    @classmethod
+    def _audio(cls, value: str) -> str:
+        _strict_base64(value)
+        n_bytes = len(value) * 3 // 4 - value[-2:].count("=")
+        if n_bytes % 4:
+            raise ValueError("audio must be float32 PCM (a multiple of 4 bytes)")
+        if n_bytes // 4 < MIN_APPEND_SAMPLES:
+            raise ValueError(
+                f"audio has {n_bytes // 4} samples; at least {MIN_APPEND_SAMPLES} (250 ms)"
+            )
+        return value
+
+    @field_validator("video_frames")
+    @classmethod
+    def _frames(cls, value: list[str] | None) -> list[str] | None:
+        for frame in value or []:
+            _strict_base64(frame)
+        return value
+
+
+class SessionClose(BaseModel):
+    model_config = _MODEL
+    type: Literal["session.close"]
+    reason: str | None = None
+
+
+ClientEvent = SessionUpdate | Append | SessionClose
+_EVENTS: dict[str, type[BaseModel]] = {
+    "session.update": SessionUpdate,
+    "input_audio_buffer.append": Append,
+    "session.close": SessionClose,
+}
+
+
+def parse_event(data: dict[str, Any]) -> ClientEvent:
+    """A decoded JSON object → a typed client event, or :class:`RealtimeError`."""
+    kind = data.get("type")
+    if kind is None:
+        raise RealtimeError(RealtimeErrorCode.MISSING_FIELD, "type field is required")
+    model = _EVENTS.get(kind) if isinstance(kind, str) else None
+    if model is None:
+        raise RealtimeError(RealtimeErrorCode.UNKNOWN_EVENT, f"unknown event type {kind!r}")
+    try:
+        return model.model_validate(data)  # type: ignore[return-value]
+    except ValidationError as exc:
+        errors = exc.errors(include_input=False, include_url=False)
+        missing = [e for e in errors if e["type"] == "missing"]
+        first = (missing or errors)[0]
+        where = ".".join(str(p) for p in first["loc"])
+        if missing:
+            raise RealtimeError(
+                RealtimeErrorCode.MISSING_FIELD, f"{where} field is required"
+            ) from None
+        raise RealtimeError(RealtimeErrorCode.INVALID_PAYLOAD, f"{where}: {first['msg']}") from None
+
+
+def error_event(code: RealtimeErrorCode | str, message: str) -> dict[str, Any]:
+    kind = "client_error" if code in CLIENT_ERRORS else "server_error"
+    return {"type": "error", "error": {"code": str(code), "message": message, "type": kind}}
+
+
+def closed_event(reason: CloseReason) -> dict[str, Any]:
+    return {"type": "session.closed", "reason": str(reason)}
+
+
+def created_event(session_id: str, prompt_length: int, recording_id: str | None) -> dict:
+    return {
+        "type": "session.created",
+        "session_id": session_id,
+        "prompt_length": prompt_length,
+        "recording_session_id": recording_id,
+    }
+
+
+def delta_event(text: str, audio_b64: str, end_of_turn: bool, kv: int) -> dict[str, Any]:
+    return {
+        "type": "response.output_audio.delta",
+        "text": text,
+        "audio": audio_b64,
+        "end_of_turn": end_of_turn,
+        "kv_cache_length": kv,
+    }
+
+
+def listen_event(kv: int) -> dict[str, Any]:
+    return {"type": "response.listen", "kv_cache_length": kv}
+
+
+QUEUE_EVENT_NAMES = {
+    "queued": "session.queued",
+    "queue_update": "session.queue_update",
+    "queue_done": "session.queue_done",
+}

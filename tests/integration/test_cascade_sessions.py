@@ -1,0 +1,135 @@
+"""Every session mode end to end on the real embedded engine (cascade), with
+spoken questions made by espeak-ng: the model hears, answers and speaks."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from websockets.asyncio.client import connect
+
+from tests.clients import open_client
+from tests.servers import Server, chat_once, user
+from tests.speech import chunks_b64, silence, speak
+
+pytestmark = pytest.mark.cascade
+QUESTION = "What is the capital of France?"
+
+
+@pytest.fixture(scope="module")
+def cascade(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    server = Server(tmp_path_factory.mktemp("cascade"), engine="cascade").start()
+    try:
+        asyncio.run(server.wait_ready(timeout=180, workers=1))
+        yield server
+    finally:
+        server.stop()
+
+
+def audio_of(b64: str) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(b64), "<f4")
+
+
+async def test_chat_text_question_gets_a_spoken_answer(cascade: Server):
+    messages = await chat_once(cascade, user("Say hello in one short sentence."), timeout=60)
+    done = messages[-1]
+    assert done["type"] == "done" and done["text"].strip()
+    audio = [audio_of(m["audio_data"]) for m in messages if m.get("audio_data")]
+    assert audio and sum(a.size for a in audio) > 24000 * 0.3
+    assert max(np.abs(a).max() for a in audio) > 0.05
+
+
+async def test_chat_image_is_refused_naming_the_capability(cascade: Server):
+    image = {"type": "image", "data": base64.b64encode(b"\xff\xd8\xff").decode()}
+    messages = await chat_once(cascade, {"messages": [{"role": "user", "content": [image]}]})
+    assert messages[-1]["code"] == "unsupported_capability"
+    assert "vision" in messages[-1]["error"]
+
+
+async def test_half_duplex_spoken_question(cascade: Server):
+    client = await open_client(cascade)
+    await client.prepare("Answer in one short sentence.")
+    await client.speak(np.concatenate([silence(1.0), speak(QUESTION), silence(1.5)]), pace_s=0.1)
+    done = await client.until("turn_done", timeout=60)
+    assert done["turn_index"] == 0 and done["text"].strip()
+    chunks = [m for m in client.received if m["type"] == "chunk" and m["audio_data"]]
+    assert chunks and max(np.abs(audio_of(c["audio_data"])).max() for c in chunks) > 0.05
+    generating = next(m for m in client.received if m["type"] == "generating")
+    assert 1000 < generating["speech_duration_ms"] < 4000
+    await client.send({"type": "stop"})
+    await client.until("stopped")
+
+
+async def stream_question(send_chunk, seconds_before: float = 2.0, after: int = 10) -> None:
+    audio = np.concatenate([silence(seconds_before), speak(QUESTION), silence(after)])
+    for chunk in chunks_b64(audio, seconds=1.0):
+        await send_chunk(chunk)
+        await asyncio.sleep(0.4)  # faster than real time, slower than the unit loop
+
+
+async def test_duplex_spoken_question_gets_a_spoken_answer_while_chunks_flow(cascade: Server):
+    client = await open_client(cascade, path="/ws/duplex", query="?mode=omni")
+    prepared = await client.prepare("Answer in one short sentence.")
+    assert prepared["vision"] is False  # this engine cannot see, and says so
+
+    async def send(chunk: str) -> None:
+        await client.send({"type": "audio_chunk", "audio_base64": chunk})
+
+    await stream_question(send)
+    await asyncio.sleep(1.0)
+    results = [m for m in client.received if m["type"] == "result"]
+    while True:
+        try:
+            message = await client.recv(timeout=2)
+        except TimeoutError:
+            break
+        if message["type"] == "result":
+            results.append(message)
+    listens = [r["is_listen"] for r in results]
+    assert listens[0] is True, "it listens while the user speaks"
+    spoken = [r for r in results if not r["is_listen"]]
+    assert spoken, "it answered"
+    assert any(r["end_of_turn"] for r in results)
+    assert "".join(r["text"] for r in spoken).strip()
+    assert max(np.abs(audio_of(r["audio_data"])).max() for r in spoken if r["audio_data"]) > 0.05
+    first_speak = results.index(spoken[0])
+    assert all(r["is_listen"] for r in results[:first_speak])
+
+
+async def test_realtime_spoken_question(cascade: Server):
+    async with connect(f"{cascade.ws}/v1/realtime?mode=audio", max_size=None) as ws:
+        events: list[dict] = []
+
+        async def until(kind: str) -> dict:
+            while True:
+                event = json.loads(await asyncio.wait_for(ws.recv(), 30))
+                events.append(event)
+                if event["type"] == kind:
+                    return event
+
+        await until("session.queue_done")
+        session = {"instructions": "Answer in one short sentence."}
+        await ws.send(json.dumps({"type": "session.update", "session": session}))
+        await until("session.created")
+
+        async def send(chunk: str) -> None:
+            await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": chunk}))
+
+        reader = asyncio.ensure_future(until("never"))
+        await stream_question(send)
+        await asyncio.sleep(1.0)
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
+        deltas = [e for e in events if e["type"] == "response.output_audio.delta"]
+        assert deltas and deltas[-1]["end_of_turn"] is True
+        sizes = [audio_of(d["audio"]).size for d in deltas]
+        assert all(size == 24000 for size in sizes[1:-1])
+        assert "".join(d["text"] for d in deltas).strip()
+        await ws.send(json.dumps({"type": "session.close"}))
+        assert (await until("session.closed"))["reason"] == "stopped"
