@@ -272,6 +272,12 @@ class HalfDuplexSession(abc.ABC):
         """See :attr:`ChatSession.warnings`."""
         return []
 
+    @property
+    def turn_timings(self) -> dict[str, float]:
+        """Optional stage timings of the last turn in ms (e.g. ``asr_ms``), for
+        benchmarks and logs; runners add them to ``turn_done``."""
+        return {}
+
 
 class DuplexSession(abc.ABC):
     """The per-second unit loop of full duplex: prefill, generate, finalize."""

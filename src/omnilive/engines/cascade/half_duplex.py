@@ -40,7 +40,7 @@ from omnilive.engines.base import (
     modalities_of,
 )
 from omnilive.engines.cascade._vad import FRAME, RATE, FrameVAD
-from omnilive.engines.cascade.answer import AnswerStream
+from omnilive.engines.cascade.answer import AnswerStream, SpokenSentence
 from omnilive.engines.cascade.asr import Transcript
 from omnilive.engines.cascade.conversation import Conversation, Fit
 from omnilive.engines.cascade.llm import Message
@@ -125,6 +125,7 @@ class CascadeHalfDuplex(HalfDuplexSession):
         self.partial_transcript = ""
         self.context_tokens = 0
         self.stats = TurnStats()
+        self._first_sentence: SpokenSentence | None = None
 
     # --- observable state -------------------------------------------------
 
@@ -247,6 +248,19 @@ class CascadeHalfDuplex(HalfDuplexSession):
             self._end_answer(self._speaking)
         self._executor.shutdown(wait=True, cancel_futures=True)
 
+    @property
+    def turn_timings(self) -> dict[str, float]:
+        stats = self.stats
+        timings = {"asr_ms": round(stats.asr_ms, 1), "speculative": float(stats.speculative)}
+        if stats.first_token_ms is not None:
+            timings["llm_first_token_ms"] = round(stats.first_token_ms, 1)
+        if stats.first_audio_ms is not None:
+            timings["first_sentence_audio_ms"] = round(stats.first_audio_ms, 1)
+        if self._first_sentence is not None:
+            timings["llm_first_sentence_ms"] = round(self._first_sentence.llm_ms, 1)
+            timings["tts_first_sentence_ms"] = round(self._first_sentence.tts_ms, 1)
+        return timings
+
     def _end_answer(self, answer: AnswerStream) -> None:
         """Close an answer and put what it said in the history, once."""
         if self._speaking is not answer:
@@ -255,6 +269,7 @@ class CascadeHalfDuplex(HalfDuplexSession):
         answer.close()
         self.stats.first_token_ms = answer.stats.first_token_ms
         self.stats.first_audio_ms = answer.stats.first_audio_ms
+        self._first_sentence = answer.stats.sentences[0] if answer.stats.sentences else None
         if answer.text.strip():
             with self._lock:
                 self._conversation.add("assistant", answer.text.strip())
