@@ -1,0 +1,568 @@
+"""MiniCPM-o on a GPU through omnilive: a random-weight checkpoint, then timings.
+
+Two steps, meant for a machine with an NVIDIA GPU and no network:
+
+``checkpoint --code DIR --out CKPT``
+    Builds a checkpoint directory from the model's public code (DIR holds the
+    ``MiniCPMO45`` files: modeling, configuration, processing, tokenizer files)
+    with a ``config.json`` written here from the published architecture
+    (Qwen3-8B text backbone, SigLIP2-400M vision, Whisper-medium audio encoder,
+    the MiniCPM TTS module) and randomly initialised bf16 weights at that real
+    size, generated on the GPU. Random weights give nonsense text but the real
+    compute. The streaming vocoder (flow matching + HiFT, loaded by the model
+    code from ``assets/token2wav``) needs weight and ONNX files that are not in
+    the public code; a stand-in with the same interface is written instead and
+    must be on ``PYTHONPATH`` (``run`` does that).
+
+``run --model-path CKPT``
+    Starts ``omnilive serve --engine minicpmo``, then drives through the
+    gateway: chat requests with audio output, an audio duplex and an omni
+    duplex session (known listen/speak mix: forced listens from the client,
+    bounded speak tokens per unit), and many short sessions to check that GPU
+    memory returns to its level after each. Writes a JSON report named after
+    the GPU under ``benchmarks/results/`` (or ``--out``).
+
+Measures; asserts nothing about speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import io
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+from PIL import Image
+from websockets.asyncio.client import connect
+
+from omnilive.audio import wav_bytes
+
+CODE_FILES = (
+    "configuration_minicpmo.py", "modeling_minicpmo.py", "modeling_minicpmo_unified.py",
+    "modeling_navit_siglip.py", "processing_minicpmo.py", "tokenization_minicpmo_fast.py",
+    "utils.py", "vocab.json", "merges.txt", "tokenizer_config.json", "added_tokens.json",
+    "special_tokens_map.json", "preprocessor_config.json", "generation_config.json",
+)  # fmt: skip
+
+# --- the checkpoint ------------------------------------------------------------
+
+
+def model_config(tiny: bool) -> dict[str, Any]:
+    """config.json: the published MiniCPM-o 4.5 architecture, or a tiny one of
+    the same shape for dry runs on a CPU."""
+    llm = dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+               num_attention_heads=32, num_key_value_heads=8, head_dim=128)  # fmt: skip
+    vision = dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=27,
+                  num_attention_heads=16)  # fmt: skip
+    audio = dict(d_model=1024, encoder_layers=24, encoder_attention_heads=16,
+                 encoder_ffn_dim=4096, decoder_layers=24, decoder_attention_heads=16,
+                 decoder_ffn_dim=4096)  # fmt: skip
+    tts = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=20,
+               num_attention_heads=12, num_key_value_heads=12)  # fmt: skip
+    if tiny:
+        llm = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=32)  # fmt: skip
+        vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2)  # fmt: skip
+        audio = dict(d_model=32, encoder_layers=2, encoder_attention_heads=2, encoder_ffn_dim=128,
+                     decoder_layers=2, decoder_attention_heads=2, decoder_ffn_dim=128)  # fmt: skip
+        tts = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                   num_attention_heads=2, num_key_value_heads=2)  # fmt: skip
+    return {
+        "architectures": ["MiniCPMO"],
+        "model_type": "minicpmo",
+        "auto_map": {
+            "AutoConfig": "configuration_minicpmo.MiniCPMOConfig",
+            "AutoModel": "modeling_minicpmo_unified.MiniCPMO",
+        },
+        "torch_dtype": "bfloat16",
+        "vocab_size": 151936,
+        "max_position_embeddings": 40960,
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-6,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+        **llm,
+        "query_num": 64,
+        "image_size": 448,
+        "drop_vision_last_layer": False,
+        "slice_config": {"max_slice_nums": 1, "patch_size": 14, "scale_resolution": 448},
+        "vision_config": {"model_type": "siglip", "image_size": 980, "patch_size": 14, **vision},
+        "audio_config": {
+            "model_type": "whisper",
+            "num_mel_bins": 80,
+            "max_source_positions": 1500,
+            **audio,
+        },
+        "audio_pool_step": 5,
+        "audio_chunk_length": 1.0,
+        "tts_config": {
+            "llm_dim": llm["hidden_size"],
+            "num_audio_tokens": 6562,
+            "num_text_tokens": 152064,
+            "num_vq": 1,
+            "backbone_model": "llama",
+            "projector_type": "mlp",
+            "audio_tokenizer_type": "s3tokenizer_step_audio",
+            "normalize_projected_hidden": True,
+            "streaming": True,
+            "attention_type": "sliding_recompute",
+            "window_size": 2,
+            "recomputed_chunks": 1,
+            "max_position_embeddings": 4096,
+            **tts,
+        },
+    }
+
+
+# The model code loads its streaming vocoder as ``stepaudio2.Token2wav``. This
+# stand-in keeps that interface (prompt cache, ``stream`` per 25 tokens plus
+# look-ahead) and renders each speech token as 40 ms of a tone, so that the
+# rest of the pipeline runs unchanged; its cost is not the real vocoder's.
+STANDIN_VOCODER = '''
+"""Stand-in for stepaudio2.Token2wav (no weights): 40 ms of tone per token."""
+import numpy as np
+import soundfile
+import torch
+
+class _Flow:
+    pre_lookahead_len = 3
+
+class Token2wav:
+    def __init__(self, model_path, float16=False, n_timesteps=10):
+        self.flow = _Flow()
+        self.cache = None
+        self.stream_cache = None
+        self.hift_cache_dict = {}
+
+    def set_stream_cache(self, prompt_wav):
+        audio, rate = soundfile.read(str(prompt_wav), dtype="float32")
+        level = torch.tensor([float(np.sqrt(np.mean(np.square(audio))))])
+        self.stream_cache = {"level": level}
+        return {"level": level}, {"rate": torch.tensor([rate])}
+
+    def _render(self, tokens):
+        t = np.arange(960, dtype=np.float32) / 24000
+        return np.concatenate(
+            [0.1 * np.sin(2 * np.pi * (120 + int(k) % 400) * t) for k in tokens]
+            or [np.zeros(0, np.float32)]
+        ).astype(np.float32)
+
+    def stream(self, tokens, prompt_wav=None, last_chunk=False, return_waveform=False):
+        keep = len(tokens) if last_chunk else max(0, len(tokens) - self.flow.pre_lookahead_len)
+        wave = self._render(list(tokens)[:keep])
+        if return_waveform:
+            return wave
+        return (np.clip(wave, -1, 1) * 32767).astype("<i2").tobytes()
+'''
+
+
+# transformers refuses remote code whose imports are missing, lazy ones too;
+# the model code imports librosa only inside functions omnilive never calls
+# (file loading in its demos), and librosa drags in numba. A loud stub instead.
+STANDIN_LIBROSA = '''
+"""Stand-in for librosa: importable, unusable."""
+def __getattr__(name):
+    raise ImportError(f"librosa.{name}: librosa is a stand-in in this benchmark")
+'''
+
+
+def synthetic_voice(seconds: float = 4.0) -> np.ndarray:
+    """A voice-like reference: a gliding harmonic tone with syllable envelopes."""
+    t = np.arange(int(seconds * 16000), dtype=np.float32) / 16000
+    pitch = 140 + 30 * np.sin(2 * np.pi * 0.7 * t)
+    phase = 2 * np.pi * np.cumsum(pitch) / 16000
+    wave = sum(np.sin(k * phase) / k for k in range(1, 6))
+    envelope = 0.5 + 0.5 * np.sin(2 * np.pi * 3.0 * t) ** 2
+    return (0.2 * wave * envelope).astype(np.float32)
+
+
+def build_checkpoint(code: Path, out: Path, tiny: bool, device: str) -> None:
+    import torch
+    import transformers
+
+    out.mkdir(parents=True, exist_ok=True)
+    for name in CODE_FILES:
+        shutil.copy2(code / name, out / name)
+    (out / "config.json").write_text(json.dumps(model_config(tiny), indent=2))
+    (out / "assets" / "token2wav").mkdir(parents=True, exist_ok=True)
+    standin = out / "standin" / "stepaudio2"
+    standin.mkdir(parents=True, exist_ok=True)
+    (standin / "__init__.py").write_text(STANDIN_VOCODER)
+    librosa = out / "standin" / "librosa"
+    librosa.mkdir(parents=True, exist_ok=True)
+    (librosa / "__init__.py").write_text(STANDIN_LIBROSA)
+    (out / "voice.wav").write_bytes(wav_bytes(synthetic_voice(), 16000))
+    sys.path.insert(0, str(out / "standin"))  # the stand-ins, for this process too
+    started = time.perf_counter()
+    config = transformers.AutoConfig.from_pretrained(str(out), trust_remote_code=True)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = transformers.AutoModel.from_config(
+            config, trust_remote_code=True, torch_dtype=torch.bfloat16
+        )
+    params = sum(p.numel() for p in model.parameters())
+    made = time.perf_counter()
+    model.save_pretrained(str(out), safe_serialization=True, max_shard_size="5GB")
+    saved = time.perf_counter()
+    print(
+        f"checkpoint {out}: {params / 1e9:.2f} B parameters, random init {made - started:.1f} s, "
+        f"saved in {saved - made:.1f} s",
+        flush=True,
+    )
+
+
+# --- measuring ----------------------------------------------------------------
+
+
+class GpuSampler(threading.Thread):
+    """``nvidia-smi`` memory in use, sampled; the device's view, caches included."""
+
+    def __init__(self, period_s: float = 0.25) -> None:
+        super().__init__(daemon=True)
+        self.period_s = period_s
+        self.peak_mib = 0.0
+        self._stop_event = threading.Event()
+
+    @staticmethod
+    def query(field: str) -> str:
+        """One value of GPU 0, or "" where there is no nvidia-smi (dry runs)."""
+        try:
+            result = subprocess.run(
+                ["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader,nounits", "-i", "0"],
+                capture_output=True, text=True, check=True, timeout=10,
+            )  # fmt: skip
+        except (OSError, subprocess.SubprocessError):
+            return ""
+        return result.stdout.strip()
+
+    def used_mib(self) -> float:
+        return float(self.query("memory.used") or 0)
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            self.peak_mib = max(self.peak_mib, self.used_mib())
+            self._stop_event.wait(self.period_s)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+
+
+def b64(samples: np.ndarray) -> str:
+    return base64.b64encode(samples.astype("<f4").tobytes()).decode()
+
+
+def jpeg_b64(seed: int) -> str:
+    rng = np.random.default_rng(seed)
+    pixels = rng.integers(0, 255, (480, 640, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "JPEG", quality=80)
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"n": 0}
+    ordered = sorted(values)
+    p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+    return {
+        "n": len(values),
+        "median": round(statistics.median(ordered), 1),
+        "p95": round(p95, 1),
+        "mean": round(statistics.fmean(ordered), 1),
+        "max": round(ordered[-1], 1),
+    }
+
+
+async def recv_until(ws: Any, *types: str, timeout: float = 120) -> dict[str, Any]:
+    while True:
+        message = json.loads(await asyncio.wait_for(ws.recv(), timeout))
+        if message.get("type") == "error":
+            raise RuntimeError(f"server error: {message}")
+        if message.get("type") in types:
+            return message
+
+
+async def chat_request(
+    base: str, voice: np.ndarray, index: int, max_new_tokens: int = 48
+) -> dict[str, Any]:
+    speech = synthetic_voice(2.0)
+    payload = {
+        "messages": [{"role": "user", "content": [
+            {"type": "text", "text": f"Request {index}: answer briefly."},
+            {"type": "audio", "data": b64(speech)},
+        ]}],
+        "streaming": True,
+        "generation": {"max_new_tokens": max_new_tokens},
+        "tts": {"enabled": True, "ref_audio_data": b64(voice)},
+    }  # fmt: skip
+    started = time.perf_counter()
+    first_chunk = first_audio = prefill = None
+    audio_s = 0.0
+    async with connect(f"{base}/ws/chat", max_size=None) as ws:
+        await ws.send(json.dumps(payload))
+        async for raw in ws:
+            message = json.loads(raw)
+            now = (time.perf_counter() - started) * 1000
+            kind = message.get("type")
+            if kind == "prefill_done":
+                prefill = now
+            elif kind == "chunk":
+                first_chunk = first_chunk or now
+                if message.get("audio_data"):
+                    first_audio = first_audio or now
+                    audio_s += len(base64.b64decode(message["audio_data"])) / 4 / 24000
+            elif kind == "done":
+                return {
+                    "prefill_done_ms": prefill, "first_chunk_ms": first_chunk,
+                    "first_audio_ms": first_audio, "total_ms": now, "audio_s": round(audio_s, 2),
+                    "input_tokens": message.get("input_tokens"),
+                    "generated_tokens": message.get("generated_tokens"),
+                    "text": message.get("text", "")[:80],
+                }  # fmt: skip
+            elif kind == "error":
+                raise RuntimeError(f"chat failed: {message}")
+    raise RuntimeError("chat ended without done")
+
+
+async def duplex_session(
+    base: str, mode: str, units: int, listen_every: int, voice: np.ndarray | None
+) -> dict[str, Any]:
+    """One session; unit k is forced to listen when ``k % listen_every == 0``
+    (``listen_every=0``: never), the engine forces the first units itself."""
+    sid = f"bench_{mode}_{time.monotonic_ns()}"
+    results = []
+    async with connect(f"{base}/ws/duplex/{sid}?mode={mode}", max_size=None) as ws:
+        await recv_until(ws, "queue_done")
+        prepare: dict[str, Any] = {
+            "type": "prepare",
+            "system_prompt": "You are a helpful assistant.",
+        }
+        if voice is not None:
+            prepare["ref_audio_base64"] = b64(voice)
+        await ws.send(json.dumps(prepare))
+        prepared = await recv_until(ws, "prepared")
+        speech = synthetic_voice(float(units) + 1)
+        for k in range(units):
+            chunk: dict[str, Any] = {
+                "type": "audio_chunk",
+                "audio_base64": b64(speech[k * 16000 : (k + 1) * 16000]),
+                "force_listen": bool(listen_every) and k % listen_every == 0,
+            }
+            if mode == "omni_duplex":
+                chunk["frame_base64_list"] = [jpeg_b64(k)]
+            sent = time.perf_counter()
+            await ws.send(json.dumps(chunk))
+            result = await recv_until(ws, "result")
+            result["client_ms"] = (time.perf_counter() - sent) * 1000
+            result.pop("audio_data", None)
+            results.append(result)
+        await ws.send(json.dumps({"type": "stop"}))
+        await recv_until(ws, "stopped")
+    return {"prompt_length": prepared.get("prompt_length"), "units": results}
+
+
+def unit_figures(units: list[dict[str, Any]]) -> dict[str, Any]:
+    figures: dict[str, Any] = {}
+    for label, is_listen in (("listen", True), ("speak", False)):
+        chosen = [u for u in units if u["is_listen"] is is_listen]
+        figures[label] = {
+            "wall_clock_ms": summary([u["wall_clock_ms"] for u in chosen]),
+            "client_ms": summary([u["client_ms"] for u in chosen]),
+            "prefill_ms": summary([u["cost_prefill_ms"] for u in chosen]),
+            "generate_ms": summary([u["cost_all_ms"] - u["cost_prefill_ms"] for u in chosen]),
+            "tts_ms": summary([u["cost_tts_ms"] for u in chosen]),
+            "token2wav_ms": summary([u["cost_token2wav_ms"] for u in chosen]),
+            "n_tokens": summary([u["n_tokens"] for u in chosen]),
+            "n_tts_tokens": summary([u["n_tts_tokens"] for u in chosen]),
+        }
+    figures["kv_cache_length_last"] = units[-1]["kv_cache_length"] if units else 0
+    figures["vision"] = {
+        "slices": summary([u["vision_slices"] for u in units]),
+        "tokens": summary([u["vision_tokens"] for u in units]),
+    }
+    figures["end_of_turn_units"] = sum(1 for u in units if u["end_of_turn"])
+    figures["sample_text"] = next((u["text"] for u in units if u["text"]), "")
+    return figures
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def wait_ready(http: str, server: subprocess.Popen[bytes], limit_s: float) -> float:
+    started = time.perf_counter()
+    async with httpx.AsyncClient() as client:
+        while time.perf_counter() - started < limit_s:
+            if server.poll() is not None:
+                raise RuntimeError("the server exited while loading")
+            try:
+                body = (await client.get(f"{http}/status", timeout=2)).json()
+                if body["workers"]["by_state"].get("idle", 0) >= 1:
+                    return time.perf_counter() - started
+                if body["workers"]["by_state"].get("error", 0):
+                    raise RuntimeError(f"the worker failed to load: {body}")
+            except (httpx.HTTPError, ValueError, KeyError):
+                pass
+            await asyncio.sleep(1)
+    raise TimeoutError("the server did not become ready")
+
+
+def start_server(
+    args: argparse.Namespace, ckpt: Path, port: int, env: dict[str, str]
+) -> tuple[subprocess.Popen[bytes], Any]:
+    log = open(args.log, "wb")  # noqa: SIM115 - closed by bench()
+    cmd = [sys.executable, "-m", "omnilive", "serve", "--engine", args.engine,
+           "--model-path", str(ckpt), "--port", str(port), "--workers", "1",
+           "--worker-base-port", str(free_port()), "--data-dir", str(args.data_dir)]  # fmt: skip
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log
+
+
+async def bench(args: argparse.Namespace) -> dict[str, Any]:
+    ckpt = args.model_path.resolve()
+    port = free_port()
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [str(ckpt / "standin"), *filter(None, [os.environ.get("PYTHONPATH")])]
+        ),
+        "OMNILIVE_MINICPMO__DEFAULT_VOICE": str(ckpt / "voice.wav"),
+        "OMNILIVE_MINICPMO__MAX_SPEAK_TOKENS_PER_UNIT": str(args.speak_tokens),
+        "OMNILIVE_RECORDING__ENABLED": "false",
+        "OMNILIVE_HEALTH_INTERVAL_S": "2",
+        "OMNILIVE_MINICPMO__TORCH_COMPILE": "true" if args.torch_compile else "false",
+    }
+    sampler = GpuSampler()
+    baseline_mib = sampler.used_mib()
+    sampler.start()
+    server, log = start_server(args, ckpt, port, env)
+    http, ws = f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}"
+    report: dict[str, Any] = {
+        "gpu": GpuSampler.query("name") or "no GPU",
+        "engine": args.engine,
+        "speak_tokens_per_unit": args.speak_tokens,
+        "torch_compile": args.torch_compile,
+        "baseline_mib": baseline_mib,
+    }
+
+    def save() -> None:  # after every stage: a run cut short still leaves its figures
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2))
+
+    try:
+        report["load_s"] = round(await wait_ready(http, server, args.load_timeout), 1)
+        report["after_load_mib"] = sampler.used_mib()
+        save()
+        voice = synthetic_voice(3.0)
+        report["chat"] = [await chat_request(ws, voice, i) for i in range(args.chats)]
+        save()
+        for mode in ("audio_duplex", "omni_duplex"):
+            session = await duplex_session(ws, mode, args.units, 3, voice)
+            report[mode] = {
+                "prompt_length": session["prompt_length"],
+                **unit_figures(session["units"]),
+            }
+            report[mode + "_units"] = session["units"]
+            save()
+        memory = []
+        for k in range(args.sessions):
+            if k % 10 == 5:
+                await chat_request(ws, voice, 1000 + k, max_new_tokens=8)
+            else:
+                await duplex_session(ws, "audio_duplex", 2, 0, voice)
+            memory.append(sampler.used_mib())
+        report["sessions"] = {"count": args.sessions, "used_mib": memory,
+                              "growth_mib": memory[-1] - memory[0] if memory else 0}  # fmt: skip
+    finally:
+        sampler.stop()
+        report["peak_mib"] = sampler.peak_mib
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
+    chats = report.get("chat", [])
+    report["chat_first_audio_ms"] = summary(
+        [c["first_audio_ms"] for c in chats if c["first_audio_ms"]]
+    )
+    save()
+    return report
+
+
+def print_table(report: dict[str, Any]) -> None:
+    print(
+        f"\nGPU {report['gpu']}: load {report.get('load_s')} s, peak {report['peak_mib']:.0f} MiB"
+    )
+    for mode in ("audio_duplex", "omni_duplex"):
+        for kind in ("listen", "speak"):
+            f = report.get(mode, {}).get(kind, {})
+            wall, pre, gen = (
+                f.get("wall_clock_ms", {}),
+                f.get("prefill_ms", {}),
+                f.get("generate_ms", {}),
+            )
+            print(
+                f"{mode:13} {kind:6} n={wall.get('n', 0):3} wall median {wall.get('median')} "
+                f"p95 {wall.get('p95')} | prefill {pre.get('median')} "
+                f"| generate {gen.get('median')}"
+            )
+    print(f"chat first audio: {report.get('chat_first_audio_ms')}")
+    print(f"sessions: growth {report.get('sessions', {}).get('growth_mib')} MiB")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    build = commands.add_parser("checkpoint")
+    build.add_argument("--code", type=Path, required=True)
+    build.add_argument("--out", type=Path, required=True)
+    build.add_argument("--tiny", action="store_true")
+    build.add_argument("--device", default="cuda")
+    run = commands.add_parser("run")
+    run.add_argument("--model-path", type=Path, required=True)
+    run.add_argument("--units", type=int, default=36)
+    run.add_argument("--chats", type=int, default=4)
+    run.add_argument("--sessions", type=int, default=50)
+    run.add_argument("--speak-tokens", type=int, default=12)
+    run.add_argument("--load-timeout", type=float, default=420)
+    run.add_argument("--log", type=Path, default=Path("gpu_duplex_server.log"))
+    run.add_argument("--data-dir", type=Path, default=Path("/tmp/omnilive-bench-data"))
+    run.add_argument("--out", type=Path)
+    run.add_argument("--engine", default="minicpmo", help="scripted: try the client logic")
+    run.add_argument("--torch-compile", action="store_true", help="minicpmo.torch_compile")
+    args = parser.parse_args(argv)
+    if args.command == "checkpoint":
+        build_checkpoint(args.code, args.out, args.tiny, args.device)
+        return 0
+    if args.out is None:
+        name = (GpuSampler.query("name") or "no_gpu").lower().replace(" ", "_")
+        suffix = "_compiled" if args.torch_compile else ""
+        args.out = Path(__file__).parent / "results" / f"gpu_duplex_{name}{suffix}.json"
+    report = asyncio.run(bench(args))
+    print_table(report)
+    print(f"report: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

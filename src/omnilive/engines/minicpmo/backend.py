@@ -1,0 +1,144 @@
+"""Everything that touches torch, CUDA and transformers, imported lazily.
+
+The engine talks to a :class:`Backend`; :class:`TorchBackend` is the real one.
+Keeping the heavy imports here means ``omnilive`` imports, and the CPU engines
+run, on machines that have neither torch nor a GPU, and lets the contract
+tests swap in a fake model without touching the engine's logic.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import logging
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from omnilive.config import MiniCPMoSettings
+from omnilive.engines.base import EngineError, ProgressCallback
+from omnilive.engines.minicpmo.checkpoint import CheckpointInfo
+
+log = logging.getLogger(__name__)
+GIB = 2**30
+
+
+class GpuError(EngineError):
+    """No usable GPU, or not enough of its memory."""
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    name: str
+    free_bytes: int
+    total_bytes: int
+
+
+class Backend(Protocol):
+    """Loads the model and manages device memory."""
+
+    def check_device(self, device: str) -> DeviceInfo:
+        """Raise :class:`GpuError` if the device cannot be used."""
+        ...
+
+    def load_model(
+        self, checkpoint: CheckpointInfo, settings: MiniCPMoSettings, progress: ProgressCallback
+    ) -> Any:
+        """Return the loaded model object, on the device, in eval mode."""
+        ...
+
+    def release_memory(self) -> None:
+        """Give cached device memory back after a session."""
+        ...
+
+    def memory_stats(self) -> dict[str, float]:
+        """Allocated / reserved / peak device memory in MiB (empty if unknown)."""
+        ...
+
+
+def _import_torch() -> Any:
+    try:
+        return importlib.import_module("torch")
+    except ImportError:
+        raise GpuError(
+            "the minicpmo engine needs the GPU dependencies: pip install 'omnilive[cuda]' "
+            "(torch is not installed)"
+        ) from None
+
+
+class TorchBackend:
+    """The real backend: ``AutoModel.from_pretrained(..., trust_remote_code=True)`` in bf16."""
+
+    def check_device(self, device: str) -> DeviceInfo:
+        torch = _import_torch()
+        if not device.startswith("cuda"):
+            raise GpuError(f"the minicpmo engine runs on an NVIDIA GPU, not on {device!r}")
+        if not torch.cuda.is_available():
+            raise GpuError(
+                "the minicpmo engine needs an NVIDIA GPU, but CUDA is not available "
+                f"(torch {torch.__version__}, CUDA build {torch.version.cuda or 'none'}); "
+                "use --engine cascade on machines without one"
+            )
+        index = torch.device(device).index or 0
+        if index >= torch.cuda.device_count():
+            raise GpuError(f"{device} does not exist: {torch.cuda.device_count()} GPU(s) visible")
+        free, total = torch.cuda.mem_get_info(index)
+        return DeviceInfo(torch.cuda.get_device_name(index), int(free), int(total))
+
+    def load_model(
+        self, checkpoint: CheckpointInfo, settings: MiniCPMoSettings, progress: ProgressCallback
+    ) -> Any:
+        torch = _import_torch()
+        try:
+            transformers = importlib.import_module("transformers")
+        except ImportError:
+            raise GpuError(
+                "the minicpmo engine needs transformers: pip install 'omnilive[cuda]'"
+            ) from None
+        progress("loading weights", 0.1)
+        try:
+            model = transformers.AutoModel.from_pretrained(
+                str(checkpoint.path),
+                trust_remote_code=True,
+                torch_dtype=torch.bfloat16,
+                attn_implementation=settings.attn_implementation,
+            )
+            progress("moving to the GPU", 0.5)
+            model = model.eval().to(settings.device)
+        except torch.cuda.OutOfMemoryError as exc:
+            raise GpuError(f"out of GPU memory while loading the weights: {exc}") from None
+        except ImportError as exc:
+            # The checkpoint's code imports its own dependencies (minicpmo-utils,
+            # soundfile, ...): name the missing one instead of a bare traceback.
+            raise EngineError(
+                f"the checkpoint's model code needs a missing package: {exc}; "
+                "pip install 'omnilive[cuda]'"
+            ) from None
+        return model
+
+    def release_memory(self) -> None:
+        torch = importlib.import_module("torch")
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def memory_stats(self) -> dict[str, float]:
+        torch = importlib.import_module("torch")
+        if not torch.cuda.is_available():
+            return {}
+        mib = 2**20
+        return {
+            "allocated_mib": torch.cuda.memory_allocated() / mib,
+            "reserved_mib": torch.cuda.memory_reserved() / mib,
+            "peak_mib": torch.cuda.max_memory_allocated() / mib,
+        }
+
+
+def check_memory(info: DeviceInfo, checkpoint: CheckpointInfo, headroom_gb: float) -> None:
+    """Refuse to start a load that cannot fit, before it spends minutes failing."""
+    needed = checkpoint.weight_bytes + headroom_gb * GIB
+    if info.free_bytes < needed:
+        raise GpuError(
+            f"not enough GPU memory on {info.name}: {info.free_bytes / GIB:.1f} GiB free of "
+            f"{info.total_bytes / GIB:.1f} GiB, the checkpoint needs about {needed / GIB:.1f} GiB "
+            f"({checkpoint.weight_gib:.1f} GiB of weights + {headroom_gb:.1f} GiB headroom)"
+        )

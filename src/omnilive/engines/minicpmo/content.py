@@ -1,0 +1,78 @@
+"""Omnilive's decoded content in the shapes the model's code takes.
+
+Messages become ``{"role", "content": [str | PIL.Image | float32 array]}``;
+the speech decoder reads its reference voice from a WAV file path.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from omnilive.audio import INPUT_RATE, AudioDecodeError, read_wav, resample, wav_bytes
+from omnilive.engines.base import (
+    AudioPart,
+    CapabilityError,
+    EngineError,
+    ImagePart,
+    Part,
+    TextPart,
+    VideoPart,
+)
+
+ENGINE = "minicpmo"
+
+
+def image_of(data: bytes) -> Image.Image:
+    """An encoded image (already checked by the worker) as RGB."""
+    with Image.open(io.BytesIO(data)) as img:
+        return img.convert("RGB")
+
+
+def content_of(parts: tuple[Part, ...] | list[Part]) -> list[Any]:
+    content: list[Any] = []
+    for part in parts:
+        if isinstance(part, TextPart):
+            content.append(part.text)
+        elif isinstance(part, AudioPart):
+            content.append(np.ascontiguousarray(part.samples, dtype=np.float32))
+        elif isinstance(part, ImagePart):
+            content.append(image_of(part.data))
+        elif isinstance(part, VideoPart):
+            raise CapabilityError(ENGINE, "video input", "send frames as images and audio")
+        else:
+            raise TypeError(part)
+    return content
+
+
+def load_voice(path: Path) -> np.ndarray:
+    """A WAV file as 16 kHz float32 (the engine's default voice)."""
+    try:
+        samples, rate = read_wav(path.expanduser().read_bytes())
+    except OSError as exc:
+        raise EngineError(f"default voice {path} cannot be read: {exc}") from None
+    except AudioDecodeError as exc:
+        raise EngineError(f"default voice {path}: {exc}") from None
+    if samples.size < rate // 2:
+        raise EngineError(f"default voice {path} is shorter than 0.5 s")
+    return resample(samples, rate, INPUT_RATE)
+
+
+class VoiceFile:
+    """A reference voice written to a temporary WAV for the speech decoder,
+    which reads its prompt from a path; removed by :meth:`close`."""
+
+    def __init__(self, samples: np.ndarray) -> None:
+        handle, name = tempfile.mkstemp(prefix="omnilive-voice-", suffix=".wav")
+        with os.fdopen(handle, "wb") as out:
+            out.write(wav_bytes(samples, INPUT_RATE))
+        self.path = Path(name)
+
+    def close(self) -> None:
+        self.path.unlink(missing_ok=True)

@@ -1,0 +1,145 @@
+"""MiniCPM-o 4.5 on an NVIDIA GPU, loaded from a local checkpoint with its own code."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+from omnilive.config import MiniCPMoSettings
+from omnilive.engines.base import (
+    Capabilities,
+    ChatMessage,
+    ChatOptions,
+    ChatSession,
+    DuplexOptions,
+    DuplexSession,
+    Engine,
+    EngineError,
+    GenerationOptions,
+    HalfDuplexSession,
+    Modality,
+    ProgressCallback,
+    TextPart,
+    Voice,
+)
+from omnilive.engines.minicpmo.backend import Backend, TorchBackend, check_memory
+from omnilive.engines.minicpmo.chat import MiniCPMoChat
+from omnilive.engines.minicpmo.checkpoint import inspect_checkpoint
+from omnilive.engines.minicpmo.content import load_voice
+from omnilive.engines.minicpmo.duplex import MiniCPMoDuplex
+from omnilive.engines.minicpmo.half_duplex import MiniCPMoHalfDuplex
+from omnilive.engines.minicpmo.host import ModelHost
+
+log = logging.getLogger(__name__)
+
+# The context the reference implementation serves (its Realtime API ends a
+# session there); the LLM itself could hold more.
+CONTEXT_LENGTH = 8192
+
+
+class MiniCPMoEngine(Engine):
+    """One MiniCPM-o model behind the chat, half-duplex and duplex views.
+
+    Construction does nothing heavy; :meth:`load` checks the checkpoint and
+    the GPU, loads the weights and the speech decoder, and warms every view
+    up, so that the worker turns IDLE only when the first request will be
+    fast. ``backend`` is the seam the contract tests use to inject a fake.
+    """
+
+    name = "minicpmo"
+
+    def __init__(self, settings: MiniCPMoSettings, backend: Backend | None = None) -> None:
+        self._settings = settings
+        self._backend: Backend = backend or TorchBackend()
+        self._host: ModelHost | None = None
+        self._default_voice: np.ndarray | None = None
+        self.capabilities = Capabilities(
+            input_modalities=frozenset({Modality.TEXT, Modality.IMAGE, Modality.AUDIO}),
+            audio_output=settings.audio_output,
+            voice_cloning=settings.audio_output,
+            context_length=CONTEXT_LENGTH,
+            slots=1,
+        )
+
+    # --- lifecycle ---------------------------------------------------------------
+
+    def load(self, progress: ProgressCallback) -> None:
+        settings = self._settings
+        progress("checking the checkpoint", 0.0)
+        checkpoint = inspect_checkpoint(settings.model_path)
+        if settings.default_voice is not None:
+            self._default_voice = load_voice(settings.default_voice)
+        progress("checking the GPU", 0.05)
+        device = self._backend.check_device(settings.device)
+        check_memory(device, checkpoint, settings.memory_headroom_gb)
+        log.info(
+            "loading %s (%.1f GiB of weights) on %s (%.1f GiB free)",
+            checkpoint.path,
+            checkpoint.weight_gib,
+            device.name,
+            device.free_bytes / 2**30,
+        )
+        model = self._backend.load_model(checkpoint, settings, progress)
+        progress("loading the speech decoder", 0.7)
+        host = ModelHost(model, settings, self._backend)
+        host.setup()
+        if settings.torch_compile:
+            progress("compiling", 0.75)
+            host.compile()
+        self._host = host
+        if settings.warmup:
+            progress("warming up", 0.8)
+            self._warm_up()
+        progress("ready", 1.0)
+
+    def _warm_up(self) -> None:
+        """One short chat answer and one duplex unit, so that kernel selection,
+        allocator growth and lazy imports happen before the first client."""
+        started = time.perf_counter()
+        chat = self.open_chat()
+        try:
+            options = ChatOptions(generation=GenerationOptions(max_new_tokens=8))
+            chat.prefill([ChatMessage("user", (TextPart("Hello."),))], options)
+            for _ in chat.generate():
+                pass
+        finally:
+            chat.close()
+        duplex = self._duplex(force_listen_units=0)
+        try:
+            duplex.prepare("You are a helpful assistant.", DuplexOptions())
+            noise = np.random.default_rng(0).normal(0, 0.01, 16_000).astype(np.float32)
+            duplex.prefill(noise, [])
+            duplex.generate()
+            duplex.finalize()
+        finally:
+            duplex.close()
+        log.info("warm-up done in %.1f s", time.perf_counter() - started)
+
+    def close(self) -> None:
+        if self._host is not None:
+            self._host.release()
+            self._host = None
+
+    # --- views ---------------------------------------------------------------------
+
+    def _require_host(self) -> ModelHost:
+        if self._host is None:
+            raise EngineError("the minicpmo engine is not loaded")
+        return self._host
+
+    def _duplex(self, force_listen_units: int | None = None) -> MiniCPMoDuplex:
+        return MiniCPMoDuplex(self._require_host(), self._default_voice, force_listen_units)
+
+    def open_chat(self) -> ChatSession:
+        return MiniCPMoChat(self._require_host(), self._default_voice)
+
+    def open_half_duplex(self) -> HalfDuplexSession:
+        return MiniCPMoHalfDuplex(self._require_host(), self._default_voice)
+
+    def open_duplex(self) -> DuplexSession:
+        return self._duplex()
+
+    def default_voice(self) -> Voice | None:
+        return Voice(reference=self._default_voice) if self._default_voice is not None else None

@@ -1,0 +1,114 @@
+"""A fake model behind the real engine: every view exercised on the CPU, no torch.
+
+``engine`` loads :class:`MiniCPMoEngine` from a checkpoint directory that passes
+the file checks, through a backend that hands out a fake model object instead
+of calling transformers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from omnilive.audio import wav_bytes
+from omnilive.config import MiniCPMoSettings
+from omnilive.engines.minicpmo import MiniCPMoEngine
+from omnilive.engines.minicpmo.backend import DeviceInfo
+from omnilive.engines.minicpmo.checkpoint import CheckpointInfo
+from tests.minicpmo.fake_model import FakeMiniCPMO
+
+GIB = 2**30
+
+
+class FakeBackend:
+    """Hands out a fake model; counts memory the way a GPU would hold it."""
+
+    def __init__(
+        self, factory: Callable[[], FakeMiniCPMO] = FakeMiniCPMO, free_gib: float = 70.0
+    ) -> None:
+        self.factory = factory
+        self.free_gib = free_gib
+        self.model: FakeMiniCPMO | None = None
+        self.releases = 0
+
+    def check_device(self, device: str) -> DeviceInfo:
+        return DeviceInfo("Fake GPU", int(self.free_gib * GIB), 80 * GIB)
+
+    def load_model(
+        self, checkpoint: CheckpointInfo, settings: MiniCPMoSettings, progress: Any
+    ) -> FakeMiniCPMO:
+        progress("loading weights", 0.1)
+        self.model = self.factory()
+        return self.model
+
+    def release_memory(self) -> None:
+        self.releases += 1
+
+    def memory_stats(self) -> dict[str, float]:
+        return {"allocated_mib": float(self.model.live if self.model else 0)}
+
+
+def write_checkpoint(path: Path, shards: int = 2) -> Path:
+    """The files a MiniCPM-o checkpoint has, with tiny contents."""
+    path.mkdir(parents=True, exist_ok=True)
+    config = {
+        "model_type": "minicpmo",
+        "auto_map": {
+            "AutoConfig": "configuration_minicpmo.MiniCPMOConfig",
+            "AutoModel": "modeling_minicpmo.MiniCPMO",
+        },
+    }
+    (path / "config.json").write_text(json.dumps(config))
+    for name in ("configuration_minicpmo.py", "modeling_minicpmo.py"):
+        (path / name).write_text("# model code\n")
+    for name in ("vocab.json", "merges.txt", "tokenizer_config.json", "preprocessor_config.json"):
+        (path / name).write_text("{}")
+    names = [f"model-{i:05d}-of-{shards:05d}.safetensors" for i in range(1, shards + 1)]
+    weight_map = {f"layer.{i}.weight": name for i, name in enumerate(names)}
+    (path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    for name in names:
+        (path / name).write_bytes(b"\0" * 1024)
+    return path
+
+
+def voice(seconds: float = 1.5, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return (0.1 * rng.standard_normal(round(seconds * 16000))).astype(np.float32)
+
+
+@pytest.fixture
+def checkpoint(tmp_path: Path) -> Path:
+    return write_checkpoint(tmp_path / "ckpt")
+
+
+@pytest.fixture
+def voice_file(tmp_path: Path) -> Path:
+    path = tmp_path / "voice.wav"
+    path.write_bytes(wav_bytes(voice(2.0, seed=7), 16000))
+    return path
+
+
+EngineFactory = Callable[..., tuple[MiniCPMoEngine, FakeBackend]]
+
+
+@pytest.fixture
+def make_engine(checkpoint: Path, voice_file: Path) -> Iterator[EngineFactory]:
+    """``make_engine(factory=..., **settings)`` → a loaded engine and its backend."""
+    engines: list[MiniCPMoEngine] = []
+
+    def make(factory: Callable[[], FakeMiniCPMO] = FakeMiniCPMO, **overrides: Any):
+        fields = {"model_path": checkpoint, "default_voice": voice_file, "warmup": False}
+        backend = FakeBackend(factory)
+        engine = MiniCPMoEngine(MiniCPMoSettings(**{**fields, **overrides}), backend=backend)
+        engine.load(lambda stage, fraction: None)
+        engines.append(engine)
+        return engine, backend
+
+    yield make
+    for engine in engines:
+        engine.close()
