@@ -30,7 +30,7 @@ from omnilive.worker.outbox import Outbox
 from omnilive.worker.runners.chat import run_chat
 from omnilive.worker.runners.duplex import DuplexRunner
 from omnilive.worker.runners.half_duplex import HalfDuplexRunner
-from omnilive.worker.runtime import SESSION_KINDS, SessionRecord, WorkerRuntime
+from omnilive.worker.runtime import SESSION_KINDS, SessionRecord, WorkerNotReady, WorkerRuntime
 from omnilive.wsutil import PeerGone, frames_of, race
 
 log = logging.getLogger(__name__)
@@ -109,12 +109,14 @@ def create_worker_app(settings: Settings, worker_id: str, engine: Engine | None 
         try:
             async with runtime.session(session_id, kind) as record:
                 ok = await _serve(ws, runtime, record, settings)
-        except RuntimeError as exc:  # worker not ready
+        except WorkerNotReady as exc:
             await ws.send_text(json.dumps(error_message(str(exc), ErrorCode.NO_WORKERS)))
             await ws.close(code=CLOSE_WORKER_UNAVAILABLE)
             return
         if ws.client_state is WebSocketState.CONNECTED:
-            await ws.close(code=CLOSE_OK if ok else CLOSE_SESSION_FAILED)
+            # The gateway may have closed first (its client left): nothing to tell.
+            with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
+                await ws.close(code=CLOSE_OK if ok else CLOSE_SESSION_FAILED)
 
     return app
 

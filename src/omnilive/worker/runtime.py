@@ -23,6 +23,10 @@ T = TypeVar("T")
 STEP_DRAIN_S = 120.0
 
 
+class WorkerNotReady(Exception):
+    """A session arrived while the engine is loading or failed to load."""
+
+
 class WorkerState(StrEnum):
     LOADING = "loading"
     IDLE = "idle"
@@ -101,7 +105,7 @@ class WorkerRuntime:
         """Hold one slot for a session. The gateway leases slots, so waiting
         here only covers a previous session that is still finishing its step."""
         if self.state in (WorkerState.LOADING, WorkerState.ERROR):
-            raise RuntimeError(f"worker is {self.state.value}")
+            raise WorkerNotReady(f"worker is {self.state.value}")
         async with self._slots:
             record = SessionRecord(session_id, kind, time.time(), _BUSY_STATE[kind])
             self.sessions[session_id] = record
