@@ -9,11 +9,16 @@ committed.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from omnilive.engines.base import EngineError
 from omnilive.engines.cascade.llm import Message
+
+if TYPE_CHECKING:
+    from omnilive.engines.cascade.stack import Notices
 
 Counter = Callable[[list[Message]], int]
 
@@ -72,3 +77,23 @@ class Conversation:
 
     def rollback(self) -> None:
         self.turns = list(self._saved)
+
+
+class ConversationView:
+    """What a session with a conversation shows of itself: the engine's
+    notices (``warnings``) and the prompt's messages (``history``). Mixed into
+    the half-duplex and duplex sessions, which set the three attributes."""
+
+    _notices: Notices
+    _lock: threading.Lock
+    _conversation: Conversation
+
+    @property
+    def warnings(self) -> list[str]:
+        return self._notices.items
+
+    @property
+    def history(self) -> list[Message]:
+        """The prompt's messages as they stand: system prompt first, then the turns."""
+        with self._lock:
+            return self._conversation.messages()

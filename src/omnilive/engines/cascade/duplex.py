@@ -31,7 +31,7 @@ from omnilive.engines.base import (
     PrefillStats,
 )
 from omnilive.engines.cascade._vad import FrameVAD
-from omnilive.engines.cascade.conversation import Conversation
+from omnilive.engines.cascade.conversation import Conversation, ConversationView
 from omnilive.engines.cascade.llm import Message
 from omnilive.engines.cascade.reply import Piece, Reply
 from omnilive.engines.cascade.stack import (
@@ -51,7 +51,7 @@ GAP_SILENCE_S = 0.05  # a unit with no audio ready while speaking
 GENERATION = GenerationOptions(max_new_tokens=SPOKEN_MAX_TOKENS)
 
 
-class CascadeDuplex(DuplexSession):
+class CascadeDuplex(ConversationView, DuplexSession):
     """One duplex conversation; see the module docstring."""
 
     def __init__(self, stack: ModelStack, turn_taking: TurnTaking | None = None) -> None:
@@ -67,15 +67,6 @@ class CascadeDuplex(DuplexSession):
         self._context_tokens = 0
         self.last_asr_ms = 0.0
         self.last_transcript = ""
-
-    @property
-    def warnings(self) -> list[str]:
-        return self._notices.items
-
-    @property
-    def history(self) -> list[Message]:
-        with self._lock:
-            return self._conversation.messages()
 
     def prepare(self, system_prompt: str, options: DuplexOptions) -> int:
         self._stop_reply()

@@ -42,7 +42,7 @@ from omnilive.engines.base import (
 from omnilive.engines.cascade._vad import FRAME, RATE, FrameVAD
 from omnilive.engines.cascade.answer import AnswerStream, SpokenSentence
 from omnilive.engines.cascade.asr import Transcript
-from omnilive.engines.cascade.conversation import Conversation, Fit
+from omnilive.engines.cascade.conversation import Conversation, ConversationView, Fit
 from omnilive.engines.cascade.llm import Message
 from omnilive.engines.cascade.stack import (
     ModelStack,
@@ -102,7 +102,7 @@ class _Turn:
     head: list[TextAudioChunk]
 
 
-class CascadeHalfDuplex(HalfDuplexSession):
+class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
     """A voice conversation whose history persists across turns, within the context."""
 
     def __init__(self, stack: ModelStack, require: Callable[[set[Modality]], None]) -> None:
@@ -128,16 +128,6 @@ class CascadeHalfDuplex(HalfDuplexSession):
         self._first_sentence: SpokenSentence | None = None
 
     # --- observable state -------------------------------------------------
-
-    @property
-    def warnings(self) -> list[str]:
-        return self._notices.items
-
-    @property
-    def history(self) -> list[Message]:
-        """The prompt's messages as they stand: system prompt first, then the turns."""
-        with self._lock:
-            return self._conversation.messages()
 
     def settle(self) -> None:
         """Wait until early work in flight is done (for tests and benchmarks)."""
