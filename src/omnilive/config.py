@@ -58,6 +58,49 @@ class LimitSettings(_Section):
         900.0, gt=0, description="Cap on a half-duplex session's inactivity timeout."
     )
     first_message_timeout_s: float = Field(30.0, description="Wait for a client's first message.")
+    max_prepare_audio_s: float = Field(
+        120.0, gt=0, description="Audio in one prepare (reference voice and system audio)."
+    )
+    max_sessions_per_key: int = Field(
+        8, ge=0, description="Sessions one API key may hold at once (0: no limit)."
+    )
+    requests_per_minute_per_key: int = Field(
+        600, ge=0, description="Requests one API key may make per minute (0: no limit)."
+    )
+
+
+class ApiKey(_Section):
+    """One API key: its secret, its role and, optionally, its own limits."""
+
+    key: str = Field(min_length=16, description="The secret clients send as a Bearer token.")
+    role: Literal["user", "admin"] = Field("user", description="admin may also use admin routes.")
+    name: str = Field("", description="Shown in logs and metrics instead of the key.")
+    expires_at: float | None = Field(None, description="Unix time after which it is refused.")
+    max_sessions: int | None = Field(None, ge=0, description="Overrides the per-key default.")
+    requests_per_minute: int | None = Field(None, ge=0, description="Overrides the default.")
+
+
+class AuthSettings(_Section):
+    """Who may use the gateway. With no keys at all the gateway is open, and
+    then it must stay on loopback unless ``insecure`` (``--insecure``) is set."""
+
+    keys: list[ApiKey] = Field(default_factory=list, description="API keys (JSON in the env).")
+    keys_file: Path | None = Field(
+        None, description="More keys, one per line: KEY ROLE [NAME]; # starts a comment."
+    )
+    token_ttl_s: float = Field(600.0, gt=0, description="Default life of a client token.")
+    max_token_ttl_s: float = Field(3600.0, gt=0, description="Longest life a client may ask for.")
+    token_secret: str = Field(
+        "", description="HMAC secret of client tokens; empty: a random one per gateway process."
+    )
+    allowed_origins: list[str] = Field(
+        default_factory=list,
+        description="Browser origins allowed besides the gateway's own (scheme://host[:port]; "
+        "* for any) for WebSocket upgrades and state-changing requests.",
+    )
+    insecure: bool = Field(
+        False, description="Allow an open gateway (no keys) on a non-loopback address."
+    )
 
 
 class DuplexSettings(_Section):
@@ -89,6 +132,29 @@ class RecordingSettings(_Section):
     max_upload_mb: float = Field(200.0, gt=0, description="Cap on browser-side recording uploads.")
     max_comment_chars: int = Field(2000, gt=0, description="Cap on a session comment.")
     writer_queue: int = Field(256, ge=8, description="Pending writes per worker before blocking.")
+
+
+class PresetSettings(_Section):
+    """Presets (system prompt and voice per mode): the built-in ones plus users' folders."""
+
+    dirs: list[Path] = Field(
+        default_factory=list,
+        description="Folders of preset YAML files (``<mode>/<id>.yaml``), merged over the "
+        "built-in ones in order; a preset with the same mode and id replaces the earlier one.",
+    )
+
+
+class VoiceSettings(_Section):
+    """Uploaded reference voices under ``data_dir/ref_audio``."""
+
+    max_upload_mb: float = Field(20.0, gt=0, description="Largest uploaded audio file.")
+    max_duration_s: float = Field(60.0, gt=0, description="Longest reference voice.")
+    min_duration_s: float = Field(0.5, ge=0, description="Shortest reference voice.")
+    max_count: int = Field(500, ge=1, description="Stored voices; further uploads are refused.")
+    decode_timeout_s: float = Field(30.0, gt=0, description="Longest ffmpeg may take to decode.")
+    default_espeak_voice: str = Field(
+        "en-us", description="espeak-ng voice of the default sample when the engine has none."
+    )
 
 
 class ScriptedSettings(_Section):
@@ -157,11 +223,15 @@ class Settings(_Section):
     health_timeout_s: float = Field(5.0, gt=0, description="Worker health-check timeout.")
     restart_backoff_max_s: float = Field(30.0, gt=0, description="Longest worker restart delay.")
     log_level: str = "info"
+    log_json: bool = Field(False, description="Log JSON lines instead of text.")
+    auth: AuthSettings = Field(default_factory=AuthSettings)
     eta: EtaSettings = Field(default_factory=EtaSettings)
     limits: LimitSettings = Field(default_factory=LimitSettings)
     recording: RecordingSettings = Field(default_factory=RecordingSettings)
     duplex: DuplexSettings = Field(default_factory=DuplexSettings)
     realtime: RealtimeSettings = Field(default_factory=RealtimeSettings)
+    presets: PresetSettings = Field(default_factory=PresetSettings)
+    voices: VoiceSettings = Field(default_factory=VoiceSettings)
     scripted: ScriptedSettings = Field(default_factory=ScriptedSettings)
     cascade: CascadeSettings = Field(default_factory=CascadeSettings)
     minicpmo: MiniCPMoSettings = Field(default_factory=MiniCPMoSettings)
@@ -199,6 +269,13 @@ def _env_layer(environ: Mapping[str, str]) -> dict[str, Any]:
         value: Any = raw
         if path == ["worker_urls"]:
             value = json.loads(raw) if raw.startswith("[") else [u for u in raw.split(",") if u]
+        elif path == ["auth", "keys"]:  # a JSON list of {key, role, name}
+            value = json.loads(raw)
+        elif path == ["auth", "allowed_origins"]:
+            value = json.loads(raw) if raw.startswith("[") else [o for o in raw.split(",") if o]
+        elif path == ["presets", "dirs"]:  # like PATH: os.pathsep between folders
+            folders = raw.split(os.pathsep)
+            value = json.loads(raw) if raw.startswith("[") else [d for d in folders if d]
         _set_path(layer, path, value)
     return layer
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -10,9 +11,22 @@ import httpx
 from fastapi import FastAPI
 
 from omnilive.config import Settings
+from omnilive.gateway.catalogs import Catalogs
 from omnilive.gateway.links import WorkerLink, close_quietly
 from omnilive.gateway.pool import Pool
-from omnilive.gateway.routes import chat, duplex, half_duplex, queue, realtime, sessions, status
+from omnilive.gateway.routes import (
+    admin,
+    apps,
+    chat,
+    duplex,
+    half_duplex,
+    presets,
+    queue,
+    realtime,
+    sessions,
+    status,
+    voices,
+)
 from omnilive.gateway.state import Gateway
 from omnilive.gateway.supervisor import Supervisor, worker_url
 from omnilive.recording.cleanup import cleanup_periodically
@@ -29,6 +43,7 @@ def create_app(settings: Settings, supervise: bool = False) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.catalogs = await asyncio.to_thread(Catalogs.open, settings)
         pool = Pool(settings)
         gateway = Gateway(settings=settings, pool=pool)
         tasks = TaskSet("gateway")
@@ -66,4 +81,9 @@ def create_app(settings: Settings, supervise: bool = False) -> FastAPI:
     app.include_router(duplex.router)
     app.include_router(realtime.router)
     app.include_router(sessions.router)
+    app.include_router(apps.router)
+    app.include_router(presets.router)
+    app.include_router(voices.router)
+    # Admin actions, all in one router: authentication will wrap it.
+    app.include_router(admin.router)
     return app

@@ -130,7 +130,11 @@ class RealtimeMachine:
                     "system_prompt": config.instructions,
                     "max_slice_nums": config.max_slice_nums,
                     "ref_audio_base64": config.ref_audio,
-                    "tts_ref_audio_base64": config.tts_ref_audio or config.ref_audio,
+                    # The TTS voice falls back to ref_audio, unless a stored one is named.
+                    "tts_ref_audio_base64": config.tts_ref_audio
+                    or (None if config.tts_ref_audio_id else config.ref_audio),
+                    "ref_audio_id": config.ref_audio_id,
+                    "tts_ref_audio_id": config.tts_ref_audio_id,
                     "ref_audio_format": "wav",
                     "deferred_finalize": True,
                     "mode": self.task_type,

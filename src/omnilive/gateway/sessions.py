@@ -1,7 +1,8 @@
 """Long-lived sessions (half-duplex, duplex) through the gateway: queue, then a
 two-way relay to the leased worker. The gateway checks every client message
 against the mode's typed protocol before it reaches a worker; media stays
-base64 and is never decoded here."""
+base64 and is never decoded here. A session of a disabled app is refused
+(close 1008), at connect or when a message hook finds out (``AppDisabled``)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from typing import Any
 from starlette.websockets import WebSocket, WebSocketDisconnect
 from websockets.asyncio.client import ClientConnection
 
+from omnilive.apps import app_of
 from omnilive.config import RequestType
+from omnilive.gateway.app_gate import AppDisabled, refuse, require_enabled
 from omnilive.gateway.bridge import (
     SessionEnd,
     WorkerConnectError,
@@ -31,7 +34,8 @@ from omnilive.wsutil import PeerGone, frames_of, race
 
 # Validates one client frame; returns the typed message (it has a ``type``).
 Validator = Callable[[str | bytes], Any]
-# Sees every valid client message, e.g. to learn the session's mode from prepare.
+# Sees every valid client message, e.g. to learn the session's mode from prepare;
+# it may raise AppDisabled to end the session (the message is not forwarded).
 MessageHook = Callable[[ActiveSession, Any], None]
 
 
@@ -48,6 +52,11 @@ async def serve_session(
     await ws.accept()
     if not is_safe_id(session_id):
         await fail(ws, "session id must be 1-128 of A-Z a-z 0-9 _ -", ErrorCode.INVALID_REQUEST)
+        return
+    try:
+        require_enabled(ws, app_of(kind))
+    except AppDisabled as exc:
+        await refuse(ws, exc)
         return
     session = ActiveSession(session_id, kind)
     try:
@@ -77,6 +86,9 @@ async def serve_session(
             return
         except LookupError:
             await fail(ws, "removed from the queue by an administrator", ErrorCode.CANCELLED)
+            return
+        except AppDisabled as exc:
+            await refuse(ws, exc)
             return
         session.lease = lease
         await _relay(gateway, ws, session, lease, early, validate, observe)
@@ -129,6 +141,7 @@ async def _relay(
     observe: Callable[[Any], None],
 ) -> None:
     end = SessionEnd.LOST
+    refused: AppDisabled | None = None
     recording = RecordingIdNote()  # the worker announces the id in ``prepared``
     try:
         async with open_worker_session(gateway.settings, lease, session.kind) as worker:
@@ -143,6 +156,8 @@ async def _relay(
                 up.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await up
+            if up.done() and not up.cancelled() and isinstance(up.exception(), AppDisabled):
+                refused = up.exception()  # type: ignore[assignment]
             if not down.done():  # the client left: closing the worker socket ends its runner
                 await worker.close()
                 down.cancel()
@@ -166,5 +181,7 @@ async def _relay(
             await asyncio.to_thread(
                 recover_abandoned, gateway.settings.data_dir, recording.recording_id
             )
+    elif refused is not None:
+        await refuse(ws, refused)
     else:
         await close_quietly(ws)

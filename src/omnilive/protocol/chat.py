@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from omnilive.protocol.common import Base64Str
+from omnilive.protocol.common import Base64Str, SafeId
 
 _MODEL = ConfigDict(extra="ignore", frozen=True)
 
@@ -82,6 +82,8 @@ class TTSConfig(BaseModel):
     # Accepted for wire compatibility, never used: a client must not name server files.
     ref_audio_path: str | None = None
     ref_audio_data: Base64Str | None = None
+    # A stored voice (``POST /api/assets/ref_audio``); ``ref_audio_data`` wins over it.
+    ref_audio_id: SafeId | None = None
     language: str | None = None
     voice: str | None = None
 
@@ -128,6 +130,7 @@ def done_message(
     audio_data: str | None,
     recording_session_id: str | None,
     timings: dict[str, float],
+    warnings: list[str] | None = None,
 ) -> dict[str, Any]:
     return {
         "type": "done",
@@ -137,4 +140,5 @@ def done_message(
         "audio_data": audio_data,
         "recording_session_id": recording_session_id,
         "timings": timings,
+        "warnings": warnings or [],
     }

@@ -9,6 +9,8 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, TypeAdapter, ValidationError
 
+from omnilive.ids import is_safe_id
+
 
 class ErrorCode(StrEnum):
     """Documented error codes (README, "Errors")."""
@@ -25,6 +27,7 @@ class ErrorCode(StrEnum):
     TIMEOUT = "timeout"
     NOT_READY = "not_ready"
     CANCELLED = "cancelled"
+    APP_DISABLED = "app_disabled"
 
 
 class ProtocolError(Exception):
@@ -46,6 +49,16 @@ def _check_base64(value: str) -> str:
 
 Base64Str = Annotated[str, AfterValidator(_check_base64)]
 """A string that must be strict base64 (checked, not kept decoded)."""
+
+
+def _check_safe_id(value: str) -> str:
+    if not is_safe_id(value):
+        raise ValueError("must be 1-128 of A-Z a-z 0-9 _ -")
+    return value
+
+
+SafeId = Annotated[str, AfterValidator(_check_safe_id)]
+"""An id that names a stored object (e.g. a reference voice): one safe path component."""
 
 
 def describe_validation_error(exc: ValidationError) -> str:

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
-from omnilive.protocol.common import Base64Str
+from omnilive.protocol.common import Base64Str, SafeId
 
 _MODEL = ConfigDict(extra="ignore", frozen=True)
 DuplexMode = Literal["audio_duplex", "omni_duplex"]
@@ -37,6 +37,9 @@ class Prepare(BaseModel):
     config: dict[str, Any] = Field(default_factory=dict)
     ref_audio_base64: Base64Str | None = None
     tts_ref_audio_base64: Base64Str | None = None
+    # Stored voices, used where the matching base64 field is absent.
+    ref_audio_id: SafeId | None = None
+    tts_ref_audio_id: SafeId | None = None
     ref_audio_path: str | None = None  # refused: clients never name server files
     deferred_finalize: bool = True
     max_slice_nums: int = Field(1, ge=1, le=9)

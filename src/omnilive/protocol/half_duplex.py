@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
-from omnilive.protocol.common import Base64Str
+from omnilive.protocol.common import Base64Str, SafeId
 
 _MODEL = ConfigDict(extra="ignore", frozen=True)
 
@@ -80,6 +80,8 @@ class Prepare(BaseModel):
     system_content: list[SystemItem] | None = None
     config: HalfDuplexConfig = Field(default_factory=HalfDuplexConfig)
     ref_audio_base64: Base64Str | None = None
+    # A stored voice; ``ref_audio_base64`` wins over it, and it over system audio.
+    ref_audio_id: SafeId | None = None
     recording: bool = True
 
     @model_validator(mode="after")
@@ -110,12 +112,18 @@ CLIENT_TYPES = ("prepare", "audio_chunk", "stop")
 client_message = TypeAdapter(ClientMessage)
 
 
-def prepared_message(session_id: str, timeout_s: float, recording_id: str | None) -> dict:
+def prepared_message(
+    session_id: str,
+    timeout_s: float,
+    recording_id: str | None,
+    warnings: list[str] | None = None,
+) -> dict:
     return {
         "type": "prepared",
         "session_id": session_id,
         "timeout_s": timeout_s,
         "recording_session_id": recording_id,
+        "warnings": warnings or [],
     }
 
 

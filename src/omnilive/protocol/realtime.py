@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from omnilive.ids import is_safe_id
+
 MIN_APPEND_SAMPLES = 4000  # 250 ms at 16 kHz
 CLOSE_UNSUPPORTED_DATA = 1003  # a frame that is not JSON
 
@@ -29,6 +31,7 @@ class RealtimeErrorCode(StrEnum):
     WORKER_BUSY = "worker_busy"
     WORKER_CONNECT_FAILED = "worker_connect_failed"
     INFERENCE_ERROR = "inference_error"
+    APP_DISABLED = "app_disabled"
 
 
 CLIENT_ERRORS = {
@@ -36,6 +39,7 @@ CLIENT_ERRORS = {
     RealtimeErrorCode.UNKNOWN_EVENT,
     RealtimeErrorCode.MISSING_FIELD,
     RealtimeErrorCode.INVALID_PAYLOAD,
+    RealtimeErrorCode.APP_DISABLED,
 }
 
 
@@ -68,12 +72,22 @@ class SessionConfig(BaseModel):
     max_slice_nums: int = Field(1, ge=1, le=9)
     ref_audio: str | None = None  # base64 WAV, 16 kHz
     tts_ref_audio: str | None = None  # falls back to ref_audio
+    # Stored voices, used where the matching audio field is absent.
+    ref_audio_id: str | None = None
+    tts_ref_audio_id: str | None = None
     recording: bool = True
 
     @field_validator("ref_audio", "tts_ref_audio")
     @classmethod
     def _base64(cls, value: str | None) -> str | None:
         return None if value is None else _strict_base64(value)
+
+    @field_validator("ref_audio_id", "tts_ref_audio_id")
+    @classmethod
+    def _voice_id(cls, value: str | None) -> str | None:
+        if value is not None and not is_safe_id(value):
+            raise ValueError("a voice id is 1-128 of A-Z a-z 0-9 _ -")
+        return value
 
 
 class SessionUpdate(BaseModel):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
+import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from omnilive.audio import INPUT_RATE, AudioDecodeError, decode_b64, pcm_from_b64, resample
@@ -19,6 +21,7 @@ from omnilive.engines.base import (
     Voice,
 )
 from omnilive.protocol.chat import AudioItem, ChatRequest, ImageItem, TextItem, VideoItem
+from omnilive.voices.store import UnknownVoice, VoiceStore
 
 
 class DecodeError(ValueError):
@@ -49,18 +52,41 @@ def decode_item(item: TextItem | ImageItem | AudioItem | VideoItem) -> Part:
         raise DecodeError(f"{item.type} content: {exc}") from None
 
 
-def decode_voice(ref_audio_b64: str | None, name: str | None, language: str | None) -> Voice | None:
+def load_stored_voice(data_dir: Path | None, voice_id: str) -> np.ndarray:
+    """A stored reference voice (16 kHz float32) by id. Blocking (file I/O)."""
+    if data_dir is None:
+        raise DecodeError("stored voices are not available here")
+    try:
+        return VoiceStore(data_dir).load(voice_id)
+    except UnknownVoice as exc:
+        raise DecodeError(f"unknown reference voice: {exc}") from None
+
+
+def decode_voice(
+    ref_audio_b64: str | None,
+    name: str | None,
+    language: str | None,
+    voice_id: str | None = None,
+    data_dir: Path | None = None,
+) -> Voice | None:
+    """The request's voice: its audio, else the stored voice it names, else a name."""
     if ref_audio_b64:
         try:
             return Voice(reference=pcm_from_b64(ref_audio_b64), name=name, language=language)
         except AudioDecodeError as exc:
             raise DecodeError(f"reference audio: {exc}") from None
+    if voice_id:
+        reference = load_stored_voice(data_dir, voice_id)
+        return Voice(reference=reference, name=name, language=language)
     if name or language:
         return Voice(name=name, language=language)
     return None
 
 
-def decode_chat(request: ChatRequest) -> tuple[list[ChatMessage], ChatOptions]:
+def decode_chat(
+    request: ChatRequest, data_dir: Path | None = None
+) -> tuple[list[ChatMessage], ChatOptions]:
+    """Blocking: decodes media and reads a stored voice (``data_dir``) if one is named."""
     messages = [
         ChatMessage(m.role, tuple(decode_item(item) for item in m.items()))
         for m in request.messages
@@ -76,7 +102,13 @@ def decode_chat(request: ChatRequest) -> tuple[list[ChatMessage], ChatOptions]:
         ),
         tts_enabled=request.tts.enabled,
         tts_mode=request.tts.mode,
-        voice=decode_voice(request.tts.ref_audio_data, request.tts.voice, request.tts.language),
+        voice=decode_voice(
+            request.tts.ref_audio_data,
+            request.tts.voice,
+            request.tts.language,
+            request.tts.ref_audio_id,
+            data_dir,
+        ),
         max_slice_nums=request.image.max_slice_nums,
         use_image_id=request.image.use_image_id,
         omni_mode=request.omni_mode,

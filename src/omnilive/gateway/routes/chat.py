@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from starlette.background import BackgroundTask
 from starlette.websockets import WebSocketDisconnect
 
+from omnilive.gateway.app_gate import AppDisabled, refuse, require_enabled
 from omnilive.gateway.bridge import (
     SessionEnd,
     WorkerConnectError,
@@ -61,11 +62,11 @@ def validate_chat(gateway: Gateway, raw: str | bytes) -> ChatRequest:
             f"{request.audio_seconds():.0f} s of audio exceed the limit of "
             f"{limits.max_chat_audio_s:.0f} s",
         )
-    if request.tts.ref_audio_path and not request.tts.ref_audio_data:
+    if request.tts.ref_audio_path and not (request.tts.ref_audio_data or request.tts.ref_audio_id):
         raise ProtocolError(
             ErrorCode.INVALID_REQUEST,
             "tts.ref_audio_path is not accepted (clients cannot name server files); "
-            "send the voice as tts.ref_audio_data",
+            "send the voice as tts.ref_audio_data or name a stored one in tts.ref_audio_id",
         )
     capabilities = gateway.capabilities()
     if capabilities is not None:
@@ -94,6 +95,11 @@ def submit(gateway: Gateway, session_id: str) -> Ticket:
 async def chat_ws(ws: WebSocket) -> None:
     gateway = gateway_of(ws)
     await ws.accept()
+    try:
+        require_enabled(ws, "turnbased")
+    except AppDisabled as exc:
+        await refuse(ws, exc)
+        return
     try:
         raw = await asyncio.wait_for(
             receive_frame(ws), gateway.settings.limits.first_message_timeout_s
@@ -155,6 +161,10 @@ async def _until_http_disconnect(request: Request) -> None:
 async def chat_http(request: Request) -> JSONResponse:
     """Non-streaming chat: waits in the queue, answers with the whole result."""
     gateway = gateway_of(request)
+    try:
+        require_enabled(request, "turnbased")
+    except AppDisabled as exc:
+        return _error_response(403, exc.message, ErrorCode.APP_DISABLED)
     limit = gateway.settings.limits.max_message_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:

@@ -6,6 +6,8 @@ from typing import Any
 
 from fastapi import APIRouter, WebSocket
 
+from omnilive.apps import app_of
+from omnilive.gateway.app_gate import require_enabled
 from omnilive.gateway.client_ws import fail
 from omnilive.gateway.registry import ActiveSession
 from omnilive.gateway.sessions import serve_session
@@ -36,6 +38,7 @@ async def duplex_ws(ws: WebSocket, session_id: str, mode: str | None = None) -> 
     def learn_mode(session: ActiveSession, message: Any) -> None:
         declared = parse_mode(message.mode) if isinstance(message, Prepare) else None
         if declared is not None and declared != session.kind:
+            require_enabled(ws, app_of(declared))  # raises AppDisabled: the session ends
             session.kind = declared
             gateway.pool.retype(session.ticket, session.lease, declared)
 

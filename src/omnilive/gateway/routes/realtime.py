@@ -17,6 +17,7 @@ from fastapi import APIRouter, WebSocket
 from starlette.websockets import WebSocketDisconnect
 from websockets.asyncio.client import ClientConnection
 
+from omnilive.gateway.app_gate import CLOSE_POLICY_VIOLATION, AppDisabled, require_enabled
 from omnilive.gateway.bridge import (
     SessionEnd,
     WorkerConnectError,
@@ -193,5 +194,11 @@ async def realtime_ws(ws: WebSocket, mode: str = "video") -> None:
             )
         )
         await close_quietly(ws, 1008)
+        return
+    try:
+        require_enabled(ws, "realtime")
+    except AppDisabled as exc:
+        await ws.send_text(json.dumps(error_event(RealtimeErrorCode.APP_DISABLED, exc.message)))
+        await close_quietly(ws, CLOSE_POLICY_VIOLATION)
         return
     await RealtimeConnection(gateway, ws, mode).run()  # type: ignore[arg-type]

@@ -74,7 +74,8 @@ async def run_chat(
     request_ts = time.time()
     engine = runtime.engine
     try:
-        messages, options = await runtime.step(decode_chat, request)
+        data_dir = settings.data_dir if settings is not None else None
+        messages, options = await runtime.step(decode_chat, request, data_dir)
         engine.require(modalities_of(messages))
     except (DecodeError, EngineError) as exc:
         code = ErrorCode.UNSUPPORTED if isinstance(exc, EngineError) else ErrorCode.INVALID_REQUEST
@@ -89,6 +90,7 @@ async def run_chat(
     session = engine.open_chat()
     audio_parts: list[np.ndarray] = []
     generated_tokens = 0
+    warnings: list[str] = []
     try:
         try:
             input_tokens = await runtime.step(session.prefill, messages, options)
@@ -111,6 +113,7 @@ async def run_chat(
             await send_json(error_message(f"inference failed: {exc}", ErrorCode.INFERENCE_ERROR))
             return False
         finally:
+            warnings = list(session.warnings)  # e.g. a voice it could not clone
             session.close()
 
         total_ms = (time.perf_counter() - started) * 1000
@@ -129,7 +132,9 @@ async def run_chat(
         text = "".join(output.text)
         recording_id = recorder.recording_id if recorder is not None else None
         await send_json(
-            done_message(text, generated_tokens, input_tokens, full_audio, recording_id, timings)
+            done_message(
+                text, generated_tokens, input_tokens, full_audio, recording_id, timings, warnings
+            )
         )
         status = "done"
         return True

@@ -43,7 +43,7 @@ from omnilive.protocol.duplex import (
 from omnilive.recording.duplex import DuplexRecorder, open_duplex_recorder
 from omnilive.recording.files import new_recording_id
 from omnilive.worker.chunk_buffer import ChunkBuffer, PendingChunk
-from omnilive.worker.decode import DecodeError, check_image
+from omnilive.worker.decode import DecodeError, check_image, load_stored_voice
 from omnilive.worker.outbox import Outbox
 from omnilive.worker.presenters import (
     DuplexPresenter,
@@ -187,9 +187,13 @@ class DuplexRunner:
         try:
             llm_ref = decode_reference(message.ref_audio_base64, message.ref_audio_format)
             tts_ref = decode_reference(message.tts_ref_audio_base64, message.ref_audio_format)
-            tts_ref = tts_ref if tts_ref is not None else llm_ref
         except AudioDecodeError as exc:
             raise ProtocolError(ErrorCode.INVALID_REQUEST, f"reference audio: {exc}") from None
+        if llm_ref is None and message.ref_audio_id:
+            llm_ref = await self._stored_voice(message.ref_audio_id)
+        if tts_ref is None and message.tts_ref_audio_id:
+            tts_ref = await self._stored_voice(message.tts_ref_audio_id)
+        tts_ref = tts_ref if tts_ref is not None else llm_ref
         options = DuplexOptions(
             llm_voice=Voice(reference=llm_ref) if llm_ref is not None else None,
             tts_voice=Voice(reference=tts_ref) if tts_ref is not None else None,
@@ -226,6 +230,12 @@ class DuplexRunner:
         recording_id = self.recorder.recording_id if self.recorder else None
         session_id = self.record.session_id
         await self.send(self.presenter.prepared(session_id, prompt_length, recording_id, extra))
+
+    async def _stored_voice(self, voice_id: str) -> np.ndarray:
+        try:
+            return await asyncio.to_thread(load_stored_voice, self.settings.data_dir, voice_id)
+        except DecodeError as exc:
+            raise ProtocolError(ErrorCode.INVALID_REQUEST, str(exc)) from None
 
     async def _audio(self, message: AudioChunk) -> None:
         if self.phase is Phase.WAITING_PREPARE:

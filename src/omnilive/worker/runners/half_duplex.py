@@ -65,6 +65,7 @@ from omnilive.vad import (
     StreamingVad,
     VadConfig,
 )
+from omnilive.worker.decode import DecodeError, load_stored_voice
 from omnilive.worker.outbox import Outbox
 from omnilive.worker.runtime import SessionRecord, WorkerRuntime
 from omnilive.wsutil import FrameSource
@@ -81,9 +82,12 @@ class Phase(StrEnum):
     GENERATING = "generating"
 
 
-def system_parts(prepare: Prepare) -> tuple[list[Part], Voice | None]:
+def system_parts(
+    prepare: Prepare, stored_voice: np.ndarray | None = None
+) -> tuple[list[Part], Voice | None]:
     """System content and the TTS voice: ``ref_audio_base64`` if given, else
-    the first audio item of ``system_content``, else a named voice."""
+    the stored voice ``ref_audio_id`` named (``stored_voice``), else the first
+    audio item of ``system_content``, else a named voice."""
     parts: list[Part] = []
     voice: Voice | None = None
     for item in prepare.system_content or []:
@@ -97,6 +101,8 @@ def system_parts(prepare: Prepare) -> tuple[list[Part], Voice | None]:
         parts.append(TextPart(prepare.system_prompt or DEFAULT_SYSTEM_PROMPT))
     if prepare.ref_audio_base64:
         voice = Voice(reference=pcm_from_b64(prepare.ref_audio_base64))
+    elif stored_voice is not None:
+        voice = Voice(reference=stored_voice)
     tts = prepare.config.tts
     if voice is None and (tts.voice or tts.language):
         voice = Voice(name=tts.voice, language=tts.language)
@@ -179,8 +185,15 @@ class HalfDuplexRunner:
     async def _prepare(self, message: Prepare) -> None:
         if self.phase is not Phase.WAITING_PREPARE:
             raise ProtocolError(ErrorCode.INVALID_REQUEST, "session is already prepared")
+        stored_voice = None
+        if message.ref_audio_id and not message.ref_audio_base64:
+            data_dir, voice_id = self.settings.data_dir, message.ref_audio_id
+            try:
+                stored_voice = await asyncio.to_thread(load_stored_voice, data_dir, voice_id)
+            except DecodeError as exc:
+                raise ProtocolError(ErrorCode.INVALID_REQUEST, str(exc)) from None
         try:
-            parts, voice = system_parts(message)
+            parts, voice = system_parts(message, stored_voice)
         except AudioDecodeError as exc:
             raise ProtocolError(ErrorCode.INVALID_REQUEST, f"system audio: {exc}") from None
         config = message.config
@@ -213,7 +226,10 @@ class HalfDuplexRunner:
         self.last_activity = time.monotonic()
         self.recorder = self._open_recorder(message)
         recording_id = self.recorder.recording_id if self.recorder is not None else None
-        await self.send(prepared_message(self.record.session_id, self.timeout_s, recording_id))
+        warnings = list(self.session.warnings)  # e.g. a voice it cannot clone
+        await self.send(
+            prepared_message(self.record.session_id, self.timeout_s, recording_id, warnings)
+        )
 
     def _open_recorder(self, message: Prepare) -> TurnRecorder | None:
         """The session id is the client's choice (guessable), so the recording
@@ -224,7 +240,7 @@ class HalfDuplexRunner:
                 item.model_dump() if item.type == "text" else {"type": "audio"}
                 for item in message.system_content or []
             ],
-            "voice_reference": bool(message.ref_audio_base64),
+            "voice_reference": bool(message.ref_audio_base64 or message.ref_audio_id),
             **message.config.model_dump(),
         }
         return open_turn_recorder(
@@ -309,7 +325,11 @@ class HalfDuplexRunner:
                     output.add(chunk.text, chunk.audio, time.time())
             finally:
                 await step(chunks.close)
-            await self.send(turn_done_message(self.turns, "".join(output.text)))
+            timing["first_chunk_ms"] = round(timing.get("first_chunk_ms", 0.0), 1)
+            timing["total_ms"] = round((time.perf_counter() - started) * 1000, 1)
+            timing.update(self.session.turn_timings)
+            done = turn_done_message(self.turns, "".join(output.text))
+            await self.send({**done, "timings": timing})
             self.turns += 1
             status = "done"
         except EngineError as exc:
@@ -323,7 +343,7 @@ class HalfDuplexRunner:
             self.phase = Phase.LISTENING
             self.last_activity = time.monotonic()
             if self.recorder is not None:
-                timing["total_ms"] = round((time.perf_counter() - started) * 1000, 1)
+                timing.setdefault("total_ms", round((time.perf_counter() - started) * 1000, 1))
                 await self._record_turn(speech, ended_ts, output, timing, status, failure)
 
     async def _record_turn(

@@ -1,0 +1,158 @@
+"""Reference voices: the engine's default, and stored uploads.
+
+``GET /api/default_ref_audio``, ``GET|POST /api/assets/ref_audio``,
+``GET /api/assets/ref_audio/{id}/audio``; deleting is an admin action
+(``admin.py``). Audio goes out as base64 float32 16 kHz, as sessions take it.
+
+An upload is capped before it is parsed (the body is read up to the cap, then
+handed to the multipart parser), decoded by ffmpeg off the event loop, and
+checked for duration before anything is stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import PurePath
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from starlette.datastructures import UploadFile
+from starlette.formparsers import MultiPartException
+from starlette.types import Message
+
+from omnilive.audio import INPUT_RATE, pcm_to_b64
+from omnilive.gateway.catalogs import catalogs_of
+from omnilive.gateway.state import gateway_of
+from omnilive.voices.decode import DecoderUnavailable, UndecodableAudio, decode_bytes
+from omnilive.voices.default import default_voice
+from omnilive.voices.speech import SpeechError
+from omnilive.voices.store import StoreFull, UnknownVoice, clean_name
+
+router = APIRouter()
+# Room for the multipart boundaries, headers and the ``name`` field.
+MULTIPART_MARGIN = 64 * 1024
+MB = 1024 * 1024
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _error(status: int, message: str, code: str) -> JSONResponse:
+    return JSONResponse({"error": message, "code": code}, status_code=status)
+
+
+def _audio_body(samples: Any) -> dict[str, Any]:
+    return {
+        "audio": pcm_to_b64(samples),
+        "sample_rate": INPUT_RATE,
+        "duration_s": round(samples.size / INPUT_RATE, 3),
+    }
+
+
+@router.get("/api/default_ref_audio", response_model=None)
+async def default_ref_audio(request: Request) -> dict[str, Any] | JSONResponse:
+    """The engine's default voice (an espeak-ng sample when it has no reference)."""
+    gateway = gateway_of(request)
+    engine = gateway.engine_name() or gateway.settings.engine
+    speech = catalogs_of(request).speech
+    try:
+        voice = await asyncio.to_thread(default_voice, gateway.settings, engine, speech)
+    except (SpeechError, DecoderUnavailable, UndecodableAudio) as exc:
+        return _error(503, f"the default voice is not available: {exc}", "audio_unavailable")
+    return {"name": voice.name, **_audio_body(voice.audio)}
+
+
+@router.get("/api/assets/ref_audio")
+async def list_voices(request: Request) -> dict[str, Any]:
+    voices = await asyncio.to_thread(catalogs_of(request).voices.entries)
+    return {"voices": [voice.model_dump() for voice in voices]}
+
+
+@router.get("/api/assets/ref_audio/{voice_id}/audio", response_model=None)
+async def voice_audio(voice_id: str, request: Request) -> dict[str, Any] | JSONResponse:
+    try:
+        samples = await asyncio.to_thread(catalogs_of(request).voices.load, voice_id)
+    except UnknownVoice as exc:
+        return _error(404, str(exc), "not_found")
+    return _audio_body(samples)
+
+
+async def _read_capped(request: Request, limit: int) -> bytes:
+    """The whole body, or :class:`_TooLarge` as soon as it passes ``limit``."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _TooLarge()
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _TooLarge()
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def _replaying(request: Request, body: bytes) -> Request:
+    """The same request with its (already read) body, for the form parser."""
+    delivered = False
+
+    async def receive() -> Message:
+        nonlocal delivered
+        if delivered:
+            return {"type": "http.disconnect"}
+        delivered = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return Request(request.scope, receive)
+
+
+@router.post("/api/assets/ref_audio", status_code=201, response_model=None)
+async def upload_voice(request: Request) -> JSONResponse:
+    """Multipart ``file`` (WAV, MP3, OGG, WebM/Opus, M4A, FLAC) and ``name``:
+    stored as a 16 kHz mono WAV under a fresh id."""
+    limits = gateway_of(request).settings.voices
+    cap = int(limits.max_upload_mb * MB)
+    too_large = f"uploads are limited to {limits.max_upload_mb:g} MB"
+    try:
+        body = await _read_capped(request, cap + MULTIPART_MARGIN)
+    except _TooLarge:
+        return _error(413, too_large, "payload_too_large")
+    try:
+        async with _replaying(request, body).form(max_files=1, max_fields=4) as form:
+            upload, name = form.get("file"), form.get("name")
+            if not isinstance(upload, UploadFile):
+                return _error(
+                    422, "send multipart/form-data with a file field 'file'", "invalid_request"
+                )
+            data = await upload.read(cap + 1)
+            filename = upload.filename or ""
+    except MultiPartException as exc:
+        return _error(422, f"bad multipart body: {exc.message}", "invalid_request")
+    if len(data) > cap:
+        return _error(413, too_large, "payload_too_large")
+    fallback = clean_name(PurePath(filename).stem)
+    label = clean_name(name if isinstance(name, str) else None, fallback)
+    try:
+        samples = await asyncio.to_thread(
+            decode_bytes, data, limits.max_duration_s + 1.0, limits.decode_timeout_s
+        )
+    except UndecodableAudio as exc:
+        return _error(422, str(exc), "undecodable_audio")
+    except DecoderUnavailable as exc:
+        return _error(503, str(exc), "audio_unavailable")
+    seconds = samples.size / INPUT_RATE
+    if seconds > limits.max_duration_s:
+        message = f"the audio is longer than {limits.max_duration_s:g} s"
+        return _error(422, message, "audio_too_long")
+    if seconds < limits.min_duration_s:
+        message = f"the audio is {seconds:.2f} s; a voice needs {limits.min_duration_s:g} s"
+        return _error(422, message, "audio_too_short")
+    try:
+        voice = await asyncio.to_thread(
+            catalogs_of(request).voices.add, samples, label, limits.max_count
+        )
+    except StoreFull as exc:
+        return _error(507, str(exc), "storage_full")
+    return JSONResponse(voice.model_dump(), status_code=201)

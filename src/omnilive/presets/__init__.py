@@ -1,0 +1,1 @@
+"""Presets per mode: YAML files shipped in ``builtin/`` plus operators' folders."""
