@@ -21,7 +21,7 @@ from omnilive.gateway.pool import Pool
 from omnilive.gateway.routes import sessions
 from omnilive.gateway.state import Gateway
 from omnilive.recording import archive
-from omnilive.recording.turns import TurnInput, TurnOutput, open_turn_recorder
+from omnilive.recording.turns import TurnInput, TurnOutput, TurnRecorder
 from tests.recordings import png
 
 RID = "chat_apitestAbc123"
@@ -31,7 +31,7 @@ WAV = b"RIFF\x00\x00\x00\x00WAVEfmt " + bytes(1008)
 
 
 async def _record(settings: Settings, recording_id: str) -> None:
-    recorder = open_turn_recorder(settings, "chat", recording_id, worker_id="w0", config={})
+    recorder = TurnRecorder.open(settings, "chat", recording_id, worker_id="w0", config={})
     assert recorder is not None
     user = ChatMessage(
         "user", (TextPart("hi"), AudioPart(tone(0.5, 16_000, 440)), ImagePart(png()))

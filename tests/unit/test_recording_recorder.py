@@ -14,11 +14,11 @@ import pytest
 from omnilive.audio import tone
 from omnilive.config import Settings
 from omnilive.engines.base import AudioPart, ChatMessage, ImagePart, TextPart, VideoPart
-from omnilive.recording.duplex import DuplexRecorder, open_duplex_recorder
+from omnilive.recording.duplex import DuplexRecorder
 from omnilive.recording.files import new_recording_id
 from omnilive.recording.recorder import Recorder
 from omnilive.recording.recovery import RecordingIdNote, recover_abandoned
-from omnilive.recording.turns import TurnInput, TurnOutput, open_turn_recorder
+from omnilive.recording.turns import TurnInput, TurnOutput, TurnRecorder
 from tests.recordings import jpeg, load, png, wav_seconds
 
 
@@ -38,7 +38,7 @@ async def opened() -> AsyncIterator[list[Recorder]]:
 
 
 def duplex(settings: Settings, opened: list[Recorder], mode: str = "omni_duplex") -> DuplexRecorder:
-    recorder = open_duplex_recorder(
+    recorder = DuplexRecorder.open(
         settings,
         mode,
         new_recording_id(mode),
@@ -132,7 +132,7 @@ async def test_ai_audio_plays_back_to_back(settings, opened):
 
 
 async def test_chat_turn_saves_every_medium(settings, opened):
-    recorder = open_turn_recorder(
+    recorder = TurnRecorder.open(
         settings, "chat", new_recording_id("chat"), worker_id="w0", config={}, title="hi"
     )
     assert recorder is not None
@@ -189,10 +189,10 @@ async def test_recording_off_or_opted_out_writes_nothing(settings, tmp_path):
     off = settings.model_copy(
         update={"recording": settings.recording.model_copy(update={"enabled": False})}
     )
-    assert open_turn_recorder(off, "chat", "chat_x", worker_id="w0", config={}) is None
-    assert open_duplex_recorder(off, "omni_duplex", "odx_x", worker_id="w0", config={}) is None
+    assert TurnRecorder.open(off, "chat", "chat_x", worker_id="w0", config={}) is None
+    assert DuplexRecorder.open(off, "omni_duplex", "odx_x", worker_id="w0", config={}) is None
     assert (
-        open_turn_recorder(
+        TurnRecorder.open(
             settings, "half_duplex", "hd_x", worker_id="w0", config={}, opted_in=False
         )
         is None
@@ -204,7 +204,7 @@ def test_recording_ids_are_unguessable_and_unsafe_ones_refused(settings):
     ids = {new_recording_id("half_duplex") for _ in range(100)}
     assert len(ids) == 100 and all(i.startswith("hd_") and len(i) > 16 for i in ids)
     with pytest.raises(ValueError):
-        open_turn_recorder(settings, "chat", "../escape", worker_id="w0", config={})
+        TurnRecorder.open(settings, "chat", "../escape", worker_id="w0", config={})
 
 
 async def test_recovery_of_a_recording_whose_writer_died(settings, opened):

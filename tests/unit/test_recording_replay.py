@@ -10,11 +10,11 @@ import pytest
 
 from omnilive.config import Settings
 from omnilive.recording import replay
-from omnilive.recording.duplex import open_duplex_recorder
+from omnilive.recording.duplex import DuplexRecorder
 from omnilive.recording.files import new_recording_id
 from omnilive.recording.replay import REPLAY_RATE, subtitles
 from omnilive.recording.timeline import Caption
-from omnilive.recording.turns import TurnInput, TurnOutput, open_turn_recorder
+from omnilive.recording.turns import TurnInput, TurnOutput, TurnRecorder
 from tests.recordings import constant, ffprobe, frame_at, jpeg, load, stereo
 
 RATE = REPLAY_RATE
@@ -38,7 +38,7 @@ async def test_stereo_replay_places_user_left_and_ai_right_on_the_timeline(
     tmp_path, monkeypatch, block
 ):
     monkeypatch.setattr(replay, "BLOCK_SAMPLES", block)
-    recorder = open_duplex_recorder(
+    recorder = DuplexRecorder.open(
         settings_for(tmp_path), "audio_duplex", new_recording_id("audio_duplex"),
         worker_id="w0", config={},
     )  # fmt: skip
@@ -67,7 +67,7 @@ async def test_stereo_replay_places_user_left_and_ai_right_on_the_timeline(
 
 
 async def test_turn_replay_starts_with_audio_recorded_before_the_request(tmp_path):
-    recorder = open_turn_recorder(
+    recorder = TurnRecorder.open(
         settings_for(tmp_path), "half_duplex", "hd_replay", worker_id="w0", config={}
     )
     assert recorder is not None
@@ -90,7 +90,7 @@ async def test_turn_replay_starts_with_audio_recorded_before_the_request(tmp_pat
 
 
 async def test_omni_replay_video_shows_each_frame_with_audio_and_subtitles(tmp_path):
-    recorder = open_duplex_recorder(
+    recorder = DuplexRecorder.open(
         settings_for(tmp_path), "omni_duplex", new_recording_id("omni_duplex"),
         worker_id="w0", config={},
     )  # fmt: skip
@@ -120,7 +120,7 @@ async def test_omni_replay_video_shows_each_frame_with_audio_and_subtitles(tmp_p
 
 
 async def test_audio_only_sessions_get_no_video(tmp_path):
-    recorder = open_duplex_recorder(
+    recorder = DuplexRecorder.open(
         settings_for(tmp_path), "audio_duplex", "adx_novideo", worker_id="w0", config={}
     )
     assert recorder is not None

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
-from omnilive.protocol.common import Base64Str, SafeId
+from omnilive.protocol.common import Base64Str, Float32Base64, SafeId, decoded_length
 
 _MODEL = ConfigDict(extra="ignore", frozen=True)
 
@@ -26,22 +26,12 @@ class ImageItem(BaseModel):
 class AudioItem(BaseModel):
     model_config = _MODEL
     type: Literal["audio"]
-    data: Base64Str
+    data: Float32Base64
     sample_rate: int = Field(16000, ge=8000, le=48000)
-
-    @model_validator(mode="after")
-    def _whole_samples(self) -> AudioItem:
-        # base64 length → byte length without decoding again
-        padding = self.data[-2:].count("=")
-        n_bytes = len(self.data) * 3 // 4 - padding
-        if n_bytes % 4:
-            raise ValueError("audio data must be float32 PCM (a multiple of 4 bytes)")
-        return self
 
     @property
     def seconds(self) -> float:
-        padding = self.data[-2:].count("=")
-        return (len(self.data) * 3 // 4 - padding) / 4 / self.sample_rate
+        return decoded_length(self.data) / 4 / self.sample_rate
 
 
 class VideoItem(BaseModel):

@@ -28,6 +28,13 @@ class ErrorCode(StrEnum):
     NOT_READY = "not_ready"
     CANCELLED = "cancelled"
     APP_DISABLED = "app_disabled"
+    SERVER_SHUTDOWN = "server_shutdown"
+    # Refusals of the gateway's access control (HTTP answers, before any protocol):
+    UNAUTHORIZED = "unauthorized"
+    FORBIDDEN = "forbidden"
+    ORIGIN_NOT_ALLOWED = "origin_not_allowed"
+    RATE_LIMITED = "rate_limited"
+    TOO_MANY_SESSIONS = "too_many_sessions"
 
 
 class ProtocolError(Exception):
@@ -39,7 +46,7 @@ class ProtocolError(Exception):
         self.message = message
 
 
-def _check_base64(value: str) -> str:
+def strict_base64(value: str) -> str:
     try:
         binascii.a2b_base64(value, strict_mode=True)
     except (binascii.Error, ValueError) as exc:
@@ -47,8 +54,24 @@ def _check_base64(value: str) -> str:
     return value
 
 
-Base64Str = Annotated[str, AfterValidator(_check_base64)]
+Base64Str = Annotated[str, AfterValidator(strict_base64)]
 """A string that must be strict base64 (checked, not kept decoded)."""
+
+
+def decoded_length(data: str) -> int:
+    """Bytes a base64 string decodes to, without decoding it."""
+    return len(data) * 3 // 4 - data[-2:].count("=")
+
+
+def check_float32(data: str, what: str = "audio") -> str:
+    """Base64 of float32 PCM holds whole 4-byte samples."""
+    if decoded_length(data) % 4:
+        raise ValueError(f"{what} must be float32 PCM (a multiple of 4 bytes)")
+    return data
+
+
+Float32Base64 = Annotated[str, AfterValidator(strict_base64), AfterValidator(check_float32)]
+"""Strict base64 of raw little-endian float32 PCM samples."""
 
 
 def _check_safe_id(value: str) -> str:

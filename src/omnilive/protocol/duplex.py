@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
-from omnilive.protocol.common import Base64Str, SafeId
+from omnilive.protocol.common import Base64Str, Float32Base64, SafeId, check_float32
 
 _MODEL = ConfigDict(extra="ignore", frozen=True)
 DuplexMode = Literal["audio_duplex", "omni_duplex"]
@@ -22,12 +22,6 @@ MODE_ALIASES: dict[str, DuplexMode] = {
 
 def parse_mode(value: str | None) -> DuplexMode | None:
     return MODE_ALIASES.get(value.lower()) if value else None
-
-
-def _whole_float32(data: str, what: str) -> None:
-    padding = data[-2:].count("=")
-    if (len(data) * 3 // 4 - padding) % 4:
-        raise ValueError(f"{what} must be float32 PCM (a multiple of 4 bytes)")
 
 
 class Prepare(BaseModel):
@@ -59,22 +53,17 @@ class Prepare(BaseModel):
         for name in ("ref_audio_base64", "tts_ref_audio_base64"):
             value = getattr(self, name)
             if value and self.ref_audio_format == "pcm_f32":
-                _whole_float32(value, name)
+                check_float32(value, name)
         return self
 
 
 class AudioChunk(BaseModel):
     model_config = _MODEL
     type: Literal["audio_chunk"]
-    audio_base64: Base64Str
+    audio_base64: Float32Base64
     frame_base64_list: list[Base64Str] | None = None
     force_listen: bool = False
     max_slice_nums: int | None = Field(None, ge=1, le=9)
-
-    @model_validator(mode="after")
-    def _check(self) -> AudioChunk:
-        _whole_float32(self.audio_base64, "audio_base64")
-        return self
 
 
 class Pause(BaseModel):

@@ -4,17 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from omnilive.protocol.common import Base64Str, SafeId
+from omnilive.protocol.common import Float32Base64, SafeId
 
 _MODEL = ConfigDict(extra="ignore", frozen=True)
-
-
-def _whole_float32(data: str) -> None:
-    padding = data[-2:].count("=")
-    if (len(data) * 3 // 4 - padding) % 4:
-        raise ValueError("audio must be float32 PCM (a multiple of 4 bytes)")
 
 
 class VadSettings(BaseModel):
@@ -62,12 +56,7 @@ class SystemText(BaseModel):
 class SystemAudio(BaseModel):
     model_config = _MODEL
     type: Literal["audio"]
-    data: Base64Str
-
-    @model_validator(mode="after")
-    def _check(self) -> SystemAudio:
-        _whole_float32(self.data)
-        return self
+    data: Float32Base64
 
 
 SystemItem = Annotated[SystemText | SystemAudio, Field(discriminator="type")]
@@ -79,27 +68,16 @@ class Prepare(BaseModel):
     system_prompt: str | None = None
     system_content: list[SystemItem] | None = None
     config: HalfDuplexConfig = Field(default_factory=HalfDuplexConfig)
-    ref_audio_base64: Base64Str | None = None
+    ref_audio_base64: Float32Base64 | None = None
     # A stored voice; ``ref_audio_base64`` wins over it, and it over system audio.
     ref_audio_id: SafeId | None = None
     recording: bool = True
-
-    @model_validator(mode="after")
-    def _check(self) -> Prepare:
-        if self.ref_audio_base64:
-            _whole_float32(self.ref_audio_base64)
-        return self
 
 
 class AudioChunk(BaseModel):
     model_config = _MODEL
     type: Literal["audio_chunk"]
-    audio_base64: Base64Str
-
-    @model_validator(mode="after")
-    def _check(self) -> AudioChunk:
-        _whole_float32(self.audio_base64)
-        return self
+    audio_base64: Float32Base64
 
 
 class Stop(BaseModel):

@@ -7,13 +7,13 @@ an unknown ``type`` ``unknown_event``.
 
 from __future__ import annotations
 
-import binascii
 from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from omnilive.ids import is_safe_id
+from omnilive.protocol.common import strict_base64
 
 MIN_APPEND_SAMPLES = 4000  # 250 ms at 16 kHz
 CLOSE_UNSUPPORTED_DATA = 1003  # a frame that is not JSON
@@ -58,14 +58,6 @@ class RealtimeError(Exception):
         self.message = message
 
 
-def _strict_base64(value: str) -> str:
-    try:
-        binascii.a2b_base64(value, strict_mode=True)
-    except (binascii.Error, ValueError) as exc:
-        raise ValueError(f"invalid base64 ({exc})") from None
-    return value
-
-
 class SessionConfig(BaseModel):
     model_config = _MODEL
     instructions: str
@@ -80,7 +72,7 @@ class SessionConfig(BaseModel):
     @field_validator("ref_audio", "tts_ref_audio")
     @classmethod
     def _base64(cls, value: str | None) -> str | None:
-        return None if value is None else _strict_base64(value)
+        return None if value is None else strict_base64(value)
 
     @field_validator("ref_audio_id", "tts_ref_audio_id")
     @classmethod
@@ -107,7 +99,7 @@ class Append(BaseModel):
     @field_validator("audio")
     @classmethod
     def _audio(cls, value: str) -> str:
-        _strict_base64(value)
+        strict_base64(value)
         n_bytes = len(value) * 3 // 4 - value[-2:].count("=")
         if n_bytes % 4:
             raise ValueError("audio must be float32 PCM (a multiple of 4 bytes)")
@@ -121,7 +113,7 @@ class Append(BaseModel):
     @classmethod
     def _frames(cls, value: list[str] | None) -> list[str] | None:
         for frame in value or []:
-            _strict_base64(frame)
+            strict_base64(frame)
         return value
 
 

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
 from omnilive.audio import INPUT_RATE, OUTPUT_RATE, wav_bytes
-from omnilive.config import Settings
 from omnilive.recording.files import AI_AUDIO, USER_AUDIO, USER_FRAMES, image_extension
-from omnilive.recording.recorder import Recorder, recording_wanted
+from omnilive.recording.recorder import Recorder
 
 UnitMode = Literal["LISTEN", "SPEAK"]
 
@@ -110,30 +108,3 @@ class DuplexRecorder(Recorder):
         entry["result"] = result
         entry["dropped_before"] = dropped_before
         self._append(entry)
-
-
-def open_duplex_recorder(
-    settings: Settings,
-    mode: Literal["audio_duplex", "omni_duplex", "realtime"],
-    recording_id: str,
-    *,
-    worker_id: str,
-    config: dict[str, Any],
-    opted_in: bool = True,
-    title: str = "",
-    extra_meta: dict[str, Any] | None = None,
-) -> DuplexRecorder | None:
-    """A recorder for a duplex or realtime session, or None when recording
-    is switched off or the client opted out (then nothing is written)."""
-    if not recording_wanted(settings, opted_in):
-        return None
-    return DuplexRecorder(
-        Path(settings.data_dir),
-        recording_id,
-        mode,
-        worker_id=worker_id,
-        config=config,
-        title=title,
-        queue_size=settings.recording.writer_queue,
-        extra_meta=extra_meta,
-    )

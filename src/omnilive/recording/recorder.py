@@ -1,8 +1,8 @@
 """The recorder a session runner feeds: typed calls on the event loop, all
 disk work on the recorder's writer thread.
 
-A runner opens one recorder per session (``open_turn_recorder`` /
-``open_duplex_recorder``; None when recording is off or the client opted
+A runner opens one recorder per session (``TurnRecorder.open`` /
+``DuplexRecorder.open``; None when recording is off or the client opted
 out), calls :meth:`TurnRecorder.turn` or :meth:`DuplexRecorder.unit` as the
 session goes, and :meth:`Recorder.close` when it ends, also when it is
 cancelled. Audio is decoded float32 (user 16 kHz, AI 24 kHz), frames and
@@ -23,7 +23,7 @@ import time
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from omnilive.audio import OUTPUT_RATE
 from omnilive.config import Settings
@@ -60,6 +60,34 @@ class Recorder:
     state below is touched only by the writer thread after construction."""
 
     entries_key = "entries"
+
+    @classmethod
+    def open(
+        cls,
+        settings: Settings,
+        mode: str,
+        recording_id: str,
+        *,
+        worker_id: str,
+        config: dict[str, Any],
+        opted_in: bool = True,
+        title: str = "",
+        extra_meta: dict[str, Any] | None = None,
+    ) -> Self | None:
+        """A recorder for one session, or None when recording is switched off
+        or the client opted out (then nothing is written)."""
+        if not recording_wanted(settings, opted_in):
+            return None
+        return cls(
+            Path(settings.data_dir),
+            recording_id,
+            mode,
+            worker_id=worker_id,
+            config=config,
+            title=title,
+            queue_size=settings.recording.writer_queue,
+            extra_meta=extra_meta,
+        )
 
     def __init__(
         self,

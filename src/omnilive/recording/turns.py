@@ -5,13 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
 from omnilive.audio import INPUT_RATE, OUTPUT_RATE, wav_bytes
-from omnilive.config import Settings
 from omnilive.engines.base import AudioPart, ChatMessage, ImagePart, TextPart, VideoPart
 from omnilive.recording.files import (
     AI_AUDIO,
@@ -21,7 +19,7 @@ from omnilive.recording.files import (
     image_extension,
     video_extension,
 )
-from omnilive.recording.recorder import Recorder, recording_wanted
+from omnilive.recording.recorder import Recorder
 
 TurnStatus = Literal["done", "interrupted", "failed"]
 
@@ -175,30 +173,3 @@ class TurnRecorder(Recorder):
         if error:
             entry["error"] = error
         self._append(entry)
-
-
-def open_turn_recorder(
-    settings: Settings,
-    mode: Literal["chat", "half_duplex"],
-    recording_id: str,
-    *,
-    worker_id: str,
-    config: dict[str, Any],
-    opted_in: bool = True,
-    title: str = "",
-    extra_meta: dict[str, Any] | None = None,
-) -> TurnRecorder | None:
-    """A recorder for a chat or half-duplex session, or None when recording
-    is switched off or the client opted out (then nothing is written)."""
-    if not recording_wanted(settings, opted_in):
-        return None
-    return TurnRecorder(
-        Path(settings.data_dir),
-        recording_id,
-        mode,
-        worker_id=worker_id,
-        config=config,
-        title=title,
-        queue_size=settings.recording.writer_queue,
-        extra_meta=extra_meta,
-    )

@@ -19,7 +19,6 @@ from omnilive.recording.turns import (
     TurnOutput,
     TurnRecorder,
     TurnStatus,
-    open_turn_recorder,
 )
 from omnilive.worker.decode import DecodeError, decode_chat
 from omnilive.worker.runtime import WorkerRuntime
@@ -45,7 +44,7 @@ def _open_recorder(
     if settings is None:
         return None
     config = request.model_dump(exclude={"messages": True, "tts": {"ref_audio_data"}})
-    return open_turn_recorder(
+    return TurnRecorder.open(
         settings,
         "chat",
         session_id,

@@ -40,7 +40,7 @@ from omnilive.protocol.duplex import (
     client_message,
     parse_mode,
 )
-from omnilive.recording.duplex import DuplexRecorder, open_duplex_recorder
+from omnilive.recording.duplex import DuplexRecorder
 from omnilive.recording.files import new_recording_id
 from omnilive.worker.chunk_buffer import ChunkBuffer, PendingChunk
 from omnilive.worker.decode import DecodeError, check_image, load_stored_voice
@@ -210,7 +210,7 @@ class DuplexRunner:
             await self.send_error(ErrorCode.INFERENCE_ERROR, f"prepare failed: {exc}")
             return
         kind = "realtime" if message.dialect == "realtime" else self.mode
-        self.recorder = open_duplex_recorder(
+        self.recorder = DuplexRecorder.open(
             self.settings,
             kind,
             new_recording_id(kind),

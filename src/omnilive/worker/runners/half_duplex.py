@@ -55,7 +55,6 @@ from omnilive.recording.turns import (
     TurnOutput,
     TurnRecorder,
     TurnStatus,
-    open_turn_recorder,
 )
 from omnilive.vad import (
     SileroModel,
@@ -243,7 +242,7 @@ class HalfDuplexRunner:
             "voice_reference": bool(message.ref_audio_base64 or message.ref_audio_id),
             **message.config.model_dump(),
         }
-        return open_turn_recorder(
+        return TurnRecorder.open(
             self.settings,
             "half_duplex",
             new_recording_id("half_duplex"),
