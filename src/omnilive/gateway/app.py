@@ -20,6 +20,7 @@ from omnilive.gateway.routes import (
     chat,
     duplex,
     half_duplex,
+    pages,
     presets,
     queue,
     realtime,
@@ -86,4 +87,5 @@ def create_app(settings: Settings, supervise: bool = False) -> FastAPI:
     app.include_router(voices.router)
     # Admin actions, all in one router: authentication will wrap it.
     app.include_router(admin.router)
+    pages.mount_pages(app)
     return app

@@ -8,7 +8,6 @@ unknown or unsafe id is a plain 404. File work runs off the event loop.
 from __future__ import annotations
 
 import asyncio
-import html
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import FileResponse, HTMLResponse, Response, StreamingResponse
 from pydantic import BaseModel
 
+from omnilive.gateway.routes.pages import viewer_page
 from omnilive.gateway.state import gateway_of
 from omnilive.recording.archive import iter_zip
 from omnilive.recording.files import RECORDING
@@ -125,18 +125,8 @@ async def set_comment(request: Request, recording_id: str, body: CommentBody) ->
     return {"success": True, "session_id": recording_id, "comment": body.comment}
 
 
-_VIEWER = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>omnilive session {id}</title></head>
-<body><h1>Session {id}</h1>
-<p>The session viewer comes with the browser pages. Meanwhile:
-<a href="/api/sessions/{id}">metadata</a> ·
-<a href="/api/sessions/{id}/recording">timeline</a> ·
-<a href="/api/sessions/{id}/download">download (zip)</a></p>
-</body></html>
-"""
-
-
 @router.get("/s/{recording_id}", response_class=HTMLResponse)
 async def viewer(request: Request, recording_id: str) -> HTMLResponse:
+    """The session viewer page (``web/pages/session.html``) for an existing recording."""
     directory = await _session(request, recording_id)
-    return HTMLResponse(_VIEWER.replace("{id}", html.escape(directory.name)))
+    return await asyncio.to_thread(viewer_page, directory.name)

@@ -1,0 +1,70 @@
+// One WebSocket session with the server: JSON in and out, the queue messages
+// routed to a QueueView, everything else to the page.
+
+import { wsUrl } from './api.js';
+
+export class LiveSocket {
+  /**
+   * @param {string} path  e.g. '/ws/half_duplex/hd_...'
+   * @param {{params?: object, queue?: import('../ui/queue.js').QueueView,
+   *          onMessage?: (msg) => void, onClose?: (CloseEvent) => void}} options
+   */
+  constructor(path, { params = {}, queue = null, onMessage = () => {}, onClose = () => {} } = {}) {
+    this.url = wsUrl(path, params);
+    this.queue = queue;
+    this.onMessage = onMessage;
+    this.onClose = onClose;
+    this.ws = null;
+    this.sent = 0;
+  }
+
+  get open() {
+    return this.ws !== null && this.ws.readyState === WebSocket.OPEN;
+  }
+
+  /** Connect; resolves once open, rejects if the connection cannot be made. */
+  connect() {
+    return new Promise((resolve, reject) => {
+      const ws = new WebSocket(this.url);
+      this.ws = ws;
+      let opened = false;
+      ws.onopen = () => {
+        opened = true;
+        resolve(this);
+      };
+      ws.onmessage = (event) => {
+        let message;
+        try {
+          message = JSON.parse(event.data);
+        } catch {
+          return; // the protocols only send JSON text
+        }
+        if (message.type === 'queued' || message.type === 'queue_update') this.queue?.update(message);
+        else if (message.type === 'queue_done') this.queue?.done();
+        this.onMessage(message);
+      };
+      ws.onclose = (event) => {
+        this.queue?.done();
+        if (!opened) reject(new Error(`connection refused (${event.code})`));
+        this.onClose(event);
+      };
+    });
+  }
+
+  /** Send one message; false when the connection is not open. */
+  send(message) {
+    if (!this.open) return false;
+    this.ws.send(JSON.stringify(message));
+    this.sent += 1;
+    return true;
+  }
+
+  /** Bytes accepted by send() but not yet on the network. */
+  get backlog() {
+    return this.ws ? this.ws.bufferedAmount : 0;
+  }
+
+  close(code = 1000) {
+    if (this.ws && this.ws.readyState <= WebSocket.OPEN) this.ws.close(code);
+  }
+}

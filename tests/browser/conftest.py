@@ -1,0 +1,31 @@
+"""Servers shared by the browser tests: one scripted server for the whole
+run (tests that change its settings put them back), and a cascade server
+for the tests that need real speech recognition."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.browser.harness import run_async
+from tests.servers import Server
+
+
+def _serve(tmp_path_factory: pytest.TempPathFactory, engine: str) -> Iterator[Server]:
+    server = Server(tmp_path_factory.mktemp(f"browser-{engine}"), engine=engine).start()
+    try:
+        run_async(server.wait_ready(timeout=180, workers=1))
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def scripted_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    yield from _serve(tmp_path_factory, "scripted")
+
+
+@pytest.fixture(scope="module")
+def cascade_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    yield from _serve(tmp_path_factory, "cascade")

@@ -1,0 +1,143 @@
+"""The admin page against a real server: switching a mode off hides it on the
+home page and refuses its WebSocket; a queued request shows its place and
+countdown on its own page and can be cancelled from the admin page; a stored
+voice can be deleted."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.browser.harness import chromium, screenshot, spoken_wav, watch
+from tests.servers import Server
+
+# Opens a duplex WebSocket from the page and reports what the server did with it.
+PROBE_WS = """async (url) => new Promise((resolve) => {
+    const ws = new WebSocket(url);
+    const seen = [];
+    ws.onmessage = (event) => seen.push(JSON.parse(event.data));
+    ws.onclose = (event) => resolve({code: event.code, messages: seen});
+})"""
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    with chromium(tmp_path_factory.mktemp("admin")) as context:
+        yield context
+
+
+def test_switching_a_mode_off(browser, scripted_server: Server) -> None:
+    admin = browser.new_page()
+    problems = watch(admin)
+    try:
+        admin.goto(scripted_server.http + "/admin")
+        switch = admin.locator("input[data-app=omni]")
+        switch.wait_for(state="attached")
+        assert switch.is_checked()
+        admin.click("label.switch:has(input[data-app=omni])")
+        admin.wait_for_selector("#notice.ok")
+        assert not switch.is_checked()
+        screenshot(admin, "admin-omni-off")
+
+        home = browser.new_page()
+        home_problems = watch(home)
+        home.goto(scripted_server.http + "/")
+        home.wait_for_selector("#modes .mode-card")
+        assert home.locator("[data-mode=omni]").count() == 0
+        assert home.locator("[data-mode=audio_duplex]").count() == 1
+        assert home.is_hidden("#site-header a[data-id=omni]")
+
+        # The mode's own page says so and will not start.
+        home.goto(scripted_server.http + "/omni")
+        home.wait_for_selector("body[data-ready]", state="attached")
+        assert home.is_disabled("#start")
+        assert "switched off" in home.inner_text("#notice")
+
+        # And its WebSocket is refused: an app_disabled error, then close 1008.
+        url = scripted_server.ws + "/ws/duplex/odx_probe?mode=omni"
+        outcome = home.evaluate(PROBE_WS, url)
+        assert outcome["code"] == 1008, outcome
+        assert outcome["messages"][-1]["code"] == "app_disabled", outcome
+        home.close()
+        assert home_problems.items == []
+
+        admin.click("label.switch:has(input[data-app=omni])")
+        admin.wait_for_function("document.querySelector('input[data-app=omni]').checked")
+        assert problems.items == []
+    finally:
+        admin.close()
+        # Leave the shared server as it was, whatever happened above.
+        httpx.put(f"{scripted_server.http}/api/admin/apps/omni", json={"enabled": True})
+
+
+def test_queue_position_and_cancel(browser, scripted_server: Server) -> None:
+    busy = browser.new_page()  # holds the only worker
+    waiting = browser.new_page()
+    admin = browser.new_page()
+    problems = [watch(busy), watch(waiting), watch(admin)]
+    try:
+        busy.goto(scripted_server.http + "/audio_duplex")
+        busy.wait_for_selector("body[data-ready]", state="attached")
+        busy.click("#start")
+        busy.wait_for_function("window.omniliveDuplex.results.length > 0")
+
+        waiting.goto(scripted_server.http + "/turnbased")
+        waiting.wait_for_selector("body[data-ready]", state="attached")
+        waiting.fill("#input", "Am I next?")
+        waiting.click("#send")
+        waiting.wait_for_selector("#queue[data-position='1']")
+        assert "number 1" in waiting.inner_text("#queue")
+        assert "left" in waiting.inner_text("#queue .queue-eta")
+        screenshot(waiting, "turnbased-queued")
+
+        admin.goto(scripted_server.http + "/admin")
+        row = admin.locator("#queue-table tr[data-ticket]")
+        row.wait_for()
+        assert "chat" in row.inner_text()
+        assert admin.locator("#running tbody tr").count() == 1
+        screenshot(admin, "admin-queue")
+        row.locator("button").click()
+        admin.wait_for_selector("#queue-table td.empty")
+
+        # The waiting page is told, and can ask again.
+        waiting.wait_for_selector(".msg.assistant.failed")
+        assert waiting.is_hidden("#queue")
+        assert "administrator" in waiting.inner_text("#notice")
+        assert waiting.is_enabled("#send")
+    finally:
+        busy.click("#stop")
+        busy.locator("#transcript a[href^='/s/']").wait_for()
+        for page in (busy, waiting, admin):
+            page.close()
+    for seen in problems:
+        assert seen.items == []
+
+
+def test_deleting_a_stored_voice(browser, scripted_server: Server, tmp_path: Path) -> None:
+    wav = spoken_wav(tmp_path / "guest.wav", "A voice to delete.", silence_s=0.2)
+    with wav.open("rb") as file:
+        created = httpx.post(
+            f"{scripted_server.http}/api/assets/ref_audio",
+            files={"file": ("guest.wav", file, "audio/wav")},
+            data={"name": "guest voice"},
+        )
+    assert created.status_code == 201, created.text
+    voice_id = created.json()["id"]
+    admin = browser.new_page()
+    problems = watch(admin)
+    try:
+        admin.goto(scripted_server.http + "/admin")
+        row = admin.locator(f"#voices tr[data-voice='{voice_id}']")
+        row.wait_for()
+        assert "guest voice" in row.inner_text()
+        admin.once("dialog", lambda dialog: dialog.accept())
+        row.locator("button").click()
+        row.wait_for(state="detached")
+        listed = httpx.get(f"{scripted_server.http}/api/assets/ref_audio").json()["voices"]
+        assert voice_id not in [voice["id"] for voice in listed]
+        assert problems.items == []
+    finally:
+        admin.close()
