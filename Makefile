@@ -7,8 +7,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 # espeak-ng speaks (cascade TTS, test inputs); sox and ffmpeg convert audio and
-# make replays; chromium runs the browser tests; the rest builds llama.cpp.
-APT_PACKAGES := espeak-ng sox ffmpeg chromium cmake build-essential python3-venv python3-dev
+# make replays; chromium runs the browser tests (with a CJK font for the Chinese
+# pages); the rest builds llama.cpp.
+APT_PACKAGES := espeak-ng sox ffmpeg chromium fonts-wqy-microhei cmake build-essential \
+  python3-venv python3-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
