@@ -55,8 +55,11 @@ class Server:
         env: dict[str, str] | None = None,
         args: list[str] | None = None,
         command: str = "serve",
+        api_key: str | None = None,
     ) -> None:
         self.port = free_port()
+        # Sent by wait_ready() and get() when the server has API keys.
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.worker_base = free_port_run(workers)
         self.tmp = tmp
         self.log_path = tmp / f"server-{self.port}.log"
@@ -97,7 +100,9 @@ class Server:
             while time.monotonic() < deadline:
                 assert self.process and self.process.poll() is None, self.log()
                 try:
-                    response = await client.get(f"{self.http}/status", timeout=2)
+                    response = await client.get(
+                        f"{self.http}/status", headers=self.headers, timeout=2
+                    )
                     body = response.json()
                     idle = body["workers"]["by_state"].get("idle", 0)
                     if response.status_code == 200 and (workers is None or idle >= workers):
@@ -109,7 +114,8 @@ class Server:
 
     async def get(self, path: str) -> Any:
         async with httpx.AsyncClient() as client:
-            return (await client.get(f"{self.http}{path}", timeout=10)).json()
+            response = await client.get(f"{self.http}{path}", headers=self.headers, timeout=10)
+            return response.json()
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-6000:] if self.log_path.exists() else ""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
 import secrets
@@ -12,11 +13,14 @@ from typing import Any
 
 from omnilive.config import Settings, load_settings
 from omnilive.gateway.supervisor import SETTINGS_ENV
+from omnilive.logs import configure_logging
 from omnilive.recording import cleanup as recording_cleanup
 
 # uvicorn refuses larger frames outright (close 1009); below it, omnilive
 # answers an oversize message with a ``payload_too_large`` error instead.
 WS_FRAME_MARGIN = 1024 * 1024
+INSECURE_HELP = "allow an open gateway (no API keys) on a non-loopback address"
+log = logging.getLogger("omnilive.cli")
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -37,12 +41,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int)
     serve.add_argument("--workers", type=int)
     serve.add_argument("--worker-base-port", type=int)
+    serve.add_argument("--insecure", action="store_true", default=None, help=INSECURE_HELP)
 
     gateway = commands.add_parser("gateway", help="the gateway alone, in front of --worker URLs")
     _common(gateway)
     gateway.add_argument("--host")
     gateway.add_argument("--port", type=int)
     gateway.add_argument("--worker", action="append", dest="worker_urls", metavar="URL")
+    gateway.add_argument("--insecure", action="store_true", default=None, help=INSECURE_HELP)
 
     worker = commands.add_parser("worker", help="one worker process")
     _common(worker)
@@ -61,6 +67,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     found["worker_urls"] = getattr(args, "worker_urls", None)
     found["worker_host"] = getattr(args, "worker_host", None)
     found["minicpmo.model_path"] = args.model_path
+    found["auth.insecure"] = getattr(args, "insecure", None)
     return found
 
 
@@ -71,6 +78,42 @@ def resolve_settings(args: argparse.Namespace, environ: dict[str, str]) -> Setti
     if inherited:
         return Settings.model_validate_json(inherited)
     return load_settings(args.config, environ, _overrides(args))
+
+
+def is_loopback_bind(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(settings: Settings) -> str | None:
+    """Why the gateway must not start as configured, or None. An open gateway
+    (no API keys) stays on loopback unless ``--insecure`` says otherwise."""
+    from omnilive.gateway.credentials import KeyRing, KeysFileError
+
+    try:
+        keys = KeyRing.from_settings(settings.auth)
+    except (KeysFileError, ValueError) as exc:
+        return f"bad API keys: {exc}"
+    if not keys.open or is_loopback_bind(settings.host):
+        return None
+    if not settings.auth.insecure:
+        return (
+            f"no API keys are configured, so the gateway binds loopback only; to listen on "
+            f"{settings.host}, configure auth.keys or auth.keys_file, or pass --insecure"
+        )
+    banner = "!" * 78
+    for line in (
+        banner,
+        f"INSECURE: no API keys, listening on {settings.host}:{settings.port}.",
+        "Anyone who can reach this address can use every route, admin routes included.",
+        banner,
+    ):
+        log.warning(line)
+    return None
 
 
 SHUTDOWN_GRACE_S = 5.0
@@ -97,6 +140,7 @@ def _run(app: Any, host: str, port: int, settings: Settings) -> None:
         ws_max_size=settings.limits.max_message_bytes + WS_FRAME_MARGIN,
         lifespan="on",
         timeout_graceful_shutdown=10,
+        log_config=None,  # uvicorn's records go through ours (session ids, JSON lines)
     )
     GracefulServer(config).run()
 
@@ -107,10 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "cleanup":
         return recording_cleanup.run_cli(args, environ)
     settings = resolve_settings(args, environ)
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format=f"%(asctime)s %(levelname)s [{args.command}] %(name)s: %(message)s",
-    )
+    configure_logging(settings.log_level, args.command, settings.log_json)
     if args.command == "worker":
         from omnilive.worker.app import create_worker_app
 
@@ -126,6 +167,10 @@ def main(argv: list[str] | None = None) -> int:
     if not settings.internal_token:
         print("omnilive gateway: set OMNILIVE_INTERNAL_TOKEN (shared with the workers)",
               file=sys.stderr)  # fmt: skip
+        return 2
+    refusal = check_exposure(settings)
+    if refusal is not None:
+        print(f"omnilive {args.command}: {refusal}", file=sys.stderr)
         return 2
     app = create_app(settings, supervise=args.command == "serve")
     _run(app, settings.host, settings.port, settings)

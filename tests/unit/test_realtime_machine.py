@@ -149,10 +149,25 @@ def test_close_while_queued_is_immediate_and_later_goes_through_the_worker():
     actions = queued.client_frame(frame({"type": "session.close", "reason": "user_stop"}))
     assert actions[0].event == {"type": "session.closed", "reason": "stopped"}
     assert actions[1] == Close()
+    # connected but not configured yet: the worker has no realtime session to end
+    connected = machine(RealtimeState.CONNECTED)
+    actions = connected.client_frame(frame({"type": "session.close"}))
+    assert actions == [ToClient({"type": "session.closed", "reason": "stopped"}), Close()]
     active = machine(RealtimeState.ACTIVE)
     assert active.client_frame(frame({"type": "session.close"})) == [ToWorker({"type": "stop"})]
     assert active.worker_event("session.closed") == [Close()]
     assert active.state is RealtimeState.CLOSED
+
+
+def test_duplex_ends_before_the_first_update_become_session_closed():
+    for kind, reason in (("timeout", "timeout"), ("stopped", "stopped")):
+        m = machine(RealtimeState.CONNECTED)
+        assert not m.forwards(kind) and m.forwards("session.created")
+        actions = m.worker_event(kind)
+        assert actions == [ToClient({"type": "session.closed", "reason": reason}), Close()]
+        assert m.state is RealtimeState.CLOSED
+    active = machine(RealtimeState.ACTIVE)
+    assert active.forwards("timeout")  # an active session's worker speaks realtime
 
 
 def test_server_side_end_reasons():

@@ -11,15 +11,20 @@ import httpx
 from fastapi import FastAPI
 
 from omnilive.config import Settings
+from omnilive.gateway.auth import AuthMiddleware, Gatekeeper, install_log_filter
 from omnilive.gateway.catalogs import Catalogs
 from omnilive.gateway.links import WorkerLink, close_quietly
+from omnilive.gateway.metrics import GatewayMetrics
+from omnilive.gateway.observe import ObserveMiddleware
 from omnilive.gateway.pool import Pool
 from omnilive.gateway.routes import (
     admin,
     apps,
     chat,
+    client_secrets,
     duplex,
     half_duplex,
+    metrics,
     pages,
     presets,
     queue,
@@ -34,6 +39,18 @@ from omnilive.recording.cleanup import cleanup_periodically
 from omnilive.tasks import TaskSet
 
 log = logging.getLogger(__name__)
+# On shutdown, how long workers may take to finish the sessions the gateway
+# closed (their recordings) before they are stopped.
+WORKER_SETTLE_S = 10.0
+
+
+async def _workers_settled(gateway: Gateway, timeout_s: float) -> None:
+    settling = [link.wait_settled() for link in gateway.links.values()]
+    try:
+        async with asyncio.timeout(timeout_s):
+            await asyncio.gather(*settling)
+    except TimeoutError:
+        log.warning("workers still hold sessions after %.0f s; stopping them anyway", timeout_s)
 
 
 def create_app(settings: Settings, supervise: bool = False) -> FastAPI:
@@ -61,6 +78,7 @@ def create_app(settings: Settings, supervise: bool = False) -> FastAPI:
                 tasks.spawn(
                     f"supervise-{worker_id}", gateway.supervisor.run_worker(worker_id, index)
                 )
+                gateway.links[worker_id].on_lost = gateway.supervisor.worker_lost
         for worker_id, link in gateway.links.items():
             tasks.spawn(f"control-{worker_id}", link.run_control())
             tasks.spawn(f"health-{worker_id}", link.run_health(client))
@@ -69,6 +87,7 @@ def create_app(settings: Settings, supervise: bool = False) -> FastAPI:
         try:
             yield
         finally:
+            await _workers_settled(gateway, WORKER_SETTLE_S)
             if gateway.supervisor is not None:
                 await gateway.supervisor.stop()
             await tasks.close()
@@ -85,7 +104,22 @@ def create_app(settings: Settings, supervise: bool = False) -> FastAPI:
     app.include_router(apps.router)
     app.include_router(presets.router)
     app.include_router(voices.router)
-    # Admin actions, all in one router: authentication will wrap it.
+    app.include_router(client_secrets.router)
+    app.include_router(metrics.router)
+    # Admin actions; access to every route is decided by gateway/access.py.
     app.include_router(admin.router)
     pages.mount_pages(app)
+    # Built here, not in the lifespan: the middleware needs it, and a bad
+    # keys file should stop the start-up at once.
+    gatekeeper = Gatekeeper.from_settings(settings.auth, settings.limits, list(pages.PAGES))
+    app.state.auth = gatekeeper
+    app.state.metrics = registry = GatewayMetrics()
+
+    def refused(code: str) -> None:
+        registry.errors.inc("access", code)
+
+    app.add_middleware(AuthMiddleware, gatekeeper=gatekeeper, on_refusal=refused)
+    # Outermost: it also counts the refusals' HTTP statuses.
+    app.add_middleware(ObserveMiddleware, metrics=registry)
+    install_log_filter()
     return app

@@ -10,7 +10,9 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosedError, InvalidHandshake, WebSocketException
 
 from omnilive.config import Settings
-from omnilive.gateway.scheduler import Lease
+from omnilive.gateway.links import CLOSE_TIMEOUT_S, PING_INTERVAL_S, PING_TIMEOUT_S
+from omnilive.gateway.pool import Pool
+from omnilive.gateway.scheduler import Lease, WorkerHealth
 from omnilive.protocol.internal import (
     CLOSE_OK,
     CLOSE_SESSION_FAILED,
@@ -47,7 +49,11 @@ async def open_worker_session(
             additional_headers=bearer(settings.internal_token),
             max_size=settings.limits.max_message_bytes + INTERNAL_SIZE_MARGIN,
             open_timeout=WORKER_OPEN_TIMEOUT_S,
-            ping_interval=None,  # the control channel watches liveness
+            # A hung worker keeps its sockets open: pings end its sessions
+            # (as lost) as soon as the control channel would call it gone.
+            ping_interval=PING_INTERVAL_S,
+            ping_timeout=PING_TIMEOUT_S,
+            close_timeout=CLOSE_TIMEOUT_S,
             compression=None,  # payloads are base64 media: not worth deflating on loopback
         )
     except (OSError, TimeoutError, InvalidHandshake) as exc:
@@ -56,6 +62,17 @@ async def open_worker_session(
         yield connection
     finally:
         await connection.close()
+
+
+def release_lease(pool: Pool, lease: Lease, end: SessionEnd, ok: bool) -> None:
+    """Give a slot back. After a lost session the worker is held out of
+    rotation until it shows it is alive (its next status push, which a live
+    worker sends as the session ends), so that the slot of a dead worker is
+    not handed to the next queued client before the crash is noticed."""
+    worker = pool.scheduler.workers.get(lease.worker_id)
+    if end is SessionEnd.LOST and worker is not None and worker.health is WorkerHealth.READY:
+        pool.set_worker_state(lease.worker_id, WorkerHealth.ERROR)
+    pool.release(lease, ok=ok)
 
 
 async def relay_to_client(

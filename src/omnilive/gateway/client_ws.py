@@ -30,7 +30,13 @@ async def fail(ws: WebSocket, message: str, code: ErrorCode, close_code: int = 1
         return
     with contextlib.suppress(WebSocketDisconnect, OSError, RuntimeError):
         await send_json(ws, error_message(message, code))
-        await ws.close(code=close_code, reason=message[:120])
+        await ws.close(code=close_code, reason=close_reason(message))
+
+
+def close_reason(message: str) -> str:
+    """A close frame's reason holds at most 123 bytes of UTF-8; longer (or
+    multi-byte text cut by characters) breaks the frame and drops the connection."""
+    return message.encode()[:120].decode("utf-8", "ignore")
 
 
 async def close_quietly(ws: WebSocket, code: int = 1000) -> None:

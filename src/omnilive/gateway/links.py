@@ -9,6 +9,7 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -28,6 +29,8 @@ RECONNECT_MAX_S = 1.0
 # answering for this long is treated as gone.
 PING_INTERVAL_S = 2.0
 PING_TIMEOUT_S = 5.0
+# A hung worker never completes the closing handshake: give up on it quickly.
+CLOSE_TIMEOUT_S = 1.0
 
 
 def health_of(worker_status: str) -> WorkerHealth:
@@ -49,10 +52,25 @@ class WorkerLink:
         self.last_status: dict[str, Any] = {}
         self.last_health_at: float | None = None
         self.connected = False
+        # Called with the worker's id and last pid when an established control
+        # channel is lost while the worker was serving (not loading): a crash or a hang.
+        self.on_lost: Callable[[str, int | None], None] | None = None
+        self._changed = asyncio.Event()
         pool.add_worker(worker_id, url)
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def wait_settled(self) -> None:
+        """Until the worker holds no session (or is gone): it has finished
+        its sessions' recordings, so it can be stopped without losing them."""
+        while self.connected and self.last_status.get("sessions"):
+            await self._changed.wait()
 
     def _apply(self, status: dict[str, Any]) -> None:
         self.last_status = status
+        self._notify()
         self.pool.set_worker_state(
             self.worker_id,
             health_of(status.get("worker_status", "error")),
@@ -63,6 +81,7 @@ class WorkerLink:
     def mark_offline(self) -> None:
         self.connected = False
         self.pool.set_worker_state(self.worker_id, WorkerHealth.OFFLINE)
+        self._notify()
 
     async def run_control(self) -> None:
         """Follow the worker's pushed state; reconnect after it goes away."""
@@ -76,6 +95,7 @@ class WorkerLink:
                     open_timeout=5,
                     ping_interval=PING_INTERVAL_S,
                     ping_timeout=PING_TIMEOUT_S,
+                    close_timeout=CLOSE_TIMEOUT_S,
                 ) as ws:
                     self.connected = True
                     delay = RECONNECT_MIN_S
@@ -86,6 +106,8 @@ class WorkerLink:
                 pass
             if self.connected:
                 log.warning("worker %s: control channel lost", self.worker_id)
+                if self.on_lost is not None and self.last_status.get("worker_status") != "loading":
+                    self.on_lost(self.worker_id, self.last_status.get("pid"))
             self.mark_offline()
             await asyncio.sleep(delay)
             delay = min(delay * 2, RECONNECT_MAX_S)

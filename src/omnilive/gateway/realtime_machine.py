@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal
 
+from omnilive.protocol.common import has_lone_surrogates
 from omnilive.protocol.realtime import (
     CLOSE_UNSUPPORTED_DATA,
     QUEUE_EVENT_NAMES,
@@ -53,6 +54,11 @@ class Close:
 
 
 Action = ToClient | ToWorker | Close
+
+
+# Session ends in the duplex dialect, as a worker announces them before it
+# has been told that the session speaks the Realtime API.
+_DUPLEX_ENDS = {"timeout": CloseReason.TIMEOUT, "stopped": CloseReason.STOPPED}
 
 
 class IllegalTransition(Exception):
@@ -98,6 +104,8 @@ class RealtimeMachine:
             return [Close(CLOSE_UNSUPPORTED_DATA)]
         if not isinstance(data, dict):
             return [self._error(RealtimeErrorCode.INVALID_PAYLOAD, "an event is a JSON object")]
+        if has_lone_surrogates(raw, data):
+            return [self._error(RealtimeErrorCode.INVALID_PAYLOAD, "unpaired UTF-16 surrogate")]
         try:
             event = parse_event(data)
         except RealtimeError as exc:
@@ -111,9 +119,12 @@ class RealtimeMachine:
         return self._append(event)
 
     def _close_requested(self) -> list[Action]:
-        """Closing is always allowed; once a worker holds the session, it
-        confirms (so its recording is finalized first)."""
-        if self.state is RealtimeState.QUEUED:
+        """Closing is always allowed; once a worker holds a configured session,
+        it confirms (so its recording is finalized first). Before the first
+        session.update the worker still speaks the duplex dialect and has
+        nothing to finalize: the session closes here."""
+        configured = self.state is RealtimeState.ACTIVE or self._update_pending
+        if not configured:
             self.state = RealtimeState.CLOSED
             return [ToClient(closed_event(CloseReason.STOPPED)), Close()]
         return [ToWorker({"type": "stop"})]
@@ -161,8 +172,16 @@ class RealtimeMachine:
 
     # --- the worker --------------------------------------------------------------------
 
+    def forwards(self, event_type: str) -> bool:
+        """Whether a worker event goes to the client as it is. Until the first
+        session.update is applied the worker speaks the duplex dialect; the
+        ends it may announce then (``timeout``, ``stopped``) are translated."""
+        return not (self.state is RealtimeState.CONNECTED and event_type in _DUPLEX_ENDS)
+
     def worker_event(self, event_type: str) -> list[Action]:
         """Observe the type of an event the worker sent the client."""
+        if self.state is RealtimeState.CONNECTED and event_type in _DUPLEX_ENDS:
+            return self.end(_DUPLEX_ENDS[event_type])
         if event_type == "session.created":
             self._move(RealtimeState.CONNECTED, RealtimeState.ACTIVE)
             self._update_pending = False

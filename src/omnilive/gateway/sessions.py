@@ -2,14 +2,16 @@
 two-way relay to the leased worker. The gateway checks every client message
 against the mode's typed protocol before it reaches a worker; media stays
 base64 and is never decoded here. A session of a disabled app is refused
-(close 1008), at connect or when a message hook finds out (``AppDisabled``)."""
+(close 1008), at connect or when a message hook finds out (``AppDisabled``).
+A graceful shutdown ends each session with ``error{code: server_shutdown}``
+(close 1001), queued or active; the worker then finalizes its recording."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 from websockets.asyncio.client import ClientConnection
@@ -22,12 +24,15 @@ from omnilive.gateway.bridge import (
     WorkerConnectError,
     open_worker_session,
     relay_to_client,
+    release_lease,
 )
 from omnilive.gateway.client_ws import CLOSE_TRY_AGAIN, close_quietly, fail, send_json
+from omnilive.gateway.limits import check_message
 from omnilive.gateway.registry import ActiveSession
 from omnilive.gateway.scheduler import NoWorkersError, QueueFullError
 from omnilive.gateway.state import Gateway
 from omnilive.ids import is_safe_id
+from omnilive.logs import bind_session
 from omnilive.protocol.common import ErrorCode, ProtocolError, error_message
 from omnilive.recording.recovery import RecordingIdNote, recover_abandoned
 from omnilive.wsutil import PeerGone, frames_of, race
@@ -37,6 +42,26 @@ Validator = Callable[[str | bytes], Any]
 # Sees every valid client message, e.g. to learn the session's mode from prepare;
 # it may raise AppDisabled to end the session (the message is not forwarded).
 MessageHook = Callable[[ActiveSession, Any], None]
+T = TypeVar("T")
+CLOSE_GOING_AWAY = 1001
+SHUTDOWN_MESSAGE = "the server is shutting down; reconnect shortly"
+
+
+class ServerShutdown(Exception):
+    """The gateway began a graceful shutdown while the session was open."""
+
+
+async def until_shutdown(gateway: Gateway, work: Awaitable[T]) -> T:
+    """``work``'s result, or :class:`ServerShutdown` if the gateway starts
+    shutting down first (``work`` is then cancelled)."""
+    try:
+        return await race(work, gateway.shutting_down.wait)
+    except PeerGone:
+        raise ServerShutdown() from None
+
+
+async def tell_shutdown(ws: WebSocket) -> None:
+    await fail(ws, SHUTDOWN_MESSAGE, ErrorCode.SERVER_SHUTDOWN, CLOSE_GOING_AWAY)
 
 
 async def serve_session(
@@ -53,6 +78,14 @@ async def serve_session(
     if not is_safe_id(session_id):
         await fail(ws, "session id must be 1-128 of A-Z a-z 0-9 _ -", ErrorCode.INVALID_REQUEST)
         return
+    bind_session(session_id)
+    limits = gateway.settings.limits
+
+    def checked(raw: str | bytes) -> Any:
+        message = validate(raw)
+        check_message(message, limits)
+        return message
+
     try:
         require_enabled(ws, app_of(kind))
     except AppDisabled as exc:
@@ -80,9 +113,14 @@ async def serve_session(
         try:
             lease = await race(
                 gateway.pool.acquire(ticket, lambda m: send_json(ws, m), always_done=True),
-                lambda: _hold_while_queued(ws, validate, observe, early, early_types),
+                lambda: until_shutdown(
+                    gateway, _hold_while_queued(ws, checked, observe, early, early_types)
+                ),
             )
         except (PeerGone, WebSocketDisconnect, OSError):
+            return
+        except ServerShutdown:
+            await tell_shutdown(ws)
             return
         except LookupError:
             await fail(ws, "removed from the queue by an administrator", ErrorCode.CANCELLED)
@@ -91,7 +129,9 @@ async def serve_session(
             await refuse(ws, exc)
             return
         session.lease = lease
-        await _relay(gateway, ws, session, lease, early, validate, observe)
+        if lease.request_type != session.kind:  # a prepare while queued changed it
+            gateway.pool.retype(None, lease, session.kind)
+        await _relay(gateway, ws, session, lease, early, checked, observe)
     finally:
         gateway.sessions.remove(session_id)
 
@@ -150,15 +190,23 @@ async def _relay(
                 await worker.send(raw)
             down = asyncio.ensure_future(relay_to_client(worker, recording.watching(ws.send_text)))
             up = asyncio.ensure_future(_forward_client(ws, worker, validate, observe))
+            stop = asyncio.ensure_future(gateway.shutting_down.wait())
             try:
-                await asyncio.wait([down, up], return_when="FIRST_COMPLETED")
+                await asyncio.wait([down, up, stop], return_when="FIRST_COMPLETED")
             finally:
                 up.cancel()
+                stop.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await up
+                with contextlib.suppress(asyncio.CancelledError):
+                    await stop
             if up.done() and not up.cancelled() and isinstance(up.exception(), AppDisabled):
                 refused = up.exception()  # type: ignore[assignment]
-            if not down.done():  # the client left: closing the worker socket ends its runner
+            if not down.done():
+                # The client left, or the server is going away: closing the
+                # worker socket ends its runner, which finalizes the recording.
+                if gateway.shutting_down.is_set():
+                    await tell_shutdown(ws)
                 await worker.close()
                 down.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -172,7 +220,7 @@ async def _relay(
         end = SessionEnd.OK
     finally:
         session.worker = None
-        gateway.pool.release(lease, ok=end is not SessionEnd.LOST)
+        release_lease(gateway.pool, lease, end, ok=end is not SessionEnd.LOST)
     if end is SessionEnd.LOST:
         await fail(
             ws, f"worker {lease.worker_id} failed during the session", ErrorCode.WORKER_FAILED

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import binascii
 import json
+import re
+from collections.abc import Iterator
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -94,6 +96,35 @@ def describe_validation_error(exc: ValidationError) -> str:
     return f"{where or 'message'}: {first['msg']}"
 
 
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield key
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+
+
+def has_lone_surrogates(raw: str | bytes, value: Any) -> bool:
+    """JSON may escape half of a UTF-16 pair (``"\\ud800"``); such a string
+    cannot be encoded again (in replies, recordings, the worker's copy)."""
+    text = raw.decode("latin-1") if isinstance(raw, bytes) else raw
+    if not _SURROGATE_ESCAPE.search(text):  # cheap: media payloads hold no backslash
+        return False
+    try:
+        for string in _strings(value):
+            string.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
 def parse_json_object(raw: str | bytes, max_bytes: int) -> dict[str, Any]:
     """Decode one client frame into a JSON object or raise :class:`ProtocolError`."""
     if len(raw) > max_bytes:
@@ -106,6 +137,8 @@ def parse_json_object(raw: str | bytes, max_bytes: int) -> dict[str, Any]:
         raise ProtocolError(ErrorCode.INVALID_JSON, f"message is not JSON: {exc}") from None
     if not isinstance(value, dict):
         raise ProtocolError(ErrorCode.INVALID_REQUEST, "message must be a JSON object")
+    if has_lone_surrogates(raw, value):
+        raise ProtocolError(ErrorCode.INVALID_JSON, "message holds an unpaired UTF-16 surrogate")
     return value
 
 

@@ -22,6 +22,7 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 from omnilive.config import Settings
 from omnilive.engines import create_engine
 from omnilive.engines.base import Engine
+from omnilive.logs import bind_session
 from omnilive.protocol.chat import ChatRequest
 from omnilive.protocol.common import ErrorCode, describe_validation_error, error_message
 from omnilive.protocol.internal import CLOSE_OK, CLOSE_SESSION_FAILED, CLOSE_WORKER_UNAVAILABLE
@@ -105,6 +106,7 @@ def create_worker_app(settings: Settings, worker_id: str, engine: Engine | None 
             await ws.close(code=1008, reason=f"unknown session kind {kind!r}")
             return
         await ws.accept()
+        bind_session(session_id)  # every log line of this session names it
         runtime: WorkerRuntime = ws.app.state.runtime
         try:
             async with runtime.session(session_id, kind) as record:

@@ -19,6 +19,7 @@ from omnilive.gateway.bridge import (
     WorkerConnectError,
     open_worker_session,
     relay_to_client,
+    release_lease,
 )
 from omnilive.gateway.client_ws import (
     CLOSE_TRY_AGAIN,
@@ -27,9 +28,12 @@ from omnilive.gateway.client_ws import (
     send_json,
     until_disconnect,
 )
+from omnilive.gateway.registry import ActiveSession
 from omnilive.gateway.scheduler import NoWorkersError, QueueFullError, Ticket
+from omnilive.gateway.sessions import ServerShutdown, tell_shutdown, until_shutdown
 from omnilive.gateway.state import Gateway, gateway_of
 from omnilive.ids import mint
+from omnilive.logs import bind_session
 from omnilive.protocol.chat import ChatRequest
 from omnilive.protocol.common import (
     ErrorCode,
@@ -109,21 +113,34 @@ async def chat_ws(ws: WebSocket) -> None:
         return
     except WebSocketDisconnect:
         return
+    session_id = mint("chat")
+    bind_session(session_id)
+    # Registered like every session: shutdown waits for it, metrics count it.
+    gateway.sessions.add(ActiveSession(session_id, "chat"))
     try:
-        request = validate_chat(gateway, raw)
-        ticket = submit(gateway, mint("chat"))
-    except ProtocolError as exc:
-        full = exc.code in (ErrorCode.QUEUE_FULL, ErrorCode.NO_WORKERS)
-        await fail(ws, exc.message, exc.code, CLOSE_TRY_AGAIN if full else 1000)
-        return
-    try:
-        await race(_serve_chat_ws(gateway, ws, ticket, request), lambda: until_disconnect(ws))
-    except (PeerGone, WebSocketDisconnect, OSError):
-        return  # the client left; the ticket or lease was given back on the way out
-    except LookupError:
-        await fail(ws, "removed from the queue by an administrator", ErrorCode.CANCELLED)
-        return
-    await close_quietly(ws)
+        try:
+            request = validate_chat(gateway, raw)
+            ticket = submit(gateway, session_id)
+        except ProtocolError as exc:
+            full = exc.code in (ErrorCode.QUEUE_FULL, ErrorCode.NO_WORKERS)
+            await fail(ws, exc.message, exc.code, CLOSE_TRY_AGAIN if full else 1000)
+            return
+        try:
+            await race(
+                _serve_chat_ws(gateway, ws, ticket, request),
+                lambda: until_shutdown(gateway, until_disconnect(ws)),
+            )
+        except (PeerGone, WebSocketDisconnect, OSError):
+            return  # the client left; the ticket or lease was given back on the way out
+        except ServerShutdown:
+            await tell_shutdown(ws)  # the worker keeps what was generated (interrupted)
+            return
+        except LookupError:
+            await fail(ws, "removed from the queue by an administrator", ErrorCode.CANCELLED)
+            return
+        await close_quietly(ws)
+    finally:
+        gateway.sessions.remove(session_id)
 
 
 async def _serve_chat_ws(
@@ -137,8 +154,11 @@ async def _serve_chat_ws(
             end = await relay_to_client(worker, ws.send_text)
     except WorkerConnectError as exc:
         await fail(ws, str(exc), ErrorCode.WORKER_FAILED)
+    except asyncio.CancelledError:
+        end = SessionEnd.FAILED  # the client left: not a sign of a dead worker
+        raise
     finally:
-        gateway.pool.release(lease, ok=end is SessionEnd.OK)
+        release_lease(gateway.pool, lease, end, ok=end is SessionEnd.OK)
     if end is SessionEnd.LOST:
         # The chat id is the recording id; its writer died with the worker. Closed
         # before the client is told: once it leaves, this task is cancelled.
@@ -166,29 +186,51 @@ async def chat_http(request: Request) -> JSONResponse:
     except AppDisabled as exc:
         return _error_response(403, exc.message, ErrorCode.APP_DISABLED)
     limit = gateway.settings.limits.max_message_bytes
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        return _error_response(
-            413, f"body of {declared} bytes exceeds {limit}", "payload_too_large"
-        )
-    body = await request.body()
+    body = await _read_capped(request, limit)
+    if body is None:
+        return _error_response(413, f"body exceeds {limit} bytes", "payload_too_large")
+    session_id = mint("chat")
+    bind_session(session_id)
+    gateway.sessions.add(ActiveSession(session_id, "chat"))
     try:
-        chat = validate_chat(gateway, body)
-        ticket = submit(gateway, mint("chat"))
-    except ProtocolError as exc:
-        status = {
-            ErrorCode.QUEUE_FULL: 503,
-            ErrorCode.NO_WORKERS: 503,
-            ErrorCode.PAYLOAD_TOO_LARGE: 413,
-        }.get(exc.code, 400)
-        return _error_response(status, exc.message, exc.code)
-    try:
-        work = _serve_chat_http(gateway, ticket, chat)
-        return await race(work, lambda: _until_http_disconnect(request))
-    except PeerGone:
-        return _error_response(499, "client disconnected", "client_closed")
-    except LookupError:
-        return _error_response(409, "removed from the queue by an administrator", "cancelled")
+        try:
+            chat = validate_chat(gateway, body)
+            ticket = submit(gateway, session_id)
+        except ProtocolError as exc:
+            status = {
+                ErrorCode.QUEUE_FULL: 503,
+                ErrorCode.NO_WORKERS: 503,
+                ErrorCode.PAYLOAD_TOO_LARGE: 413,
+            }.get(exc.code, 400)
+            return _error_response(status, exc.message, exc.code)
+        try:
+            work = _serve_chat_http(gateway, ticket, chat)
+            return await race(
+                work, lambda: until_shutdown(gateway, _until_http_disconnect(request))
+            )
+        except PeerGone:
+            return _error_response(499, "client disconnected", "client_closed")
+        except ServerShutdown:
+            return _error_response(503, "the server is shutting down", ErrorCode.SERVER_SHUTDOWN)
+        except LookupError:
+            return _error_response(409, "removed from the queue by an administrator", "cancelled")
+    finally:
+        gateway.sessions.remove(session_id)
+
+
+async def _read_capped(request: Request, limit: int) -> bytes | None:
+    """The body, or None once it exceeds ``limit`` (declared or streamed)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return None
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        parts.append(chunk)
+    return b"".join(parts)
 
 
 async def _serve_chat_http(gateway: Gateway, ticket: Ticket, chat: ChatRequest) -> JSONResponse:
@@ -211,8 +253,11 @@ async def _serve_chat_http(gateway: Gateway, ticket: Ticket, chat: ChatRequest) 
             end = await relay_to_client(worker, collect)
     except WorkerConnectError as exc:
         return _error_response(502, str(exc), ErrorCode.WORKER_FAILED)
+    except asyncio.CancelledError:
+        end = SessionEnd.FAILED  # the client left: not a sign of a dead worker
+        raise
     finally:
-        gateway.pool.release(lease, ok=end is SessionEnd.OK)
+        release_lease(gateway.pool, lease, end, ok=end is SessionEnd.OK)
     final = messages[-1] if messages else {}
     if end is SessionEnd.OK and final.get("type") == "done":
         body = {key: value for key, value in final.items() if key != "type"}

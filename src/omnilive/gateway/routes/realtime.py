@@ -23,6 +23,7 @@ from omnilive.gateway.bridge import (
     WorkerConnectError,
     open_worker_session,
     relay_to_client,
+    release_lease,
 )
 from omnilive.gateway.client_ws import CLOSE_TRY_AGAIN, close_quietly
 from omnilive.gateway.realtime_machine import Action, Close, RealtimeMachine, ToClient, ToWorker
@@ -30,6 +31,7 @@ from omnilive.gateway.registry import ActiveSession
 from omnilive.gateway.scheduler import Lease, NoWorkersError, QueueFullError
 from omnilive.gateway.state import Gateway, gateway_of
 from omnilive.ids import mint_realtime
+from omnilive.logs import bind_session
 from omnilive.protocol.realtime import CloseReason, RealtimeErrorCode, error_event
 from omnilive.recording.recovery import RecordingIdNote, recover_abandoned
 from omnilive.wsutil import frames_of
@@ -80,6 +82,7 @@ class RealtimeConnection:
         await close_quietly(self.ws, CLOSE_TRY_AGAIN)
 
     async def run(self) -> None:
+        bind_session(self.machine.session_id)
         session = ActiveSession(self.machine.session_id, self.machine.task_type)
         self.gateway.sessions.add(session)
         try:
@@ -153,8 +156,10 @@ class RealtimeConnection:
 
                 async def to_client(raw: str) -> None:
                     recording.note(raw)
-                    await self.ws.send_text(raw)
-                    await self.apply(self.machine.worker_event(event_type(raw)))
+                    kind = event_type(raw)
+                    if self.machine.forwards(kind):
+                        await self.ws.send_text(raw)
+                    await self.apply(self.machine.worker_event(kind))
 
                 end = await self._while(asyncio.ensure_future(relay_to_client(w, to_client)))
         except WorkerConnectError as exc:
@@ -164,7 +169,8 @@ class RealtimeConnection:
             raise
         finally:
             self.worker = None
-            self.gateway.pool.release(lease, ok=end in (SessionEnd.OK, SessionEnd.FAILED))
+            ok = end in (SessionEnd.OK, SessionEnd.FAILED)
+            release_lease(self.gateway.pool, lease, end, ok)
         if end is SessionEnd.REFUSED:
             await self.refuse(RealtimeErrorCode.WORKER_BUSY, f"worker {lease.worker_id} is busy")
         elif end is SessionEnd.LOST:

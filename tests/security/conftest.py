@@ -1,0 +1,67 @@
+"""Gateways for the security tests: in process with API keys, or real processes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from omnilive.config import Settings, load_settings
+from omnilive.gateway.app import create_app
+from tests.clients import close_all
+from tests.servers import Server
+
+USER_KEY = "user-key-0123456789abcdef"
+ADMIN_KEY = "admin-key-0123456789abcdef"
+EXPIRED_KEY = "expired-key-0123456789abcdef"
+WRONG_KEY = "wrong-key-0123456789abcdef"
+KEYS = [
+    {"key": USER_KEY, "role": "user", "name": "alice", "requests_per_minute": 0},
+    {"key": ADMIN_KEY, "role": "admin", "name": "ops", "requests_per_minute": 0},
+    {"key": EXPIRED_KEY, "role": "admin", "name": "old", "expires_at": 1_000_000.0},
+]
+
+
+def bearer(secret: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {secret}"}
+
+
+def keyed_settings(tmp: Path, **env: str) -> Settings:
+    return load_settings(
+        environ={
+            "OMNILIVE_INTERNAL_TOKEN": "internal",
+            "OMNILIVE_DATA_DIR": str(tmp / "data"),
+            "OMNILIVE_AUTH__KEYS": json.dumps(KEYS),
+            **env,
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def keyed_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[FastAPI, TestClient]]:
+    """A gateway with a user, an admin and an expired key, and no workers."""
+    app = create_app(keyed_settings(tmp_path_factory.mktemp("keyed")))
+    with TestClient(app, base_url="http://127.0.0.1:8006") as client:
+        yield app, client
+
+
+@pytest.fixture(autouse=True)
+async def _close_clients() -> AsyncIterator[None]:
+    """Every session client a test opened is closed when it ends."""
+    yield
+    await close_all()
+
+
+@pytest.fixture
+async def server(tmp_path: Path) -> AsyncIterator[Server]:
+    """One scripted worker behind a real, open (keyless) gateway."""
+    srv = Server(tmp_path).start()
+    try:
+        await srv.wait_ready(workers=1)
+        yield srv
+    finally:
+        srv.stop()
