@@ -57,8 +57,9 @@ def percentile(values: list[float], q: float) -> float:
 
 @dataclass
 class Tally:
-    """What the clients saw."""
+    """What the clients saw (shared by every session of a run)."""
 
+    measure_from: float = 0.0  # monotonic; results before it are the warm-up
     delays_ms: list[float] = field(default_factory=list)
     results: int = 0
     speak_results: int = 0
@@ -86,7 +87,7 @@ async def _receive(ws: ClientConnection, tally: Tally, stopped: asyncio.Event) -
             kind = match.group(1) if match else "?"
             if kind == "result":
                 stamp = _SEND_TS.search(text, max(0, len(text) - 1024))
-                if stamp:
+                if stamp and time.monotonic() >= tally.measure_from:
                     tally.delays_ms.append(now_ms - int(stamp.group(1)))
                 tally.results += 1
                 tally.speak_results += '"is_listen": false' in text[:64]
@@ -100,9 +101,7 @@ async def _receive(ws: ClientConnection, tally: Tally, stopped: asyncio.Event) -
             tally.errors.append(f"connection closed: {exc}")
 
 
-async def run_session(
-    url: str, chunk: str, start_at: float, stop_at: float, tally: Tally, warmup_s: float
-) -> None:
+async def run_session(url: str, chunk: str, start_at: float, stop_at: float, tally: Tally) -> None:
     await asyncio.sleep(max(0.0, start_at - time.monotonic()))
     async with connect(url, max_size=None, compression=None) as ws:
         while json.loads(await ws.recv())["type"] != "queue_done":
@@ -112,16 +111,13 @@ async def run_session(
             if message["type"] == "error":
                 tally.errors.append(json.dumps(message))
                 return
-        measured = Tally()
         stopped = asyncio.Event()
-        reader = asyncio.ensure_future(_receive(ws, measured, stopped))
+        reader = asyncio.ensure_future(_receive(ws, tally, stopped))
         try:
             began = time.monotonic()
             k = 0
             while (due := began + k) < stop_at and not reader.done():
                 await asyncio.sleep(max(0.0, due - time.monotonic()))
-                if k == int(warmup_s):  # forget the warm-up
-                    measured.delays_ms.clear()
                 await ws.send(chunk)
                 k += 1
             await ws.send(json.dumps({"type": "stop"}))
@@ -129,10 +125,6 @@ async def run_session(
         finally:
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
-    tally.delays_ms += measured.delays_ms
-    tally.results += measured.results
-    tally.speak_results += measured.speak_results
-    tally.errors += measured.errors
     tally.sessions_done += 1
 
 
@@ -157,8 +149,11 @@ def children_of(pid: int) -> list[int]:
     return [int(p) for p in path.read_text().split()] if path.exists() else []
 
 
-async def watch(pid: int, until: float, every_s: float) -> list[dict[str, float]]:
+async def watch(pid: int, until: float, every_s: float, tally: Tally) -> list[dict[str, float]]:
+    """Every ``every_s``: the gateway's CPU and memory, the workers' CPU, and the
+    relay delay of the results received in that window."""
     samples = []
+    seen = 0
     started = time.monotonic()
     last_cpu, _ = proc_sample(pid)
     last_t = started
@@ -172,11 +167,13 @@ async def watch(pid: int, until: float, every_s: float) -> list[dict[str, float]
             with_cpu = proc_sample(worker)[0]
             workers_cpu += with_cpu - worker_last.get(worker, with_cpu)
             worker_last[worker] = with_cpu
+        window, seen = tally.delays_ms[seen:], len(tally.delays_ms)
         samples.append({
             "t_s": round(now - started, 1),
             "gateway_cpu_pct": round(100 * (cpu - last_cpu) / (now - last_t), 1),
             "gateway_rss_mb": round(rss / 2**20, 1),
             "workers_cpu_pct": round(100 * workers_cpu / (now - last_t), 1),
+            "relay_p99_ms": round(percentile(window, 99), 2) if window else None,
         })  # fmt: skip
         last_cpu, last_t = cpu, now
     return samples
@@ -223,10 +220,10 @@ async def run_level(args: argparse.Namespace, sessions: int) -> dict[str, Any]:
         server = Server(Path(tmp), workers=workers, env=env).start()
         try:
             await server.wait_ready(workers=workers, timeout=120)
-            tally = Tally()
+            now = time.monotonic()
+            tally = Tally(measure_from=now + 1 + args.warmup_s)
             chunk = chunk_message(args.omni)
             mode = "omni" if args.omni else "audio"
-            now = time.monotonic()
             ramp = min(1.0, 0.02 * sessions)  # spread the sessions' phases over a second
             stop_at = now + 2 + args.minutes * 60
             tasks = [
@@ -236,14 +233,17 @@ async def run_level(args: argparse.Namespace, sessions: int) -> dict[str, Any]:
                     now + ramp * i / sessions,
                     stop_at,
                     tally,
-                    args.warmup_s,
                 )
                 for i in range(sessions)
             ]
             assert server.process is not None
-            watcher = asyncio.ensure_future(watch(server.process.pid, stop_at, args.sample_s))
+            watcher = asyncio.ensure_future(
+                watch(server.process.pid, stop_at, args.sample_s, tally)
+            )
             lag = asyncio.ensure_future(loop_lag(tally, stop_at))
+            client_cpu = sum(os.times()[:2])
             outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+            client_cpu = sum(os.times()[:2]) - client_cpu
             samples = await watcher
             await lag
             for outcome in outcomes:
@@ -254,6 +254,7 @@ async def run_level(args: argparse.Namespace, sessions: int) -> dict[str, Any]:
             server.stop()
     delays = tally.delays_ms
     cpu = [s["gateway_cpu_pct"] for s in samples]
+    windows = [s["relay_p99_ms"] for s in samples if s["relay_p99_ms"] is not None]
     rss = [s["gateway_rss_mb"] for s in samples]
     return {
         "sessions": sessions,
@@ -273,8 +274,15 @@ async def run_level(args: argparse.Namespace, sessions: int) -> dict[str, Any]:
             "max": round(max(delays), 2) if delays else None,
             "mean": round(statistics.fmean(delays), 2) if delays else None,
         },
+        "relay_p99_ms_per_window": {
+            "median": round(statistics.median(windows), 2) if windows else None,
+            "windows_over_limit": sum(w >= args.p99_ms for w in windows),
+            "windows": len(windows),
+        },
         "gateway_relay_histogram": gateway_view,
         "client_loop_lag_ms_p99": round(percentile(tally.loop_lag_ms, 99), 2),
+        # The load generator shares the machine's cores with the gateway and workers.
+        "client_cpu_pct_mean": round(100 * client_cpu / (args.minutes * 60 + 2), 1),
         "gateway_cpu_pct": {
             "mean": round(statistics.fmean(cpu), 1) if cpu else None,
             "max": max(cpu) if cpu else None,
@@ -301,6 +309,8 @@ def summary_line(level: dict[str, Any]) -> str:
         f" (max {level['gateway_cpu_pct']['max']}%)"
         f"  RSS {level['gateway_rss_mb']['first']}→{level['gateway_rss_mb']['last']} MB"
         f"  client lag p99 {level['client_loop_lag_ms_p99']} ms"
+        f"  windows over the limit {level['relay_p99_ms_per_window']['windows_over_limit']}"
+        f"/{level['relay_p99_ms_per_window']['windows']}"
     )
 
 

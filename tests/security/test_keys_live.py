@@ -136,3 +136,19 @@ async def test_requests_per_minute_just_under_passes_just_over_is_refused(keyed:
         # the limit is per key
         alice = await client.get(f"{keyed.http}/api/apps", headers=bearer(USER_KEY))
         assert alice.status_code == 200
+
+
+async def test_only_the_owner_or_an_admin_may_stop_a_session_over_rest(keyed: Server):
+    url = f"{keyed.ws}/ws/half_duplex/alices"
+    async with connect(url, additional_headers=bearer(USER_KEY)) as ws:
+        assert json.loads(await ws.recv())["type"] == "queue_done"
+        await ws.send(json.dumps({"type": "prepare"}))
+        assert json.loads(await ws.recv())["type"] == "prepared"
+        stop = f"{keyed.http}/api/half_duplex/stop"
+        async with httpx.AsyncClient() as client:
+            body = {"session_id": "alices"}
+            bob = await client.post(stop, json=body, headers=bearer(BOB_KEY))
+            assert bob.status_code == 404  # as if it did not exist
+            alice = await client.post(stop, json=body, headers=bearer(USER_KEY))
+            assert alice.status_code == 200
+        assert json.loads(await ws.recv())["type"] == "stopped"

@@ -143,8 +143,8 @@ class Gatekeeper:
 
     def _check_origin(self, request: AccessRequest) -> None:
         origin = request.headers.get("origin")
-        if origin is None or (request.method != WS and request.method in SAFE_METHODS):
-            return  # not a browser, or a request that changes nothing
+        if origin is None or request.method in SAFE_METHODS:
+            return  # not a browser, or a request that changes nothing (an upgrade is "WS")
         host = request.headers.get("host", "")
         if not origin_allowed(origin, host, self.settings.allowed_origins):
             raise Denied(403, ErrorCode.ORIGIN_NOT_ALLOWED, f"origin {origin} is not allowed")

@@ -23,6 +23,9 @@ class ActiveSession:
     ticket: Ticket | None = None
     lease: Lease | None = None
     started_at: float = field(default_factory=time.time)
+    # The API key that opened it (its fingerprint): only it, or an admin, may
+    # control the session over REST.
+    owner: str | None = None
 
     async def send_control(self, message: dict[str, Any]) -> bool:
         """Inject a control message (e.g. a REST stop) into the worker session."""

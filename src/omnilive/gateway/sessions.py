@@ -19,6 +19,7 @@ from websockets.asyncio.client import ClientConnection
 from omnilive.apps import app_of
 from omnilive.config import RequestType
 from omnilive.gateway.app_gate import AppDisabled, refuse, require_enabled
+from omnilive.gateway.auth import principal_of
 from omnilive.gateway.bridge import (
     SessionEnd,
     WorkerConnectError,
@@ -91,7 +92,7 @@ async def serve_session(
     except AppDisabled as exc:
         await refuse(ws, exc)
         return
-    session = ActiveSession(session_id, kind)
+    session = ActiveSession(session_id, kind, owner=principal_of(ws).key_id)
     try:
         gateway.sessions.add(session)
     except ProtocolError as exc:

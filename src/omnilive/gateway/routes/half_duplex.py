@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException, Request, WebSocket
 from pydantic import BaseModel
 
+from omnilive.gateway.auth import principal_of
 from omnilive.gateway.sessions import serve_session
 from omnilive.gateway.state import gateway_of
 from omnilive.protocol.common import decode_client_message
@@ -32,7 +33,10 @@ async def half_duplex_ws(ws: WebSocket, session_id: str) -> None:
 async def half_duplex_stop(body: StopRequest, request: Request) -> dict[str, object]:
     """Stop one half-duplex session, mid-turn if need be; other sessions are untouched."""
     session = gateway_of(request).sessions.get(body.session_id)
-    if session is None or session.kind != "half_duplex":
+    caller = principal_of(request)
+    # Someone else's session is not found either: ids must not be probed.
+    mine = session is not None and (caller.is_admin or session.owner == caller.key_id)
+    if session is None or session.kind != "half_duplex" or not mine:
         raise HTTPException(404, f"no active half-duplex session {body.session_id}")
     if not await session.send_control({"type": "stop"}):
         raise HTTPException(409, f"session {body.session_id} is still waiting in the queue")
