@@ -113,7 +113,7 @@ class Conversation:
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Any]]:
-    env = {"OMNILIVE_SCRIPTED__SLOTS": "4", "OMNILIVE_LIMITS__FIRST_MESSAGE_TIMEOUT_S": "5"}
+    env = {"OMNILIVE_SCRIPTED__SLOTS": "8", "OMNILIVE_LIMITS__FIRST_MESSAGE_TIMEOUT_S": "5"}
     server = Server(tmp_path_factory.mktemp("fuzz-live"), env=env).start()
     loop = asyncio.new_event_loop()
     try:
@@ -165,7 +165,7 @@ def test_chat_frames(live: tuple[Server, Any], raw: str | bytes):
         async with connect(f"{server.ws}/ws/chat", max_size=None) as ws:
             await ws.send(raw)
             with contextlib.suppress(ConnectionClosed):
-                async with asyncio.timeout(30):
+                async with asyncio.timeout(60):
                     async for message in ws:
                         seen.append(json.loads(message))
         assert ws.close_code in CLOSE_CODES, ws.close_code
