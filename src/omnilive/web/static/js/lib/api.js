@@ -1,15 +1,53 @@
 // The one place that knows how to reach the server. Every fetch and every
-// WebSocket URL of the pages is built here, so that adding credentials (an
-// API key login, short-lived client tokens) later changes this file only.
+// WebSocket URL of the pages is built here, and so is the login of a server
+// with API keys: a 401 opens the key prompt and the request goes on with the
+// key (kept for this tab, or on this device when asked); WebSockets, which
+// cannot carry headers, get a short-lived client token minted with the key.
 
-/** Extra request headers for the server; empty until pages log in. */
-function authHeaders() {
-  return {};
+import { askForKey } from './login.js';
+
+const KEY_ITEM = 'omnilive.apiKey';
+const TOKEN_PROTOCOL = 'omnilive.token.';
+// A token is minted again this long before it expires, so none expires on the way.
+const TOKEN_MARGIN_MS = 60_000;
+// Links (<audio src>, downloads) cannot ask again when their token expires:
+// they get the longest life the server grants (it caps what is asked).
+const LINK_TOKEN_TTL_S = 3600;
+
+const tokens = { session: null, link: null }; // {value, expiresAt (ms)}
+
+/** The API key this browser signed in with, or null (also on a server without keys). */
+export function storedKey() {
+  return sessionStorage.getItem(KEY_ITEM) ?? localStorage.getItem(KEY_ITEM);
 }
 
-/** Query parameters a WebSocket upgrade carries (browsers cannot set headers on it). */
+/** Fired on window when a key is entered (the header then offers to sign out). */
+export const SIGNED_IN = 'omnilive-signed-in';
+
+function storeKey(key, remember) {
+  forgetKey();
+  (remember ? localStorage : sessionStorage).setItem(KEY_ITEM, key);
+  window.dispatchEvent(new Event(SIGNED_IN));
+}
+
+/** Sign out: drop the key and the tokens minted with it. */
+export function forgetKey() {
+  sessionStorage.removeItem(KEY_ITEM);
+  localStorage.removeItem(KEY_ITEM);
+  tokens.session = null;
+  tokens.link = null;
+}
+
+/** Extra request headers for the server: the key, once there is one. */
+function authHeaders() {
+  const key = storedKey();
+  return key ? { Authorization: `Bearer ${key}` } : {};
+}
+
+/** Query parameters of links the browser fetches by itself (no headers there). */
 function authParams() {
-  return {};
+  const token = tokens.link;
+  return token && token.expiresAt > Date.now() ? { token: token.value } : {};
 }
 
 function withQuery(path, params) {
@@ -30,40 +68,63 @@ export function httpUrl(path, params) {
 /** The ws:// or wss:// URL of a WebSocket path on this server. */
 export function wsUrl(path, params) {
   const scheme = location.protocol === 'https:' ? 'wss:' : 'ws:';
-  return `${scheme}//${location.host}${withQuery(path, { ...params, ...authParams() })}`;
+  return `${scheme}//${location.host}${withQuery(path, params)}`;
 }
 
 /** An HTTP error with the server's status and its message, if it sent one. */
 export class HttpError extends Error {
-  constructor(status, message) {
+  constructor(status, message, code = null) {
     super(message || `HTTP ${status}`);
     this.status = status;
+    this.code = code; // the server's error code (`unauthorized`, `forbidden`, ...), if any
   }
 }
 
 async function errorOf(response) {
   let detail = response.statusText;
+  let code = null;
   try {
     const body = await response.json();
     const value = body.detail ?? body.error ?? body.message;
     if (value) detail = typeof value === 'string' ? value : JSON.stringify(value);
+    if (typeof body.code === 'string') code = body.code;
   } catch {
     // not JSON: keep the status text
   }
-  return new HttpError(response.status, detail);
+  return new HttpError(response.status, detail, code);
+}
+
+/**
+ * After a refusal for want of a credential, ask for a key; true when one was
+ * entered and the request should be tried again with it.
+ */
+async function signIn(error) {
+  let reason = null;
+  if (error.status === 401) reason = storedKey() ? 'login.rejected' : 'login.needed';
+  // Without keys a 403 `forbidden` is the loopback rule, which no key changes.
+  else if (error.status === 403 && error.code === 'forbidden' && storedKey()) reason = 'login.admin';
+  if (!reason) return false;
+  const answer = await askForKey(reason);
+  if (!answer) return false;
+  storeKey(answer.key, answer.remember);
+  return true;
 }
 
 /** fetch() with the server's credentials. Throws HttpError on a non-2xx status. */
 export async function request(method, path, { body, json, signal } = {}) {
-  const headers = { ...authHeaders() };
   let payload = body;
+  const type = {};
   if (json !== undefined) {
-    headers['Content-Type'] = 'application/json';
+    type['Content-Type'] = 'application/json';
     payload = JSON.stringify(json);
   }
-  const response = await fetch(httpUrl(path), { method, headers, body: payload, signal });
-  if (!response.ok) throw await errorOf(response);
-  return response;
+  for (;;) {
+    const headers = { ...authHeaders(), ...type };
+    const response = await fetch(httpUrl(path), { method, headers, body: payload, signal });
+    if (response.ok) return response;
+    const error = await errorOf(response);
+    if (!(await signIn(error))) throw error;
+  }
 }
 
 export async function getJSON(path, options) {
@@ -89,12 +150,64 @@ export async function getOptional(path, fallback) {
 
 /** GET /status; it answers 503 with a body while no worker is ready. */
 export async function getStatus() {
-  const response = await fetch(httpUrl('/status'), { headers: authHeaders() });
-  try {
-    return await response.json();
-  } catch {
-    throw new HttpError(response.status, response.statusText);
+  for (;;) {
+    const response = await fetch(httpUrl('/status'), { headers: authHeaders() });
+    if (response.ok || response.status === 503) {
+      try {
+        return await response.json();
+      } catch {
+        throw new HttpError(response.status, response.statusText);
+      }
+    }
+    const error = await errorOf(response);
+    if (!(await signIn(error))) throw error;
   }
+}
+
+async function token(kind, ttlS) {
+  if (!storedKey()) return null; // a server without keys needs none
+  const cached = tokens[kind];
+  if (cached && cached.expiresAt - Date.now() > TOKEN_MARGIN_MS) return cached.value;
+  const started = Date.now();
+  const body = await sendJSON('POST', '/v1/client_secrets', ttlS ? { ttl_s: ttlS } : {});
+  // ttl_s, not expires_at: the browser's clock need not agree with the server's.
+  tokens[kind] = { value: body.token, expiresAt: started + body.ttl_s * 1000 };
+  return body.token;
+}
+
+/**
+ * Where to open a WebSocket: its URL and the subprotocols to offer. With a
+ * key, a client token rides as the `omnilive.token.<token>` subprotocol (not
+ * in the URL, where logs and history would keep it).
+ */
+export async function socketTarget(path, params) {
+  const value = await token('session');
+  const protocols = value ? ['omnilive', TOKEN_PROTOCOL + value] : [];
+  return { url: wsUrl(path, params), protocols };
+}
+
+/**
+ * Make httpUrl() links (audio, downloads) carry a client token from now on;
+ * call before building them. Nothing to do on a server without keys.
+ */
+export async function prepareLinks() {
+  await token('link', LINK_TOKEN_TTL_S);
+}
+
+/**
+ * After a WebSocket was refused before it opened: drop its token and check
+ * the key (a 401 opens the prompt). True when the server has keys and ours
+ * (perhaps just entered) is good, so one more try with a fresh token may
+ * succeed; false on a server without keys or when the user cancels.
+ */
+export async function recheckAccess() {
+  tokens.session = null;
+  try {
+    await getStatus();
+  } catch {
+    return false;
+  }
+  return storedKey() !== null;
 }
 
 /** A fresh, unguessable client-side session id with a prefix. */

@@ -1,7 +1,8 @@
 // One WebSocket session with the server: JSON in and out, the queue messages
 // routed to a QueueView, everything else to the page.
 
-import { wsUrl } from './api.js';
+import { recheckAccess, socketTarget } from './api.js';
+import { t } from './i18n.js';
 
 export class LiveSocket {
   /**
@@ -10,7 +11,8 @@ export class LiveSocket {
    *          onMessage?: (msg) => void, onClose?: (CloseEvent) => void}} options
    */
   constructor(path, { params = {}, queue = null, onMessage = () => {}, onClose = () => {} } = {}) {
-    this.url = wsUrl(path, params);
+    this.path = path;
+    this.params = params;
     this.queue = queue;
     this.onMessage = onMessage;
     this.onClose = onClose;
@@ -22,10 +24,30 @@ export class LiveSocket {
     return this.ws !== null && this.ws.readyState === WebSocket.OPEN;
   }
 
-  /** Connect; resolves once open, rejects if the connection cannot be made. */
-  connect() {
+  /**
+   * Connect; resolves once open, rejects if the connection cannot be made.
+   * A server with API keys that refuses the upgrade gets one more try after
+   * the key is checked (and asked for, when the server no longer takes it).
+   */
+  async connect() {
+    try {
+      return await this.attempt();
+    } catch (error) {
+      if (!(await recheckAccess())) throw error;
+    }
+    try {
+      return await this.attempt();
+    } catch {
+      // The key is good, so the refusal was something else a browser cannot
+      // read from a refused upgrade: most often this key's session limit.
+      throw new Error(t('error.refused'));
+    }
+  }
+
+  async attempt() {
+    const { url, protocols } = await socketTarget(this.path, this.params);
     return new Promise((resolve, reject) => {
-      const ws = new WebSocket(this.url);
+      const ws = new WebSocket(url, protocols);
       this.ws = ws;
       let opened = false;
       ws.onopen = () => {
@@ -44,8 +66,11 @@ export class LiveSocket {
         this.onMessage(message);
       };
       ws.onclose = (event) => {
+        if (!opened) {
+          reject(new Error(`connection refused (${event.code})`));
+          return; // connect() may try again: the page hears of a close once it was open
+        }
         this.queue?.done();
-        if (!opened) reject(new Error(`connection refused (${event.code})`));
         this.onClose(event);
       };
     });

@@ -158,8 +158,21 @@ export default {
   'error.app_disabled': 'This mode is switched off by the administrator.',
   'error.connect': 'Cannot connect: {error}',
   'error.closed': 'The connection closed.',
+  'error.refused':
+    'The server refused the connection. This key may have too many sessions open; close one and try again.',
   'error.mic': 'The microphone is not available: {error}',
   'error.camera': 'The camera or microphone is not available: {error}',
+
+  'login.title': 'Sign in',
+  'login.needed': 'This server needs an API key.',
+  'login.rejected': 'The server did not accept that key. Enter a valid API key.',
+  'login.admin': 'This page needs an admin key.',
+  'login.key': 'API key',
+  'login.placeholder': 'Paste your API key',
+  'login.remember': 'Remember on this device',
+  'login.cancel': 'Cancel',
+  'login.submit': 'Sign in',
+  'login.sign_out': 'Sign out',
 
   'admin.auto_refresh': 'Refresh every 2 s',
   'admin.status': 'Status',

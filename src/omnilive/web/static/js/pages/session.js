@@ -2,7 +2,7 @@
 // merged replay with subtitles, the timeline of turns or units, a download of
 // everything, and a comment.
 
-import { getJSON, getOptional, httpUrl, sendJSON } from '../lib/api.js';
+import { getJSON, getOptional, httpUrl, prepareLinks, sendJSON } from '../lib/api.js';
 import { $, clock, el, when } from '../lib/dom.js';
 import { onLangChange, t } from '../lib/i18n.js';
 import { initPage, notify } from '../ui/nav.js';
@@ -139,6 +139,11 @@ async function saveComment(event) {
 
 async function main() {
   await initPage('session');
+  try {
+    await prepareLinks(); // the replays and the download are links: they carry a token
+  } catch {
+    // no key given: load() below says why nothing shows
+  }
   $('#download').href = httpUrl(`${BASE}/download`);
   if (!(await load())) return;
   // A session still going on (or whose replays are being made) is followed until it settles.

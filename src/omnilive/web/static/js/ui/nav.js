@@ -1,7 +1,7 @@
 // The header every page shares: the brand, links to the pages (modes the
 // administrator turned off are left out), and the language switch.
 
-import { getOptional } from '../lib/api.js';
+import { SIGNED_IN, forgetKey, getOptional, storedKey } from '../lib/api.js';
 import { $, el, icon } from '../lib/dom.js';
 import { lang, onLangChange, setLang, translate } from '../lib/i18n.js';
 
@@ -60,6 +60,25 @@ function render(header, active) {
     el('nav', { class: 'links', 'data-i18n-label': 'nav.label' }, links),
     switcher,
   );
+  const offerSignOut = () => {
+    if (storedKey() !== null && !header.querySelector('.sign-out')) header.append(signOutButton());
+  };
+  offerSignOut();
+  window.addEventListener(SIGNED_IN, offerSignOut);
+}
+
+/** Shown once the page has an API key: forgets it (and its tokens) and starts over. */
+function signOutButton() {
+  return el('button', {
+    type: 'button',
+    class: 'sign-out',
+    id: 'sign-out',
+    'data-i18n': 'login.sign_out',
+    onclick: () => {
+      forgetKey();
+      location.reload();
+    },
+  });
 }
 
 /**
