@@ -50,7 +50,6 @@ class LimitSettings(_Section):
     max_message_bytes: int = Field(64 * 1024 * 1024, description="Largest WebSocket message.")
     max_chat_messages: int = Field(256, description="Messages in one chat request.")
     max_chat_audio_s: float = Field(600.0, description="Total audio seconds in one chat request.")
-    max_request_timeout_s: float = Field(3600.0, description="Cap on client-chosen timeouts.")
     max_chunk_audio_s: float = Field(4.0, gt=0, description="Audio in one duplex chunk.")
     max_frames_per_chunk: int = Field(8, ge=0, description="Video frames in one duplex chunk.")
     max_frame_bytes: int = Field(2 * 1024 * 1024, gt=0, description="Size of one JPEG frame.")
