@@ -450,6 +450,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         "OMNILIVE_RECORDING__ENABLED": "false",
         "OMNILIVE_HEALTH_INTERVAL_S": "2",
         "OMNILIVE_MINICPMO__TORCH_COMPILE": "true" if args.torch_compile else "false",
+        "OMNILIVE_MINICPMO__CUDA_GRAPHS": "false" if args.no_cuda_graphs else "true",
     }
     sampler = GpuSampler()
     baseline_mib = sampler.used_mib()
@@ -461,6 +462,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         "engine": args.engine,
         "speak_tokens_per_unit": args.speak_tokens,
         "torch_compile": args.torch_compile,
+        "cuda_graphs": not args.no_cuda_graphs and not args.torch_compile,
+        "model_code": json.loads((ckpt / "config.json").read_text())["auto_map"]["AutoModel"],
         "baseline_mib": baseline_mib,
     }
 
@@ -550,13 +553,14 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--out", type=Path)
     run.add_argument("--engine", default="minicpmo", help="scripted: try the client logic")
     run.add_argument("--torch-compile", action="store_true", help="minicpmo.torch_compile")
+    run.add_argument("--no-cuda-graphs", action="store_true", help="minicpmo.cuda_graphs off")
     args = parser.parse_args(argv)
     if args.command == "checkpoint":
         build_checkpoint(args.code, args.out, args.tiny, args.device)
         return 0
     if args.out is None:
         name = (GpuSampler.query("name") or "no_gpu").lower().replace(" ", "_")
-        suffix = "_compiled" if args.torch_compile else ""
+        suffix = "_compiled" if args.torch_compile else "_eager" if args.no_cuda_graphs else ""
         args.out = Path(__file__).parent / "results" / f"gpu_duplex_{name}{suffix}.json"
     report = asyncio.run(bench(args))
     print_table(report)

@@ -198,6 +198,10 @@ class MiniCPMoSettings(_Section):
     )
     warmup: bool = Field(True, description="Run one chat and one duplex unit before IDLE.")
     torch_compile: bool = Field(False, description="torch.compile the LLM and TTS (slow start).")
+    cuda_graphs: bool = Field(
+        True,
+        description="Replay duplex LLM and speech-LM steps from CUDA graphs (off with torch_compile).",
+    )
 
 
 class Settings(_Section):

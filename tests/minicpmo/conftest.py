@@ -25,6 +25,26 @@ from tests.minicpmo.fake_model import FakeMiniCPMO
 GIB = 2**30
 
 
+class RecordingGraphs:
+    """Stands in for the CUDA step graphs: records when they are switched on and off."""
+
+    def __init__(self) -> None:
+        self.attached: Any = None
+        self.active = False
+        self.releases = 0
+
+    def attach(self, duplex: Any) -> None:
+        self.attached = duplex
+        self.active = True
+
+    def release(self) -> None:
+        self.active = False
+        self.releases += 1
+
+    def stats(self) -> dict[str, dict[str, float]]:
+        return {"llm": {"replays": 0}}
+
+
 class FakeBackend:
     """Hands out a fake model; counts memory the way a GPU would hold it."""
 
@@ -35,6 +55,7 @@ class FakeBackend:
         self.free_gib = free_gib
         self.model: FakeMiniCPMO | None = None
         self.releases = 0
+        self.graphs: RecordingGraphs | None = None
 
     def check_device(self, device: str) -> DeviceInfo:
         return DeviceInfo("Fake GPU", int(self.free_gib * GIB), 80 * GIB)
@@ -45,6 +66,10 @@ class FakeBackend:
         progress("loading weights", 0.1)
         self.model = self.factory()
         return self.model
+
+    def step_graphs(self, model: Any, settings: MiniCPMoSettings) -> RecordingGraphs | None:
+        self.graphs = RecordingGraphs() if settings.cuda_graphs else None
+        return self.graphs
 
     def release_memory(self) -> None:
         self.releases += 1

@@ -182,3 +182,33 @@ def test_switching_views_on_one_model(make_engine: EngineFactory):
         chat.close()
     assert [m.value for m in model.mode_switches][-4:] == ["duplex", "streaming"] * 2
     assert model.live == 0
+
+
+def test_step_graphs_run_only_inside_duplex_sessions(make_engine: EngineFactory):
+    engine, backend = make_engine(factory=FakeUnifiedMiniCPMO)
+    graphs = backend.graphs
+    assert graphs is not None and not graphs.active  # the warm-up session released them
+    duplex = engine.open_duplex()
+    duplex.prepare("Hi.", DuplexOptions())
+    assert graphs.active and graphs.attached is backend.model.duplex_object
+    run_units(duplex, 2)
+    duplex.close()
+    assert not graphs.active
+    released = graphs.releases
+    chat = engine.open_chat()
+    from omnilive.engines.base import ChatMessage, ChatOptions, TextPart
+
+    chat.prefill([ChatMessage("user", (TextPart("hello"),))], ChatOptions())
+    assert not graphs.active  # the simplex views never run on them
+    list(chat.generate())
+    chat.close()
+    assert graphs.releases > released
+
+
+def test_step_graphs_can_be_switched_off(make_engine: EngineFactory):
+    engine, backend = make_engine(cuda_graphs=False)
+    assert backend.graphs is None
+    duplex = engine.open_duplex()
+    duplex.prepare("Hi.", DuplexOptions())
+    assert run_units(duplex, 2)
+    duplex.close()

@@ -33,6 +33,16 @@ class DeviceInfo:
     total_bytes: int
 
 
+class StepGraphSet(Protocol):
+    """Faster duplex steps (``graphs.DuplexGraphs``), active while a duplex session runs."""
+
+    def attach(self, duplex: Any) -> None: ...
+
+    def release(self) -> None: ...
+
+    def stats(self) -> dict[str, dict[str, float]]: ...
+
+
 class Backend(Protocol):
     """Loads the model and manages device memory."""
 
@@ -44,6 +54,10 @@ class Backend(Protocol):
         self, checkpoint: CheckpointInfo, settings: MiniCPMoSettings, progress: ProgressCallback
     ) -> Any:
         """Return the loaded model object, on the device, in eval mode."""
+        ...
+
+    def step_graphs(self, model: Any, settings: MiniCPMoSettings) -> StepGraphSet | None:
+        """CUDA graphs for the model's duplex steps, or None to run them eagerly."""
         ...
 
     def release_memory(self) -> None:
@@ -114,6 +128,18 @@ class TorchBackend:
                 "pip install 'omnilive[cuda]'"
             ) from None
         return model
+
+    def step_graphs(self, model: Any, settings: MiniCPMoSettings) -> StepGraphSet | None:
+        if not settings.cuda_graphs or settings.torch_compile:
+            return None
+        from omnilive.engines.minicpmo.graphs import DuplexGraphs
+
+        try:
+            return DuplexGraphs(model)
+        except (AttributeError, ImportError) as exc:
+            # Model code of another shape: it still runs, only eagerly.
+            log.warning("no CUDA graphs for this model's duplex steps: %s", exc)
+            return None
 
     def release_memory(self) -> None:
         torch = importlib.import_module("torch")

@@ -30,7 +30,7 @@ import numpy as np
 
 from omnilive.config import MiniCPMoSettings
 from omnilive.engines.base import EngineError
-from omnilive.engines.minicpmo.backend import Backend
+from omnilive.engines.minicpmo.backend import Backend, StepGraphSet
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +131,7 @@ class ModelHost:
                 "nor init_unified(): it is not MiniCPM-o 4.5 code"
             )
         self._duplex: Any = None
+        self.graphs: StepGraphSet | None = None
         self.view: View | None = None
 
     # --- set-up --------------------------------------------------------------
@@ -155,6 +156,7 @@ class ModelHost:
             )
         if self._duplex is None:
             raise EngineError("the model's code returned no duplex object")
+        self.graphs = self.backend.step_graphs(self.model, self.settings)
 
     def compile(self) -> None:
         compile_fn = getattr(self.model, "apply_torch_compile", None)
@@ -173,6 +175,14 @@ class ModelHost:
 
     def begin(self, view: View) -> None:
         """Start a session of ``view``: the previous session's state goes."""
+        self._switch(view)
+        if self.graphs is not None:
+            if view is View.DUPLEX:
+                self.graphs.attach(self.duplex)
+            else:
+                self.graphs.release()
+
+    def _switch(self, view: View) -> None:
         if self.flavour is Flavour.UNIFIED:
             modes = getattr(sys.modules.get(type(self.model).__module__), "ProcessorMode", None)
             if modes is not None:
@@ -256,6 +266,9 @@ class ModelHost:
             log.exception("minicpmo: resetting the model after a session failed")
         finally:
             self.view = None
+            if self.graphs is not None:
+                log.info("step graphs: %s", self.graphs.stats())
+                self.graphs.release()
             self.backend.release_memory()
         stats = self.backend.memory_stats()
         if stats:
