@@ -9,10 +9,11 @@ Two steps, meant for a machine with an NVIDIA GPU and no network:
     (Qwen3-8B text backbone, SigLIP2-400M vision, Whisper-medium audio encoder,
     the MiniCPM TTS module) and randomly initialised bf16 weights at that real
     size, generated on the GPU. Random weights give nonsense text but the real
-    compute. The streaming vocoder (flow matching + HiFT, loaded by the model
-    code from ``assets/token2wav``) needs weight and ONNX files that are not in
-    the public code; a stand-in with the same interface is written instead and
-    must be on ``PYTHONPATH`` (``run`` does that).
+    compute. The streaming vocoder (``stepaudio2.Token2wav``: flow matching +
+    HiFT) is minicpmo-utils' own streaming code at the published sizes with
+    random weights (standins/random_vocoder.py); only its voice prompt is
+    random, as the ONNX models that make it are not public. It is written into
+    ``standin/``, which must be on ``PYTHONPATH`` (``run`` does that).
 
 ``run --model-path CKPT``
     Starts ``omnilive serve --engine minicpmo``, then drives through the
@@ -132,56 +133,13 @@ def model_config(tiny: bool) -> dict[str, Any]:
     }
 
 
-# The model code loads its streaming vocoder as ``stepaudio2.Token2wav``. This
-# stand-in keeps that interface (prompt cache, ``stream`` per 25 tokens plus
-# look-ahead) and renders each speech token as 40 ms of a tone, so that the
-# rest of the pipeline runs unchanged; its cost is not the real vocoder's.
-STANDIN_VOCODER = '''
-"""Stand-in for stepaudio2.Token2wav (no weights): 40 ms of tone per token."""
-import numpy as np
-import soundfile
-import torch
-
-class _Flow:
-    pre_lookahead_len = 3
-
-class Token2wav:
-    def __init__(self, model_path, float16=False, n_timesteps=10):
-        self.flow = _Flow()
-        self.cache = None
-        self.stream_cache = None
-        self.hift_cache_dict = {}
-
-    def set_stream_cache(self, prompt_wav):
-        audio, rate = soundfile.read(str(prompt_wav), dtype="float32")
-        level = torch.tensor([float(np.sqrt(np.mean(np.square(audio))))])
-        self.stream_cache = {"level": level}
-        return {"level": level}, {"rate": torch.tensor([rate])}
-
-    def _render(self, tokens):
-        t = np.arange(960, dtype=np.float32) / 24000
-        return np.concatenate(
-            [0.1 * np.sin(2 * np.pi * (120 + int(k) % 400) * t) for k in tokens]
-            or [np.zeros(0, np.float32)]
-        ).astype(np.float32)
-
-    def stream(self, tokens, prompt_wav=None, last_chunk=False, return_waveform=False):
-        keep = len(tokens) if last_chunk else max(0, len(tokens) - self.flow.pre_lookahead_len)
-        wave = self._render(list(tokens)[:keep])
-        if return_waveform:
-            return wave
-        return (np.clip(wave, -1, 1) * 32767).astype("<i2").tobytes()
-'''
-
-
-# transformers refuses remote code whose imports are missing, lazy ones too;
-# the model code imports librosa only inside functions omnilive never calls
-# (file loading in its demos), and librosa drags in numba. A loud stub instead.
-STANDIN_LIBROSA = '''
-"""Stand-in for librosa: importable, unusable."""
-def __getattr__(name):
-    raise ImportError(f"librosa.{name}: librosa is a stand-in in this benchmark")
-'''
+# Modules written into the checkpoint's ``standin/`` folder (on ``PYTHONPATH``
+# for the server): the vocoder package the model code imports as
+# ``stepaudio2`` (see standins/random_vocoder.py; a tone generator for --tiny
+# dry runs on a CPU), and a librosa stub: transformers refuses remote code
+# whose imports are missing, lazy ones too; the model code imports librosa only
+# inside functions omnilive never calls, and librosa drags in numba.
+STANDINS = Path(__file__).parent / "standins"
 
 
 def synthetic_voice(seconds: float = 4.0) -> np.ndarray:
@@ -205,10 +163,11 @@ def build_checkpoint(code: Path, out: Path, tiny: bool, device: str) -> None:
     (out / "assets" / "token2wav").mkdir(parents=True, exist_ok=True)
     standin = out / "standin" / "stepaudio2"
     standin.mkdir(parents=True, exist_ok=True)
-    (standin / "__init__.py").write_text(STANDIN_VOCODER)
+    vocoder = "tone_vocoder.py" if tiny else "random_vocoder.py"
+    shutil.copy2(STANDINS / vocoder, standin / "__init__.py")
     librosa = out / "standin" / "librosa"
     librosa.mkdir(parents=True, exist_ok=True)
-    (librosa / "__init__.py").write_text(STANDIN_LIBROSA)
+    shutil.copy2(STANDINS / "librosa_stub.py", librosa / "__init__.py")
     (out / "voice.wav").write_bytes(wav_bytes(synthetic_voice(), 16000))
     sys.path.insert(0, str(out / "standin"))  # the stand-ins, for this process too
     started = time.perf_counter()
@@ -437,6 +396,14 @@ def start_server(
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log
 
 
+def vocoder_kind(ckpt: Path) -> str:
+    """The first line of the vocoder stand-in's docstring, or "none"."""
+    module = ckpt / "standin" / "stepaudio2" / "__init__.py"
+    if not module.exists():
+        return "none"
+    return module.read_text().split("\n", 1)[0].strip('"')
+
+
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
     ckpt = args.model_path.resolve()
     port = free_port()
@@ -464,6 +431,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         "torch_compile": args.torch_compile,
         "cuda_graphs": not args.no_cuda_graphs and not args.torch_compile,
         "model_code": json.loads((ckpt / "config.json").read_text())["auto_map"]["AutoModel"],
+        "vocoder": vocoder_kind(ckpt),
         "baseline_mib": baseline_mib,
     }
 

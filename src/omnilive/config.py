@@ -200,7 +200,7 @@ class MiniCPMoSettings(_Section):
     torch_compile: bool = Field(False, description="torch.compile the LLM and TTS (slow start).")
     cuda_graphs: bool = Field(
         True,
-        description="Replay duplex LLM and speech-LM steps from CUDA graphs (off with torch_compile).",
+        description="Run duplex LLM and speech-LM steps from CUDA graphs (not with torch_compile).",
     )
 
 
