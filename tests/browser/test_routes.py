@@ -1,6 +1,7 @@
-"""The page routes in process (no browser): every page is HTML, static files
-are revalidated and modules typed as JavaScript, and the session viewer gets
-its id escaped."""
+"""The page routes in process (no browser): every page is HTML, put together
+from the layout and its fragment, static files are revalidated and modules
+typed as JavaScript, the page sources are never served raw, and the session
+viewer gets its id escaped."""
 
 from __future__ import annotations
 
@@ -18,12 +19,27 @@ def _client() -> TestClient:
 
 def test_every_page_is_served() -> None:
     client = _client()
-    for path, file in pages.PAGES.items():
+    for path, page in pages.PAGES.items():
         response = client.get(path)
         assert response.status_code == 200, path
         assert response.headers["content-type"].startswith("text/html")
         assert response.headers["cache-control"] == "no-cache"
-        assert (pages.PAGES_DIR / file).read_text(encoding="utf-8") == response.text
+        assert response.text == pages.render(page)
+        assert f'<body data-page="{page.name}">' in response.text
+
+
+def test_every_page_file_is_used() -> None:
+    """Each line of the layout, every fragment and every part reaches some
+    page: no file in pages/ is left behind unused."""
+    served = {
+        line.strip()
+        for document in [*map(pages.render, pages.PAGES.values()), pages.render(pages.VIEWER)]
+        for line in document.splitlines()
+    }
+    for file in pages.PAGES_DIR.glob("*.html"):
+        for line in file.read_text(encoding="utf-8").splitlines():
+            if "{{" not in line:
+                assert line.strip() in served, f"{file.name}: {line.strip()}"
 
 
 def test_static_files() -> None:
@@ -34,7 +50,14 @@ def test_static_files() -> None:
     assert module.headers["cache-control"] == "no-cache"
     assert client.get("/static/css/app.css").headers["content-type"].startswith("text/css")
     assert client.get("/static/js/nope.js").status_code == 404
-    assert client.get("/static/../pages/index.html").status_code == 404
+
+
+def test_page_sources_are_not_served() -> None:
+    """The layout and the fragments are only read to build the pages."""
+    client = _client()
+    for file in pages.PAGES_DIR.glob("*.html"):
+        for url in (f"/{file.name}", f"/pages/{file.name}", f"/static/../pages/{file.name}"):
+            assert client.get(url).status_code == 404, url
 
 
 def test_pages_reference_only_local_files() -> None:
@@ -50,3 +73,4 @@ def test_viewer_escapes_the_id() -> None:
     page = pages.viewer_page('x"><script>alert(1)</script>')
     assert "<script>alert(1)</script>" not in page.body.decode()
     assert "&lt;script&gt;" in page.body.decode()
+    assert "{{" not in page.body.decode()

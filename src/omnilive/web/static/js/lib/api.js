@@ -94,6 +94,14 @@ async function errorOf(response) {
   return new HttpError(response.status, detail, code);
 }
 
+/** The header's "Sign in" after a cancelled prompt: ask again, then start the page over. */
+export async function signInAgain() {
+  const answer = await askForKey('login.needed', { again: true });
+  if (!answer) return;
+  storeKey(answer.key, answer.remember);
+  location.reload();
+}
+
 /**
  * After a refusal for want of a credential, ask for a key; true when one was
  * entered and the request should be tried again with it.

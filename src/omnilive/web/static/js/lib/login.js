@@ -6,14 +6,25 @@ import { el } from './dom.js';
 import { t } from './i18n.js';
 
 let pending = null; // one prompt at a time: requests that fail together wait on the same one
+// Once the user cancels, the page's other requests fail quietly instead of
+// asking again; the header then offers to sign in (see ui/nav.js).
+let declined = false;
+
+/** Fired on window when the user cancels the prompt. */
+export const SIGN_IN_DECLINED = 'omnilive-sign-in-declined';
 
 /**
  * Ask for a key. `reason` is a strings key: 'login.needed', 'login.rejected'
- * or 'login.admin'. Resolves to {key, remember}, or null when the user cancels.
+ * or 'login.admin'. Resolves to {key, remember}, or null when the user
+ * cancels (now or earlier on this page, unless `again` is set).
  */
-export function askForKey(reason) {
-  pending ??= showPrompt(reason).finally(() => {
+export function askForKey(reason, { again = false } = {}) {
+  if (declined && !again) return Promise.resolve(null);
+  pending ??= showPrompt(reason).then((answer) => {
     pending = null;
+    declined = answer === null;
+    if (declined) window.dispatchEvent(new Event(SIGN_IN_DECLINED));
+    return answer;
   });
   return pending;
 }

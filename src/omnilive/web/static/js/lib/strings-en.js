@@ -172,6 +172,7 @@ export default {
   'login.remember': 'Remember on this device',
   'login.cancel': 'Cancel',
   'login.submit': 'Sign in',
+  'login.sign_in': 'Sign in',
   'login.sign_out': 'Sign out',
 
   'admin.auto_refresh': 'Refresh every 2 s',

@@ -167,6 +167,7 @@ export default {
   'login.remember': '在此设备上记住',
   'login.cancel': '取消',
   'login.submit': '登录',
+  'login.sign_in': '登录',
   'login.sign_out': '退出登录',
 
   'admin.auto_refresh': '每 2 秒刷新',

@@ -5,7 +5,7 @@
 import { HttpError, getJSON, getStatus, request, sendJSON } from '../lib/api.js';
 import { $, el, when } from '../lib/dom.js';
 import { localized, onLangChange, t } from '../lib/i18n.js';
-import { initPage, notify } from '../ui/nav.js';
+import { initPage, notify, startPage } from '../ui/nav.js';
 import { VoiceAdmin } from '../ui/voice-admin.js';
 
 const REFRESH_MS = 2000;
@@ -292,4 +292,4 @@ async function main() {
   });
 }
 
-main();
+startPage(main);

@@ -13,9 +13,9 @@ import { $, el } from '../lib/dom.js';
 import { onLangChange, t } from '../lib/i18n.js';
 import { rememberSession } from '../lib/recent.js';
 import { LiveSocket } from '../lib/socket.js';
+import { appendRecordingLink, connectAndPrepare, loadPersona } from '../ui/live.js';
 import { MetricsPanel } from '../ui/metrics.js';
-import { initPage, isEnabled, notify } from '../ui/nav.js';
-import { Persona } from '../ui/persona.js';
+import { initPage, isEnabled, notify, startPage } from '../ui/nav.js';
 import { QueueView } from '../ui/queue.js';
 import { VOICE_FIELDS, voiceFields } from '../ui/voices.js';
 
@@ -233,13 +233,7 @@ async function start() {
     onMessage: receive,
     onClose: closed,
   });
-  try {
-    await socket.connect();
-    socket.send(prepare);
-  } catch (error) {
-    notify(t('error.connect', { error: error.message }), 'error');
-    finish();
-  }
+  if (!(await connectAndPrepare(socket, prepare))) finish();
 }
 
 function stop() {
@@ -304,14 +298,7 @@ function finish() {
   player.flush();
   queue.done();
   endTurn();
-  if (session?.recording) {
-    const link = el(
-      'a',
-      { href: `/s/${encodeURIComponent(session.recording)}`, target: '_blank' },
-      t('live.view_recording'),
-    );
-    $('#transcript').append(el('li', { class: 'turn system' }, link));
-  }
+  if (session?.recording) appendRecordingLink($('#transcript'), session.recording);
   session = null;
   setAiState('idle');
   $('#start').hidden = false;
@@ -326,19 +313,7 @@ async function main() {
     setAiState(aiState);
     drawPause();
   });
-  persona = new Persona({
-    mode: PAGE,
-    presetRoot: $('#preset'),
-    prompt: $('#system-prompt'),
-    voiceRoot: $('#voice'),
-    defaultPromptKey: OMNI ? 'prompt.omni' : 'prompt.voice',
-  });
-  persona
-    .load()
-    .catch((error) => notify(error.message, 'error'))
-    .finally(() => {
-      document.body.dataset.ready = 'true'; // the pickers are filled (tests wait for this)
-    });
+  persona = loadPersona(PAGE, OMNI ? 'prompt.omni' : 'prompt.voice');
   $('#start').addEventListener('click', start);
   $('#stop').addEventListener('click', stop);
   $('#pause').addEventListener('click', togglePause);
@@ -357,4 +332,4 @@ async function main() {
   }
 }
 
-main();
+startPage(main);

@@ -11,8 +11,9 @@ import { $, clock, el } from '../lib/dom.js';
 import { onLangChange, t } from '../lib/i18n.js';
 import { rememberSession } from '../lib/recent.js';
 import { LiveSocket } from '../lib/socket.js';
-import { initPage, isEnabled, notify } from '../ui/nav.js';
-import { Persona, systemContent } from '../ui/persona.js';
+import { appendRecordingLink, connectAndPrepare, loadPersona } from '../ui/live.js';
+import { initPage, isEnabled, notify, startPage } from '../ui/nav.js';
+import { systemContent } from '../ui/persona.js';
 import { QueueView } from '../ui/queue.js';
 import { VOICE_FIELDS, voiceFields } from '../ui/voices.js';
 
@@ -198,12 +199,7 @@ async function start() {
     onMessage: receive,
     onClose: closed,
   });
-  try {
-    await socket.connect();
-    // The server keeps a prepare sent while queued and applies it once a worker is free.
-    socket.send(prepare);
-  } catch (error) {
-    notify(t('error.connect', { error: error.message }), 'error');
+  if (!(await connectAndPrepare(socket, prepare))) {
     finish();
     return;
   }
@@ -256,14 +252,7 @@ function finish() {
   mic.stop();
   player.flush();
   queue.done();
-  if (session?.recording) {
-    const link = el(
-      'a',
-      { href: `/s/${encodeURIComponent(session.recording)}`, target: '_blank' },
-      t('live.view_recording'),
-    );
-    $('#transcript').append(el('li', { class: 'turn system' }, link));
-  }
+  if (session?.recording) appendRecordingLink($('#transcript'), session.recording);
   session = null;
   setState('idle');
   $('#remaining').textContent = '—';
@@ -276,19 +265,7 @@ async function main() {
   $('#start').disabled = !isEnabled(apps, 'half_duplex');
   setState('idle');
   onLangChange(() => setState(state));
-  persona = new Persona({
-    mode: 'half_duplex',
-    presetRoot: $('#preset'),
-    prompt: $('#system-prompt'),
-    voiceRoot: $('#voice'),
-    defaultPromptKey: 'prompt.voice',
-  });
-  persona
-    .load()
-    .catch((error) => notify(error.message, 'error'))
-    .finally(() => {
-      document.body.dataset.ready = 'true'; // the pickers are filled (tests wait for this)
-    });
+  persona = loadPersona('half_duplex', 'prompt.voice');
   $('#start').addEventListener('click', start);
   $('#stop').addEventListener('click', stop);
   $('#vad-threshold').addEventListener('input', () => {
@@ -296,4 +273,4 @@ async function main() {
   });
 }
 
-main();
+startPage(main);

@@ -5,7 +5,7 @@ import { $, el, icon, when } from '../lib/dom.js';
 import { localized, onLangChange, t } from '../lib/i18n.js';
 import { forgetSessions, recentSessions } from '../lib/recent.js';
 import { serverStatus } from '../lib/status.js';
-import { MODES, initPage } from '../ui/nav.js';
+import { MODES, initPage, startPage } from '../ui/nav.js';
 
 const PAGE_PATHS = {
   turnbased: '/turnbased',
@@ -129,4 +129,4 @@ async function main() {
   onLangChange(draw);
 }
 
-main();
+startPage(main);

@@ -5,7 +5,7 @@
 import { getJSON, getOptional, httpUrl, prepareLinks, sendJSON } from '../lib/api.js';
 import { $, clock, el, when } from '../lib/dom.js';
 import { onLangChange, t } from '../lib/i18n.js';
-import { initPage, notify } from '../ui/nav.js';
+import { initPage, notify, startPage } from '../ui/nav.js';
 import { timelineRows } from '../ui/timeline.js';
 
 const ID = document.querySelector('meta[name="session-id"]').content;
@@ -164,4 +164,4 @@ async function main() {
   });
 }
 
-main();
+startPage(main);

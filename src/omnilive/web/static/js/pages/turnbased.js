@@ -11,7 +11,7 @@ import { rememberSession } from '../lib/recent.js';
 import { LiveSocket } from '../lib/socket.js';
 import { capabilities } from '../lib/status.js';
 import { Attachments, attachmentPreview } from '../ui/attachments.js';
-import { initPage, isEnabled, notify } from '../ui/nav.js';
+import { initPage, isEnabled, notify, startPage } from '../ui/nav.js';
 import { Persona, systemContent } from '../ui/persona.js';
 import { QueueView } from '../ui/queue.js';
 import { VOICE_FIELDS, voiceFields } from '../ui/voices.js';
@@ -301,4 +301,4 @@ async function main() {
   busy(false);
 }
 
-main();
+startPage(main);

@@ -1,9 +1,10 @@
 // The header every page shares: the brand, links to the pages (modes the
 // administrator turned off are left out), and the language switch.
 
-import { SIGNED_IN, forgetKey, getOptional, storedKey } from '../lib/api.js';
+import { SIGNED_IN, forgetKey, getOptional, signInAgain, storedKey } from '../lib/api.js';
 import { $, el, icon } from '../lib/dom.js';
 import { lang, onLangChange, setLang, translate } from '../lib/i18n.js';
+import { SIGN_IN_DECLINED } from '../lib/login.js';
 
 export const MODES = ['turnbased', 'half_duplex', 'audio_duplex', 'omni'];
 
@@ -65,6 +66,20 @@ function render(header, active) {
   };
   offerSignOut();
   window.addEventListener(SIGNED_IN, offerSignOut);
+  window.addEventListener(SIGN_IN_DECLINED, () => {
+    if (!header.querySelector('.sign-in')) header.append(signInButton());
+  });
+}
+
+/** Shown after the key prompt was cancelled: the page did not load what needs a key. */
+function signInButton() {
+  return el('button', {
+    type: 'button',
+    class: 'sign-in primary',
+    id: 'sign-in',
+    'data-i18n': 'login.sign_in',
+    onclick: signInAgain,
+  });
 }
 
 /** Shown once the page has an API key: forgets it (and its tokens) and starts over. */
@@ -114,6 +129,14 @@ export async function initPage(active) {
     }
   }
   return apps;
+}
+
+/**
+ * Run a page's main(): whatever it fails on (the server unreachable, a key
+ * prompt cancelled) is said in the notice bar, not left as an uncaught error.
+ */
+export function startPage(main) {
+  main().catch((error) => notify(error.message, 'error'));
 }
 
 /** Show a message in the page's notice bar (kind: info | error | ok); null hides it. */
