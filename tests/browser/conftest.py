@@ -12,8 +12,19 @@ from tests.browser.harness import run_async
 from tests.servers import Server
 
 
-def _serve(tmp_path_factory: pytest.TempPathFactory, engine: str) -> Iterator[Server]:
-    server = Server(tmp_path_factory.mktemp(f"browser-{engine}"), engine=engine).start()
+def _serve(
+    tmp_path_factory: pytest.TempPathFactory,
+    engine: str,
+    *,
+    name: str | None = None,
+    env: dict[str, str] | None = None,
+    api_key: str | None = None,
+) -> Iterator[Server]:
+    """A ready server of ``engine`` until the generator closes. ``name`` (the
+    engine unless given) names its temporary folder; ``env`` and ``api_key``
+    go to :class:`Server`, e.g. for a server with API keys."""
+    tmp = tmp_path_factory.mktemp(f"browser-{name or engine}")
+    server = Server(tmp, engine=engine, env=env, api_key=api_key).start()
     try:
         run_async(server.wait_ready(timeout=180, workers=1))
         yield server

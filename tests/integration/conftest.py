@@ -1,27 +1,4 @@
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
-
-import pytest
-
-from tests.clients import close_all
-from tests.servers import Server
-
-
-@pytest.fixture(autouse=True)
-async def _close_clients() -> AsyncIterator[None]:
-    """Every session client a test opened is closed when it ends."""
-    yield
-    await close_all()
-
-
-@pytest.fixture
-async def server(tmp_path: Path) -> AsyncIterator[Server]:
-    """One scripted worker behind a real gateway."""
-    srv = Server(tmp_path).start()
-    try:
-        await srv.wait_ready(workers=1)
-        yield srv
-    finally:
-        srv.stop()
+# Fixtures, found by pytest through these names.
+from tests.live_fixtures import _close_clients, server  # noqa: F401

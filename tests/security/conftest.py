@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,8 +12,9 @@ from fastapi.testclient import TestClient
 
 from omnilive.config import Settings, load_settings
 from omnilive.gateway.app import create_app
-from tests.clients import close_all
-from tests.servers import Server
+
+# Fixtures, found by pytest through these names: a real, keyless gateway.
+from tests.live_fixtures import _close_clients, server  # noqa: F401
 
 USER_KEY = "user-key-0123456789abcdef"
 ADMIN_KEY = "admin-key-0123456789abcdef"
@@ -47,21 +48,3 @@ def keyed_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[FastAP
     app = create_app(keyed_settings(tmp_path_factory.mktemp("keyed")))
     with TestClient(app, base_url="http://127.0.0.1:8006") as client:
         yield app, client
-
-
-@pytest.fixture(autouse=True)
-async def _close_clients() -> AsyncIterator[None]:
-    """Every session client a test opened is closed when it ends."""
-    yield
-    await close_all()
-
-
-@pytest.fixture
-async def server(tmp_path: Path) -> AsyncIterator[Server]:
-    """One scripted worker behind a real, open (keyless) gateway."""
-    srv = Server(tmp_path).start()
-    try:
-        await srv.wait_ready(workers=1)
-        yield srv
-    finally:
-        srv.stop()

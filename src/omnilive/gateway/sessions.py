@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -137,6 +137,21 @@ async def serve_session(
         gateway.sessions.remove(session_id)
 
 
+async def _valid_messages(
+    ws: WebSocket, validate: Validator
+) -> AsyncIterator[tuple[str | bytes, Any]]:
+    """Each client frame with its typed message. A frame that fails
+    ``validate`` is answered with its error and skipped: a bad message does
+    not end the session."""
+    async for raw in frames_of(ws):
+        try:
+            message = validate(raw)
+        except ProtocolError as exc:
+            await send_json(ws, error_message(exc.message, exc.code))
+            continue
+        yield raw, message
+
+
 async def _hold_while_queued(
     ws: WebSocket,
     validate: Validator,
@@ -146,12 +161,7 @@ async def _hold_while_queued(
 ) -> None:
     """While queued: keep the newest early message (a prepare sent before
     ``queue_done``) for the worker; refuse everything else with ``not_ready``."""
-    async for raw in frames_of(ws):
-        try:
-            message = validate(raw)
-        except ProtocolError as exc:
-            await send_json(ws, error_message(exc.message, exc.code))
-            continue
+    async for raw, message in _valid_messages(ws, validate):
         if message.type in early_types:
             observe(message)
             early[:] = [raw]
@@ -162,12 +172,7 @@ async def _hold_while_queued(
 async def _forward_client(
     ws: WebSocket, worker: ClientConnection, validate: Validator, observe: Callable[[Any], None]
 ) -> None:
-    async for raw in frames_of(ws):
-        try:
-            message = validate(raw)
-        except ProtocolError as exc:
-            await send_json(ws, error_message(exc.message, exc.code))
-            continue
+    async for raw, message in _valid_messages(ws, validate):
         observe(message)
         await worker.send(raw)
 

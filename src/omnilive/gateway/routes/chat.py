@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from fastapi import APIRouter, Request, WebSocket
@@ -95,6 +97,19 @@ def submit(gateway: Gateway, session_id: str) -> Ticket:
         raise ProtocolError(ErrorCode.NO_WORKERS, str(exc)) from None
 
 
+@contextlib.contextmanager
+def _registered_chat(gateway: Gateway) -> Iterator[str]:
+    """A new chat id, registered like every session while the request lasts:
+    shutdown waits for it, metrics count it."""
+    session_id = mint("chat")
+    bind_session(session_id)
+    gateway.sessions.add(ActiveSession(session_id, "chat"))
+    try:
+        yield session_id
+    finally:
+        gateway.sessions.remove(session_id)
+
+
 @router.websocket("/ws/chat")
 async def chat_ws(ws: WebSocket) -> None:
     gateway = gateway_of(ws)
@@ -113,11 +128,7 @@ async def chat_ws(ws: WebSocket) -> None:
         return
     except WebSocketDisconnect:
         return
-    session_id = mint("chat")
-    bind_session(session_id)
-    # Registered like every session: shutdown waits for it, metrics count it.
-    gateway.sessions.add(ActiveSession(session_id, "chat"))
-    try:
+    with _registered_chat(gateway) as session_id:
         try:
             request = validate_chat(gateway, raw)
             ticket = submit(gateway, session_id)
@@ -139,8 +150,6 @@ async def chat_ws(ws: WebSocket) -> None:
             await fail(ws, "removed from the queue by an administrator", ErrorCode.CANCELLED)
             return
         await close_quietly(ws)
-    finally:
-        gateway.sessions.remove(session_id)
 
 
 async def _serve_chat_ws(
@@ -189,10 +198,7 @@ async def chat_http(request: Request) -> JSONResponse:
     body = await _read_capped(request, limit)
     if body is None:
         return _error_response(413, f"body exceeds {limit} bytes", "payload_too_large")
-    session_id = mint("chat")
-    bind_session(session_id)
-    gateway.sessions.add(ActiveSession(session_id, "chat"))
-    try:
+    with _registered_chat(gateway) as session_id:
         try:
             chat = validate_chat(gateway, body)
             ticket = submit(gateway, session_id)
@@ -214,8 +220,6 @@ async def chat_http(request: Request) -> JSONResponse:
             return _error_response(503, "the server is shutting down", ErrorCode.SERVER_SHUTDOWN)
         except LookupError:
             return _error_response(409, "removed from the queue by an administrator", "cancelled")
-    finally:
-        gateway.sessions.remove(session_id)
 
 
 async def _read_capped(request: Request, limit: int) -> bytes | None:

@@ -14,7 +14,6 @@ import contextlib
 import logging
 import time
 from enum import StrEnum
-from typing import Any
 
 import numpy as np
 
@@ -26,7 +25,6 @@ from omnilive.audio import (
     read_wav,
     resample,
 )
-from omnilive.config import Settings
 from omnilive.engines.base import DuplexOptions, DuplexSession, EngineError, Voice
 from omnilive.protocol.common import ErrorCode, ProtocolError, decode_client_message
 from omnilive.protocol.duplex import (
@@ -44,15 +42,14 @@ from omnilive.recording.duplex import DuplexRecorder
 from omnilive.recording.files import new_recording_id
 from omnilive.worker.chunk_buffer import ChunkBuffer, PendingChunk
 from omnilive.worker.decode import DecodeError, check_image, load_stored_voice
-from omnilive.worker.outbox import Outbox
 from omnilive.worker.presenters import (
     DuplexPresenter,
     Presenter,
     RealtimePresenter,
     UnitTiming,
 )
-from omnilive.worker.runtime import SessionRecord, WorkerRuntime, WorkerState
-from omnilive.wsutil import FrameSource
+from omnilive.worker.runners.streaming import StreamingRunner
+from omnilive.worker.runtime import WorkerState
 
 log = logging.getLogger(__name__)
 
@@ -82,26 +79,15 @@ def decode_reference(data: str | None, fmt: str) -> np.ndarray | None:
     return pcm_from_b64(data)
 
 
-class DuplexRunner:
+class DuplexRunner(StreamingRunner):
     """One audio or omni duplex session; :meth:`run` returns when it ends."""
 
-    def __init__(
-        self,
-        runtime: WorkerRuntime,
-        record: SessionRecord,
-        settings: Settings,
-        frames: FrameSource,
-        outbox: Outbox,
-    ) -> None:
-        self.runtime = runtime
-        self.record = record
-        self.settings = settings
-        self.frames = frames
-        self.outbox = outbox
-        self.mode: DuplexMode = "audio_duplex" if record.kind == "audio_duplex" else "omni_duplex"
+    def _init_state(self) -> None:
+        kind = self.record.kind
+        self.mode: DuplexMode = "audio_duplex" if kind == "audio_duplex" else "omni_duplex"
         self.phase = Phase.WAITING_PREPARE
-        self.session: DuplexSession = runtime.engine.open_duplex()
-        self.buffer = ChunkBuffer(settings.duplex.max_pending_chunks)
+        self.session: DuplexSession = self.runtime.engine.open_duplex()
+        self.buffer = ChunkBuffer(self.settings.duplex.max_pending_chunks)
         self.deferred_finalize = True
         self.max_slice_nums = 1
         self.presenter: Presenter = DuplexPresenter()
@@ -116,9 +102,6 @@ class DuplexRunner:
         self._finalized.set()
         self._finalize_task: asyncio.Task[None] | None = None
         self._over: asyncio.Future[SessionOver] = asyncio.get_running_loop().create_future()
-
-    async def send(self, message: dict[str, Any]) -> None:
-        await self.outbox.put(message)
 
     async def send_error(self, code: ErrorCode, message: str) -> None:
         await self.send(self.presenter.error(code, message))

@@ -13,12 +13,10 @@ import contextlib
 import logging
 import time
 from enum import StrEnum
-from typing import Any
 
 import numpy as np
 
 from omnilive.audio import INPUT_RATE, AudioDecodeError, pcm_from_b64, pcm_to_b64
-from omnilive.config import Settings
 from omnilive.engines.base import (
     AudioPart,
     EngineError,
@@ -65,9 +63,7 @@ from omnilive.vad import (
     VadConfig,
 )
 from omnilive.worker.decode import DecodeError, load_stored_voice
-from omnilive.worker.outbox import Outbox
-from omnilive.worker.runtime import SessionRecord, WorkerRuntime
-from omnilive.wsutil import FrameSource
+from omnilive.worker.runners.streaming import StreamingRunner
 
 log = logging.getLogger(__name__)
 
@@ -108,24 +104,12 @@ def system_parts(
     return parts, voice
 
 
-class HalfDuplexRunner:
+class HalfDuplexRunner(StreamingRunner):
     """One half-duplex session; :meth:`run` returns when it has ended."""
 
-    def __init__(
-        self,
-        runtime: WorkerRuntime,
-        record: SessionRecord,
-        settings: Settings,
-        frames: FrameSource,
-        outbox: Outbox,
-    ) -> None:
-        self.runtime = runtime
-        self.record = record
-        self.settings = settings
-        self.frames = frames
-        self.outbox = outbox
+    def _init_state(self) -> None:
         self.phase = Phase.WAITING_PREPARE
-        self.session: HalfDuplexSession = runtime.engine.open_half_duplex()
+        self.session: HalfDuplexSession = self.runtime.engine.open_half_duplex()
         self.vad: StreamingVad | None = None
         self.timeout_s = 0.0
         self.last_activity = time.monotonic()
@@ -135,9 +119,6 @@ class HalfDuplexRunner:
         self._hear: asyncio.Task[None] | None = None
         self._hear_wanted: tuple[np.ndarray, bool] | None = None  # newest (speech, paused)
         self.recorder: TurnRecorder | None = None
-
-    async def send(self, message: dict[str, Any]) -> None:
-        await self.outbox.put(message)
 
     async def run(self) -> str:
         """Serve until stop, timeout or disconnect; returns which."""
