@@ -397,11 +397,12 @@ def start_server(
 
 
 def vocoder_kind(ckpt: Path) -> str:
-    """The first line of the vocoder stand-in's docstring, or "none"."""
+    """The first paragraph of the vocoder stand-in's docstring, or "none"."""
     module = ckpt / "standin" / "stepaudio2" / "__init__.py"
     if not module.exists():
         return "none"
-    return module.read_text().split("\n", 1)[0].strip('"')
+    paragraph = module.read_text().split('"""')[1].split("\n\n")[0]
+    return " ".join(paragraph.split())
 
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:

@@ -10,6 +10,10 @@ embeddings: a system prompt, then per unit an audio prefill of 13 positions
 way, the cache is cut back (``crop``) and rebuilt from slices, as the model's
 sliding window does, so the mirror's copy path runs too.
 
+The simplex views' generation (the LLM called once per token with its
+cache, as the model's ``ChunkPrefillChunkGenerate`` does) is played the same
+way, eagerly and through the graphs.
+
 Reports milliseconds per step kind (median, p95) for both, and how far each
 one's logits are from the same weights run in float32 (largest difference,
 greedy-token agreement); saves them under
@@ -109,6 +113,43 @@ def compare(logits: list[Any], reference: list[Any]) -> dict[str, float]:
             "greedy_agreement": round(agree, 4)}  # fmt: skip
 
 
+def chat_script(tokens: int, seed: int = 3) -> list[tuple[str, Any]]:
+    """A chat answer as the model's chunked generation runs it: the prompt,
+    the assistant's opening tokens (5), then one token at a time."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    steps: list[tuple[str, Any]] = [
+        ("system", torch.randn(300, 4096, generator=generator)),
+        ("prefill", torch.randn(5, 4096, generator=generator)),
+    ]
+    steps += [("token", torch.randn(1, 4096, generator=generator)) for _ in range(tokens)]
+    return steps
+
+
+def play_chat(llm: Any, steps: list[tuple[str, Any]], scale: float) -> dict[str, Any]:
+    """The steps through ``llm(inputs_embeds=..., past_key_values=...)``, the
+    call of the model's ``ChunkPrefillChunkGenerate``."""
+    import torch
+
+    times: dict[str, list[float]] = {kind: [] for kind in STEP_KINDS}
+    logits_seen: list[Any] = []
+    cache = None
+    for kind, rows in steps:
+        embeds = (rows * scale).to(device=llm.device, dtype=llm.dtype).unsqueeze(0)
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        with torch.no_grad():
+            out = llm(inputs_embeds=embeds, past_key_values=cache, use_cache=True,
+                      output_hidden_states=True)  # fmt: skip
+        torch.cuda.synchronize()
+        if kind in times:
+            times[kind].append((time.perf_counter() - started) * 1000)
+        cache = out.past_key_values
+        logits_seen.append(out.logits[:, -1].float().cpu())
+    return {"times": times, "logits": logits_seen}
+
+
 def summary(values: list[float]) -> dict[str, float]:
     ordered = sorted(values)
     p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
@@ -128,7 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoTokenizer
 
-    from omnilive.engines.minicpmo.graphs import StepGraphs, install_decoder_graphs
+    from omnilive.engines.minicpmo.graphs import (
+        StepGraphs,
+        install_causal_lm_graphs,
+        install_decoder_graphs,
+    )
 
     sys.path.insert(0, str(args.code))
     from utils import StreamDecoder  # the model's own decoder
@@ -138,6 +183,15 @@ def main(argv: list[str] | None = None) -> int:
     steps = script(args.units, 78 if args.omni else 13)
     # Random embeddings at the scale of the model's own (its embedding table).
     scale = float(llm.model.embed_tokens.weight.float().std())
+
+    # The ground truth both are held to: the same weights in float32, eagerly
+    # (copied before any hook goes onto the model).
+    reference_llm = copy.deepcopy(llm).float()
+    reference = play(StreamDecoder(reference_llm, tokenizer), steps, scale)["logits"]
+    chat_steps = chat_script(40)
+    chat_reference = play_chat(reference_llm, chat_steps, scale)["logits"]
+    del reference_llm
+    torch.cuda.empty_cache()
 
     eager = play(StreamDecoder(llm, tokenizer), steps, scale)
     graphs = StepGraphs(llm.model, llm.lm_head)
@@ -149,13 +203,19 @@ def main(argv: list[str] | None = None) -> int:
     install_decoder_graphs(graphed_decoder, graphs)
     graphed = play(graphed_decoder, steps, scale)
 
-    # The ground truth both are held to: the same weights in float32, eagerly.
-    reference_llm = copy.deepcopy(llm).float()
-    reference = play(StreamDecoder(reference_llm, tokenizer), steps, scale)["logits"]
-    del reference_llm
-    torch.cuda.empty_cache()
-    errors = {"eager": compare(eager["logits"], reference),
-              "graphs": compare(graphed["logits"], reference)}  # fmt: skip
+    # The simplex views' chunked generation calls the LLM itself.
+    install_causal_lm_graphs(llm, graphs)
+    graphs.active = False
+    chat_eager = play_chat(llm, chat_steps, scale)
+    graphs.active = True
+    play_chat(llm, chat_script(3, seed=4), scale)  # capture outside the timed run
+    chat_graphed = play_chat(llm, chat_steps, scale)
+    errors = {
+        "eager": compare(eager["logits"], reference),
+        "graphs": compare(graphed["logits"], reference),
+        "chat_eager": compare(chat_eager["logits"], chat_reference),
+        "chat_graphs": compare(chat_graphed["logits"], chat_reference),
+    }
     name = torch.cuda.get_device_name().lower().replace(" ", "_")
     report = {
         "gpu": torch.cuda.get_device_name(),
@@ -166,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
         "kv_final": [eager["kv"], graphed["kv"]],
         "eager_ms": {kind: summary(v) for kind, v in eager["times"].items() if v},
         "graphs_ms": {kind: summary(v) for kind, v in graphed["times"].items() if v},
+        "chat_eager_ms": {kind: summary(v) for kind, v in chat_eager["times"].items() if v},
+        "chat_graphs_ms": {kind: summary(v) for kind, v in chat_graphed["times"].items() if v},
         "vs_float32": errors,
         "graph_stats": graphs.stats(),
     }

@@ -33,7 +33,7 @@ class RecordingGraphs:
         self.active = False
         self.releases = 0
 
-    def attach(self, duplex: Any) -> None:
+    def attach(self, duplex: Any = None) -> None:
         self.attached = duplex
         self.active = True
 

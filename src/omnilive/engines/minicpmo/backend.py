@@ -34,9 +34,9 @@ class DeviceInfo:
 
 
 class StepGraphSet(Protocol):
-    """Faster duplex steps (``graphs.DuplexGraphs``), active while a duplex session runs."""
+    """Faster model steps (``graphs.ModelGraphs``), active while a session runs."""
 
-    def attach(self, duplex: Any) -> None: ...
+    def attach(self, duplex: Any = None) -> None: ...
 
     def release(self) -> None: ...
 
@@ -57,7 +57,7 @@ class Backend(Protocol):
         ...
 
     def step_graphs(self, model: Any, settings: MiniCPMoSettings) -> StepGraphSet | None:
-        """CUDA graphs for the model's duplex steps, or None to run them eagerly."""
+        """CUDA graphs for the model's short steps, or None to run them eagerly."""
         ...
 
     def release_memory(self) -> None:
@@ -132,13 +132,13 @@ class TorchBackend:
     def step_graphs(self, model: Any, settings: MiniCPMoSettings) -> StepGraphSet | None:
         if not settings.cuda_graphs or settings.torch_compile:
             return None
-        from omnilive.engines.minicpmo.graphs import DuplexGraphs
+        from omnilive.engines.minicpmo.graphs import ModelGraphs
 
         try:
-            return DuplexGraphs(model)
+            return ModelGraphs(model)
         except (AttributeError, ImportError) as exc:
             # Model code of another shape: it still runs, only eagerly.
-            log.warning("no CUDA graphs for this model's duplex steps: %s", exc)
+            log.warning("no CUDA graphs for this model's steps: %s", exc)
             return None
 
     def release_memory(self) -> None:

@@ -1,11 +1,12 @@
-"""CUDA graphs for the short transformer steps of duplex units.
+"""CUDA graphs for the short transformer steps of the model's sessions.
 
-A duplex unit runs its transformers one step at a time: the LLM once per
-spoken token and once or twice for the unit's markers (the model's
-``StreamDecoder.feed``), the speech LM once per speech token (its
-``generate_chunk`` loop). On a GPU as fast as an H100 each such step is bound
-by Python and kernel launches, not by the GPU: about 50 ms for one token of
-the 8B LLM, of which the GPU needs a few.
+The model's code runs its transformers one step at a time: in a duplex unit
+the LLM once per spoken token and once or twice for the unit's markers (its
+``StreamDecoder.feed``), in a chat or half-duplex answer the LLM once per
+token (its chunked generation), and the speech LM once per speech token. On
+a GPU as fast as an H100 each such step is bound by Python and kernel
+launches, not by the GPU: about 50 ms for one token of the 8B LLM, of which
+the GPU needs a few.
 
 :class:`StepGraphs` replays those steps from CUDA graphs. A graph runs the
 same module (a transformers base model, e.g. ``Qwen3Model``) on a static KV
@@ -150,13 +151,16 @@ class StepGraphs:
         self.graphs.clear()
         self.pool = None
         self.cache = None
-        self.cache = StaticCache(
-            config=self.backbone.config,
-            max_batch_size=1,
-            max_cache_len=min(capacity, self.max_capacity),
-            device=self.device,
-            dtype=self.dtype,
-        )
+        # Normal tensors even when the caller runs in inference mode (the
+        # simplex views do): the buffers are updated in place later, outside it.
+        with self.torch.inference_mode(False):
+            self.cache = StaticCache(
+                config=self.backbone.config,
+                max_batch_size=1,
+                max_cache_len=min(capacity, self.max_capacity),
+                device=self.device,
+                dtype=self.dtype,
+            )
         self.capacity = min(capacity, self.max_capacity)
         log.info("%s step graphs: a static KV cache of %d positions", self.name, self.capacity)
 
@@ -194,7 +198,11 @@ class StepGraphs:
         if self.pool is None:
             self.pool = self.torch.cuda.graph_pool_handle()
         started = time.perf_counter()
-        graph = _Graph(self, length)
+        # Its static tensors are normal ones too (see _allocate). Leaving
+        # inference mode turns grad mode back on: capturing with it on would
+        # pin every activation of the step for a backward pass.
+        with self.torch.inference_mode(False), self.torch.no_grad():
+            graph = _Graph(self, length)
         elapsed_ms = (time.perf_counter() - started) * 1000
         self.captures += 1
         self.capture_ms += elapsed_ms
@@ -331,16 +339,61 @@ def install_backbone_graphs(backbone: Any, graphs: StepGraphs) -> None:
     backbone._omnilive_graphs = graphs
 
 
-class DuplexGraphs:
-    """The graphs of one loaded MiniCPM-o: its LLM's steps (through the duplex
-    decoder's ``feed``) and its speech LM's one-token steps. Active only
-    between :meth:`attach` (a duplex session starts) and :meth:`release`."""
+def install_causal_lm_graphs(llm: Any, graphs: StepGraphs) -> None:
+    """Route the simplex views' LLM steps (the model's chunked generation
+    calls ``llm(inputs_embeds=..., past_key_values=cache, use_cache=True,
+    output_hidden_states=...)`` once per token) through ``graphs``, built over
+    ``llm.model`` with ``lm_head``. Such a caller reads the last position's
+    logits and the last hidden states; other calls run the model's own code."""
+    if getattr(llm, "_omnilive_graphs", None) is graphs:
+        return
+    eager = getattr(llm, "_omnilive_eager_forward", llm.forward)
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    accepted = {"inputs_embeds", "past_key_values", "use_cache", "output_hidden_states",
+                "output_attentions", "return_dict"}  # fmt: skip
+
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        embeds = kwargs.get("inputs_embeds")
+        simple = (
+            not args
+            and embeds is not None
+            and set(kwargs) <= accepted
+            and kwargs.get("use_cache") in (True, None)
+            and not kwargs.get("output_attentions")
+            and kwargs.get("return_dict") in (True, None)
+        )
+        graph = graphs.step(kwargs.get("past_key_values"), embeds) if simple else None
+        if graph is None:
+            graphs.fallbacks += graphs.active
+            return eager(*args, **kwargs)
+        # Static outputs, cloned: the next replay overwrites them. Only the last
+        # position's logits and the last layer's states exist; the callers read
+        # ``logits[:, -1]`` and ``hidden_states[-1]``.
+        hidden = graph.hidden.clone()
+        return CausalLMOutputWithPast(
+            logits=graph.logits.clone().unsqueeze(1),
+            past_key_values=kwargs["past_key_values"],
+            hidden_states=(hidden,) if kwargs.get("output_hidden_states") else None,
+        )
+
+    llm._omnilive_eager_forward = eager
+    llm.forward = types.MethodType(forward, llm)
+    llm._omnilive_graphs = graphs
+
+
+class ModelGraphs:
+    """The graphs of one loaded MiniCPM-o: its LLM's short steps (the duplex
+    decoder's ``feed`` and the simplex views' chunked generation) and its
+    speech LM's one-token steps. Active only between :meth:`attach` (a
+    session starts) and :meth:`release` (it ends)."""
 
     def __init__(self, model: Any) -> None:
         llm = model.llm
         # 4096 positions (~600 MB) hold about 50 s of omni units before the
         # buffers grow (and every graph is captured again).
         self.llm = StepGraphs(llm.model, llm.lm_head, name="llm", initial_capacity=4096)
+        install_causal_lm_graphs(llm, self.llm)
         speech_lm = getattr(getattr(model, "tts", None), "model", None)
         self.tts: StepGraphs | None = None
         if speech_lm is not None:
@@ -348,8 +401,9 @@ class DuplexGraphs:
             install_backbone_graphs(speech_lm, self.tts)
         self._set_active(False)
 
-    def attach(self, duplex: Any) -> None:
-        """Before a duplex session: hook its decoder (it may be a new object)."""
+    def attach(self, duplex: Any = None) -> None:
+        """Before a session; a duplex session's decoder (it may be a new
+        object) is hooked too."""
         decoder = getattr(duplex, "decoder", None)
         if decoder is not None and hasattr(decoder, "feed"):
             install_decoder_graphs(decoder, self.llm)

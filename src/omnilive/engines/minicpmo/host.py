@@ -177,10 +177,7 @@ class ModelHost:
         """Start a session of ``view``: the previous session's state goes."""
         self._switch(view)
         if self.graphs is not None:
-            if view is View.DUPLEX:
-                self.graphs.attach(self.duplex)
-            else:
-                self.graphs.release()
+            self.graphs.attach(self.duplex if view is View.DUPLEX else None)
 
     def _switch(self, view: View) -> None:
         if self.flavour is Flavour.UNIFIED:
