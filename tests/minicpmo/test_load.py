@@ -14,7 +14,8 @@ from omnilive.engines.base import EngineError
 from omnilive.engines.minicpmo import MiniCPMoEngine
 from omnilive.engines.minicpmo.backend import GpuError, TorchBackend
 from omnilive.engines.minicpmo.checkpoint import CheckpointError
-from tests.minicpmo.conftest import FakeBackend
+from omnilive.engines.minicpmo.engine import physical_gpu
+from tests.minicpmo.conftest import EngineFactory, FakeBackend
 from tests.minicpmo.fake_model import FakeUnifiedMiniCPMO
 
 
@@ -109,3 +110,25 @@ def test_importing_and_building_the_engine_imports_no_gpu_package():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("device", "visible", "expected"),
+    [
+        ("cuda", None, 0),
+        ("cuda:1", None, 1),
+        ("cuda", "3", 3),
+        ("cuda:1", "2,5", 5),
+        ("cuda:2", "2,5", None),  # not visible
+        ("cuda", "GPU-8f1c", None),  # a UUID: no index to report
+        ("cpu", None, None),
+    ],
+)
+def test_the_gpu_id_health_reports(device, visible, expected):
+    assert physical_gpu(device, visible) == expected
+
+
+def test_a_loaded_engine_names_its_gpu(make_engine: EngineFactory, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "6")
+    engine, _ = make_engine()
+    assert engine.gpu_id() == 6

@@ -335,6 +335,10 @@ class Engine(abc.ABC):
         """The voice used when a request names none."""
         return None
 
+    def gpu_id(self) -> int | None:
+        """The GPU this engine runs on, as ``nvidia-smi`` numbers it (None: the CPU)."""
+        return None
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Free everything the engine holds."""
 

@@ -163,7 +163,7 @@ class WorkerRuntime:
             "model_loaded": self.state not in (WorkerState.LOADING, WorkerState.ERROR),
             "load_progress": {"stage": self.load_progress[0], "fraction": self.load_progress[1]},
             "error": self.error,
-            "gpu_id": None,
+            "gpu_id": self.engine.gpu_id(),
             "pid": os.getpid(),
             "slots": self.engine.capabilities.slots,
             "capabilities": self.engine.capabilities.to_dict(),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 import numpy as np
@@ -33,6 +34,22 @@ from omnilive.engines.minicpmo.half_duplex import MiniCPMoHalfDuplex
 from omnilive.engines.minicpmo.host import ModelHost
 
 log = logging.getLogger(__name__)
+
+
+def physical_gpu(device: str, visible: str | None) -> int | None:
+    """The ``nvidia-smi`` index of torch device ``device`` (``cuda``, ``cuda:1``)
+    under ``CUDA_VISIBLE_DEVICES`` (None when it names GPUs by UUID)."""
+    if not device.startswith("cuda"):
+        return None
+    _, _, index_text = device.partition(":")
+    index = int(index_text) if index_text.isdigit() else 0
+    if not visible:
+        return index
+    names = [name.strip() for name in visible.split(",") if name.strip()]
+    if index >= len(names) or not names[index].isdigit():
+        return None
+    return int(names[index])
+
 
 # The context the reference implementation serves (its Realtime API ends a
 # session there); the LLM itself could hold more.
@@ -140,6 +157,9 @@ class MiniCPMoEngine(Engine):
 
     def open_duplex(self) -> DuplexSession:
         return self._duplex()
+
+    def gpu_id(self) -> int | None:
+        return physical_gpu(self._settings.device, os.environ.get("CUDA_VISIBLE_DEVICES"))
 
     def default_voice(self) -> Voice | None:
         return Voice(reference=self._default_voice) if self._default_voice is not None else None
