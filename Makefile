@@ -47,8 +47,13 @@ $(VENV)/.ready-serve: $(VENV)/.base
 	$(PIP) install -e ".[cascade]"
 	touch $@
 
+# The minicpmo step-graph tests run tiny real transformers models on the CPU.
+# torch is pinned: the registry serves 2.13.0 as a CPU build, while an
+# unpinned torch pulls gigabytes of CUDA packages.
+TEST_TORCH := torch==2.13.0 transformers==4.51.0
+
 $(VENV)/.ready-test: $(VENV)/.base
-	$(PIP) install -e ".[cascade,test]"
+	$(PIP) install -e ".[cascade,test]" $(TEST_TORCH)
 	touch $@
 
 clean:

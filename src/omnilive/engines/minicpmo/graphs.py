@@ -54,6 +54,7 @@ class StepGraphs:
         initial_capacity: int = 1024,
         max_capacity: int = 32768,
         max_graphs: int = 8,
+        capture: bool | None = None,
     ) -> None:
         import torch
 
@@ -74,6 +75,9 @@ class StepGraphs:
         self.seen: dict[int, int] = {}
         param = next(backbone.parameters())
         self.device, self.dtype = param.device, param.dtype
+        # Without CUDA graphs (a CPU, or tests) every step runs the same
+        # static-cache forward eagerly: the mirror logic is the same.
+        self.capture = self.device.type == "cuda" if capture is None else capture
         self.active = True  # False: every step runs eagerly
         self.replays = 0
         self.fallbacks = 0
@@ -195,7 +199,7 @@ class StepGraphs:
             return graph
         if len(self.graphs) >= self.max_graphs:
             self.graphs.popitem(last=False)
-        if self.pool is None:
+        if self.pool is None and self.capture:
             self.pool = self.torch.cuda.graph_pool_handle()
         started = time.perf_counter()
         # Its static tensors are normal ones too (see _allocate). Leaving
@@ -223,6 +227,15 @@ class _Graph:
         self.offsets = torch.arange(length, device=owner.device)
         self.cache_position = self.offsets.clone()
         self.positions = self.offsets.clone()
+        self.hidden: Any = None
+        self.logits: Any = None
+        self.graph: Any = None
+        if owner.capture:
+            self._capture(length)
+
+    def _capture(self, length: int) -> None:
+        torch = self.owner.torch
+        owner = self.owner
         # Capturing needs warm-up runs on a side stream, and they write keys
         # into the buffers. They write at the buffers' tail, which is kept
         # aside and put back: the live cache may be a view of the buffers.
@@ -245,7 +258,9 @@ class _Graph:
 
     def _forward(self) -> tuple[Any, Any]:
         owner = self.owner
-        out = owner.backbone(
+        # The model's own forward, not a hook installed over it.
+        forward = getattr(owner.backbone, "_omnilive_eager_forward", owner.backbone)
+        out = forward(
             inputs_embeds=self.embeds,
             position_ids=self.positions.unsqueeze(0),
             cache_position=self.cache_position,
@@ -262,7 +277,10 @@ class _Graph:
         torch.add(self.offsets, past, out=self.cache_position)
         # A tensor position stays on the device: no sync to read it.
         torch.add(self.offsets, position, out=self.positions)
-        self.graph.replay()
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self.hidden, self.logits = self._forward()
 
 
 def _is_prefix_view(tensor: Any, buffer: Any, length: int) -> bool:
