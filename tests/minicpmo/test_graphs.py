@@ -222,3 +222,38 @@ def test_steps_the_mirror_does_not_model_run_eagerly(length: int):
         decoder.cache = None
         decoder.feed(rows(4, 8))
     assert graphs.replays == 0 and graphs.fallbacks == 3 - (length == 0)
+
+
+def test_a_turn_cut_back_by_crop_goes_on_from_the_kept_context():
+    """Half-duplex rolls a failed or speculative turn back by cropping the
+    cache (host.restore, the model's speculative snapshot); the mirrored
+    steps after it must see only what was kept."""
+    llm = tiny_llm(6)
+    graphs = StepGraphs(llm.model, llm.lm_head, initial_capacity=64, capture=False)
+    install_causal_lm_graphs(llm, graphs)
+
+    def turn(cache: Any, seed: int, n: int = 5) -> tuple[Any, list[torch.Tensor]]:
+        seen = []
+        with torch.no_grad():
+            for k in range(n):
+                out = llm(inputs_embeds=rows(1, seed + k).unsqueeze(0), past_key_values=cache,
+                          use_cache=True)  # fmt: skip
+                cache = out.past_key_values
+                seen.append(out.logits[:, -1].clone())
+        return cache, seen
+
+    def session(active: bool) -> list[torch.Tensor]:
+        graphs.active = active
+        with torch.no_grad():
+            cache = llm(inputs_embeds=rows(12, 7).unsqueeze(0), use_cache=True).past_key_values
+        kept = int(cache.key_cache[0].shape[2])
+        cache, _ = turn(cache, 100)  # the turn that is rolled back
+        cache.crop(kept)
+        _, seen = turn(cache, 200)  # the turn that counts
+        return seen
+
+    want = session(active=False)
+    got = session(active=True)
+    for mine, theirs in zip(got, want, strict=True):
+        torch.testing.assert_close(mine, theirs, **CLOSE)
+    assert graphs.replays >= 8
