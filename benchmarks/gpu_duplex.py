@@ -15,9 +15,10 @@ Two steps, meant for a machine with an NVIDIA GPU and no network:
     random, as the ONNX models that make it are not public. It is written into
     ``standin/``, which must be on ``PYTHONPATH`` (``run`` does that).
 
-``run --model-path CKPT``
+``run --model-path CKPT [--speech-wav WAV]``
     Starts ``omnilive serve --engine minicpmo``, then drives through the
-    gateway: chat requests with audio output, an audio duplex and an omni
+    gateway: chat requests with audio output, half-duplex turns speaking the
+    WAV at microphone pace (if given), an audio duplex and an omni
     duplex session (known listen/speak mix: forced listens from the client,
     bounded speak tokens per unit), and many short sessions to check that GPU
     memory returns to its level after each. Writes a JSON report named after
@@ -50,7 +51,8 @@ import numpy as np
 from PIL import Image
 from websockets.asyncio.client import connect
 
-from omnilive.audio import wav_bytes
+from benchmarks.microphone import RATE, Microphone
+from omnilive.audio import read_wav, resample, wav_bytes
 
 CODE_FILES = (
     "configuration_minicpmo.py", "modeling_minicpmo.py", "modeling_minicpmo_unified.py",
@@ -301,6 +303,69 @@ async def chat_request(
     raise RuntimeError("chat ended without done")
 
 
+async def half_duplex_turn(ws: Any, mic: Microphone, speech: np.ndarray) -> dict[str, Any]:
+    """One spoken question at microphone pace; times from the end of speech."""
+    lead = 0.8
+    audio = np.concatenate([np.zeros(int(lead * RATE), np.float32), speech,
+                            np.zeros(3 * RATE, np.float32)])  # fmt: skip
+    events: dict[str, float] = {}
+    done: dict[str, Any] = {}
+    generating = asyncio.Event()
+
+    async def listen() -> None:
+        async for raw in ws:
+            message = json.loads(raw)
+            now, kind = time.perf_counter(), message.get("type")
+            if kind == "vad_state" and not message.get("speaking"):
+                events.setdefault("vad_end", now)
+            elif kind == "generating":
+                events.setdefault("generating", now)
+                generating.set()  # a real client stops sending now
+            elif kind == "chunk" and message.get("audio_data"):
+                events.setdefault("first_audio", now)
+            elif kind == "turn_done":
+                done.update(message)
+                return
+            elif kind == "error":
+                raise RuntimeError(f"server error: {message}")
+
+    listener = asyncio.ensure_future(listen())
+    t0 = await mic.play(audio, stop=generating)
+    await asyncio.wait_for(listener, 180)
+    speech_end = t0 + lead + speech.size / RATE
+    return {
+        "vad_ms": round((events["vad_end"] - speech_end) * 1000, 1),
+        "first_audio_ms": round((events["first_audio"] - speech_end) * 1000, 1),
+        "after_vad_ms": round((events["first_audio"] - events["vad_end"]) * 1000, 1),
+        "timings": done.get("timings", {}),
+        "text": done.get("text", "")[:80],
+    }
+
+
+async def half_duplex_session(base: str, speech: np.ndarray, turns: int) -> list[dict[str, Any]]:
+    """Spoken turns in one half-duplex session (server-side VAD, 800 ms of
+    silence ends a turn), with short answers so each turn ends in time."""
+    sid = f"bench_hd_{time.monotonic_ns()}"
+    async with connect(f"{base}/ws/half_duplex/{sid}", max_size=None) as ws:
+        await recv_until(ws, "queue_done")
+        await ws.send(json.dumps({
+            "type": "prepare",
+            "system_prompt": "You are a helpful assistant.",
+            "config": {"vad": {"min_silence_duration_ms": 800},
+                       "generation": {"max_new_tokens": 24}},
+        }))  # fmt: skip
+        await recv_until(ws, "prepared")
+        mic = Microphone(ws, 0.1)
+        await mic.play(np.zeros(int(0.6 * RATE), np.float32))  # past the cold-start guard
+        rows = []
+        for _ in range(turns):
+            rows.append(await half_duplex_turn(ws, mic, speech))
+            await asyncio.sleep(0.8)  # the spec's pause after playback
+        await ws.send(json.dumps({"type": "stop"}))
+        await recv_until(ws, "stopped", "timeout")
+    return rows
+
+
 async def duplex_session(
     base: str, mode: str, units: int, listen_every: int, voice: np.ndarray | None
 ) -> dict[str, Any]:
@@ -396,6 +461,14 @@ def start_server(
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log
 
 
+def model_code(ckpt: Path) -> str:
+    """The model class the checkpoint's config names (none for dry runs)."""
+    config = ckpt / "config.json"
+    if not config.exists():
+        return "none"
+    return json.loads(config.read_text()).get("auto_map", {}).get("AutoModel", "none")
+
+
 def vocoder_kind(ckpt: Path) -> str:
     """The first paragraph of the vocoder stand-in's docstring, or "none"."""
     module = ckpt / "standin" / "stepaudio2" / "__init__.py"
@@ -431,7 +504,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         "speak_tokens_per_unit": args.speak_tokens,
         "torch_compile": args.torch_compile,
         "cuda_graphs": not args.no_cuda_graphs and not args.torch_compile,
-        "model_code": json.loads((ckpt / "config.json").read_text())["auto_map"]["AutoModel"],
+        "model_code": model_code(ckpt),
         "vocoder": vocoder_kind(ckpt),
         "baseline_mib": baseline_mib,
     }
@@ -447,6 +520,18 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         voice = synthetic_voice(3.0)
         report["chat"] = [await chat_request(ws, voice, i) for i in range(args.chats)]
         save()
+        if args.speech_wav is not None:
+            speech, rate = read_wav(args.speech_wav.read_bytes())
+            speech = resample(speech, rate, RATE)
+            turns = await half_duplex_session(ws, speech, args.turns)
+            report["half_duplex"] = {
+                "speech_s": round(speech.size / RATE, 2),
+                "vad_ms": summary([t["vad_ms"] for t in turns]),
+                "first_audio_after_speech_ms": summary([t["first_audio_ms"] for t in turns]),
+                "first_audio_after_vad_ms": summary([t["after_vad_ms"] for t in turns]),
+                "turns": turns,
+            }
+            save()
         for mode in ("audio_duplex", "omni_duplex"):
             session = await duplex_session(ws, mode, args.units, 3, voice)
             report[mode] = {
@@ -499,6 +584,10 @@ def print_table(report: dict[str, Any]) -> None:
                 f"| generate {gen.get('median')}"
             )
     print(f"chat first audio: {report.get('chat_first_audio_ms')}")
+    if "half_duplex" in report:
+        turns = report["half_duplex"]
+        print(f"half-duplex first audio after speech: {turns['first_audio_after_speech_ms']}, "
+              f"after the VAD's end of turn: {turns['first_audio_after_vad_ms']}")  # fmt: skip
     print(f"sessions: growth {report.get('sessions', {}).get('growth_mib')} MiB")
 
 
@@ -521,6 +610,12 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--data-dir", type=Path, default=Path("/tmp/omnilive-bench-data"))
     run.add_argument("--out", type=Path)
     run.add_argument("--engine", default="minicpmo", help="scripted: try the client logic")
+    run.add_argument(
+        "--speech-wav",
+        type=Path,
+        help="a spoken question (WAV) for half-duplex turns; none: no such turns",
+    )
+    run.add_argument("--turns", type=int, default=5)
     run.add_argument("--torch-compile", action="store_true", help="minicpmo.torch_compile")
     run.add_argument("--no-cuda-graphs", action="store_true", help="minicpmo.cuda_graphs off")
     args = parser.parse_args(argv)
