@@ -34,7 +34,7 @@ from tests.servers import Server
 from tests.speech import silence, speak
 from websockets.asyncio.client import connect
 
-from benchmarks.microphone import RATE, Microphone
+from benchmarks.microphone import RATE, Microphone, spoken_turn
 
 QUESTIONS = [
     "Can you tell me a fun fact about the moon?",
@@ -69,42 +69,14 @@ def summary(values: list[float]) -> dict[str, float]:
 
 async def ask(ws: Any, mic: Microphone, question: str) -> dict[str, Any]:
     speech = speak(question)
-    lead = 0.8
-    audio = np.concatenate([silence(lead), speech, silence(3.0)])
-    speech_end_offset = lead + speech.size / RATE
-    events: dict[str, float] = {}
-    done: dict[str, Any] = {}
-    generating = asyncio.Event()
-
-    async def listen() -> None:
-        async for raw in ws:
-            message = json.loads(raw)
-            now = time.perf_counter()
-            kind = message["type"]
-            if kind == "vad_state" and not message["speaking"]:
-                events.setdefault("vad_end", now)
-            elif kind == "generating":
-                events.setdefault("generating", now)
-                generating.set()  # a real client stops sending now (echo)
-            elif kind == "chunk" and message.get("audio_data"):
-                events.setdefault("first_audio", now)
-            elif kind == "turn_done":
-                done.update(message)
-                return
-            elif kind == "error":
-                raise RuntimeError(message)
-
-    listener = asyncio.ensure_future(listen())
-    t0 = await mic.play(audio, stop=generating)
-    await asyncio.wait_for(listener, 120)
-    speech_end = t0 + speech_end_offset
-    timings = done.get("timings", {})
+    turn = await spoken_turn(ws, mic, speech)
+    timings = turn.done.get("timings", {})
     return {
         "question": question,
         "speech_s": round(speech.size / RATE, 2),
-        "answer": done.get("text", ""),
-        "vad_ms": round((events["vad_end"] - speech_end) * 1000, 1),
-        "e2e_ms": round((events["first_audio"] - speech_end) * 1000, 1),
+        "answer": turn.done.get("text", ""),
+        "vad_ms": turn.vad_ms,
+        "e2e_ms": turn.first_audio_ms,
         "asr_ms": timings.get("asr_ms"),
         "llm_first_sentence_ms": timings.get("llm_first_sentence_ms"),
         "tts_first_sentence_ms": timings.get("tts_first_sentence_ms"),

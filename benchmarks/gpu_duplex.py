@@ -3,17 +3,8 @@
 Two steps, meant for a machine with an NVIDIA GPU and no network:
 
 ``checkpoint --code DIR --out CKPT``
-    Builds a checkpoint directory from the model's public code (DIR holds the
-    ``MiniCPMO45`` files: modeling, configuration, processing, tokenizer files)
-    with a ``config.json`` written here from the published architecture
-    (Qwen3-8B text backbone, SigLIP2-400M vision, Whisper-medium audio encoder,
-    the MiniCPM TTS module) and randomly initialised bf16 weights at that real
-    size, generated on the GPU. Random weights give nonsense text but the real
-    compute. The streaming vocoder (``stepaudio2.Token2wav``: flow matching +
-    HiFT) is minicpmo-utils' own streaming code at the published sizes with
-    random weights (standins/random_vocoder.py); only its voice prompt is
-    random, as the ONNX models that make it are not public. It is written into
-    ``standin/``, which must be on ``PYTHONPATH`` (``run`` does that).
+    Builds a checkpoint directory with random weights at the real size from
+    the model's public code (see ``benchmarks/gpu_checkpoint.py``).
 
 ``run --model-path CKPT [--speech-wav WAV]``
     Starts ``omnilive serve --engine minicpmo``, then drives through the
@@ -35,7 +26,6 @@ import base64
 import io
 import json
 import os
-import shutil
 import signal
 import socket
 import statistics
@@ -51,144 +41,9 @@ import numpy as np
 from PIL import Image
 from websockets.asyncio.client import connect
 
-from benchmarks.microphone import RATE, Microphone
-from omnilive.audio import read_wav, resample, wav_bytes
-
-CODE_FILES = (
-    "configuration_minicpmo.py", "modeling_minicpmo.py", "modeling_minicpmo_unified.py",
-    "modeling_navit_siglip.py", "processing_minicpmo.py", "tokenization_minicpmo_fast.py",
-    "utils.py", "vocab.json", "merges.txt", "tokenizer_config.json", "added_tokens.json",
-    "special_tokens_map.json", "preprocessor_config.json", "generation_config.json",
-)  # fmt: skip
-
-# --- the checkpoint ------------------------------------------------------------
-
-
-def model_config(tiny: bool) -> dict[str, Any]:
-    """config.json: the published MiniCPM-o 4.5 architecture, or a tiny one of
-    the same shape for dry runs on a CPU."""
-    llm = dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
-               num_attention_heads=32, num_key_value_heads=8, head_dim=128)  # fmt: skip
-    vision = dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=27,
-                  num_attention_heads=16)  # fmt: skip
-    audio = dict(d_model=1024, encoder_layers=24, encoder_attention_heads=16,
-                 encoder_ffn_dim=4096, decoder_layers=24, decoder_attention_heads=16,
-                 decoder_ffn_dim=4096)  # fmt: skip
-    tts = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=20,
-               num_attention_heads=12, num_key_value_heads=12)  # fmt: skip
-    if tiny:
-        llm = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                   num_attention_heads=4, num_key_value_heads=2, head_dim=32)  # fmt: skip
-        vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=2)  # fmt: skip
-        audio = dict(d_model=32, encoder_layers=2, encoder_attention_heads=2, encoder_ffn_dim=128,
-                     decoder_layers=2, decoder_attention_heads=2, decoder_ffn_dim=128)  # fmt: skip
-        tts = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                   num_attention_heads=2, num_key_value_heads=2)  # fmt: skip
-    return {
-        "architectures": ["MiniCPMO"],
-        "model_type": "minicpmo",
-        "auto_map": {
-            "AutoConfig": "configuration_minicpmo.MiniCPMOConfig",
-            "AutoModel": "modeling_minicpmo_unified.MiniCPMO",
-        },
-        "torch_dtype": "bfloat16",
-        "vocab_size": 151936,
-        "max_position_embeddings": 40960,
-        "rope_theta": 1000000.0,
-        "rms_norm_eps": 1e-6,
-        "hidden_act": "silu",
-        "tie_word_embeddings": False,
-        "attention_bias": False,
-        "bos_token_id": 151643,
-        "eos_token_id": 151645,
-        **llm,
-        "query_num": 64,
-        "image_size": 448,
-        "drop_vision_last_layer": False,
-        "slice_config": {"max_slice_nums": 1, "patch_size": 14, "scale_resolution": 448},
-        "vision_config": {"model_type": "siglip", "image_size": 980, "patch_size": 14, **vision},
-        "audio_config": {
-            "model_type": "whisper",
-            "num_mel_bins": 80,
-            "max_source_positions": 1500,
-            **audio,
-        },
-        "audio_pool_step": 5,
-        "audio_chunk_length": 1.0,
-        "tts_config": {
-            "llm_dim": llm["hidden_size"],
-            "num_audio_tokens": 6562,
-            "num_text_tokens": 152064,
-            "num_vq": 1,
-            "backbone_model": "llama",
-            "projector_type": "mlp",
-            "audio_tokenizer_type": "s3tokenizer_step_audio",
-            "normalize_projected_hidden": True,
-            "streaming": True,
-            "attention_type": "sliding_recompute",
-            "window_size": 2,
-            "recomputed_chunks": 1,
-            "max_position_embeddings": 4096,
-            **tts,
-        },
-    }
-
-
-# Modules written into the checkpoint's ``standin/`` folder (on ``PYTHONPATH``
-# for the server): the vocoder package the model code imports as
-# ``stepaudio2`` (see standins/random_vocoder.py; a tone generator for --tiny
-# dry runs on a CPU), and a librosa stub: transformers refuses remote code
-# whose imports are missing, lazy ones too; the model code imports librosa only
-# inside functions omnilive never calls, and librosa drags in numba.
-STANDINS = Path(__file__).parent / "standins"
-
-
-def synthetic_voice(seconds: float = 4.0) -> np.ndarray:
-    """A voice-like reference: a gliding harmonic tone with syllable envelopes."""
-    t = np.arange(int(seconds * 16000), dtype=np.float32) / 16000
-    pitch = 140 + 30 * np.sin(2 * np.pi * 0.7 * t)
-    phase = 2 * np.pi * np.cumsum(pitch) / 16000
-    wave = sum(np.sin(k * phase) / k for k in range(1, 6))
-    envelope = 0.5 + 0.5 * np.sin(2 * np.pi * 3.0 * t) ** 2
-    return (0.2 * wave * envelope).astype(np.float32)
-
-
-def build_checkpoint(code: Path, out: Path, tiny: bool, device: str) -> None:
-    import torch
-    import transformers
-
-    out.mkdir(parents=True, exist_ok=True)
-    for name in CODE_FILES:
-        shutil.copy2(code / name, out / name)
-    (out / "config.json").write_text(json.dumps(model_config(tiny), indent=2))
-    (out / "assets" / "token2wav").mkdir(parents=True, exist_ok=True)
-    standin = out / "standin" / "stepaudio2"
-    standin.mkdir(parents=True, exist_ok=True)
-    vocoder = "tone_vocoder.py" if tiny else "random_vocoder.py"
-    shutil.copy2(STANDINS / vocoder, standin / "__init__.py")
-    librosa = out / "standin" / "librosa"
-    librosa.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(STANDINS / "librosa_stub.py", librosa / "__init__.py")
-    (out / "voice.wav").write_bytes(wav_bytes(synthetic_voice(), 16000))
-    sys.path.insert(0, str(out / "standin"))  # the stand-ins, for this process too
-    started = time.perf_counter()
-    config = transformers.AutoConfig.from_pretrained(str(out), trust_remote_code=True)
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = transformers.AutoModel.from_config(
-            config, trust_remote_code=True, torch_dtype=torch.bfloat16
-        )
-    params = sum(p.numel() for p in model.parameters())
-    made = time.perf_counter()
-    model.save_pretrained(str(out), safe_serialization=True, max_shard_size="5GB")
-    saved = time.perf_counter()
-    print(
-        f"checkpoint {out}: {params / 1e9:.2f} B parameters, random init {made - started:.1f} s, "
-        f"saved in {saved - made:.1f} s",
-        flush=True,
-    )
-
+from benchmarks.gpu_checkpoint import build_checkpoint, synthetic_voice
+from benchmarks.microphone import RATE, Microphone, spoken_turn
+from omnilive.audio import read_wav, resample
 
 # --- measuring ----------------------------------------------------------------
 
@@ -303,45 +158,6 @@ async def chat_request(
     raise RuntimeError("chat ended without done")
 
 
-async def half_duplex_turn(ws: Any, mic: Microphone, speech: np.ndarray) -> dict[str, Any]:
-    """One spoken question at microphone pace; times from the end of speech."""
-    lead = 0.8
-    audio = np.concatenate([np.zeros(int(lead * RATE), np.float32), speech,
-                            np.zeros(3 * RATE, np.float32)])  # fmt: skip
-    events: dict[str, float] = {}
-    done: dict[str, Any] = {}
-    generating = asyncio.Event()
-
-    async def listen() -> None:
-        async for raw in ws:
-            message = json.loads(raw)
-            now, kind = time.perf_counter(), message.get("type")
-            if kind == "vad_state" and not message.get("speaking"):
-                events.setdefault("vad_end", now)
-            elif kind == "generating":
-                events.setdefault("generating", now)
-                generating.set()  # a real client stops sending now
-            elif kind == "chunk" and message.get("audio_data"):
-                events.setdefault("first_audio", now)
-            elif kind == "turn_done":
-                done.update(message)
-                return
-            elif kind == "error":
-                raise RuntimeError(f"server error: {message}")
-
-    listener = asyncio.ensure_future(listen())
-    t0 = await mic.play(audio, stop=generating)
-    await asyncio.wait_for(listener, 180)
-    speech_end = t0 + lead + speech.size / RATE
-    return {
-        "vad_ms": round((events["vad_end"] - speech_end) * 1000, 1),
-        "first_audio_ms": round((events["first_audio"] - speech_end) * 1000, 1),
-        "after_vad_ms": round((events["first_audio"] - events["vad_end"]) * 1000, 1),
-        "timings": done.get("timings", {}),
-        "text": done.get("text", "")[:80],
-    }
-
-
 async def half_duplex_session(base: str, speech: np.ndarray, turns: int) -> list[dict[str, Any]]:
     """Spoken turns in one half-duplex session (server-side VAD, 800 ms of
     silence ends a turn), with short answers so each turn ends in time."""
@@ -359,7 +175,11 @@ async def half_duplex_session(base: str, speech: np.ndarray, turns: int) -> list
         await mic.play(np.zeros(int(0.6 * RATE), np.float32))  # past the cold-start guard
         rows = []
         for _ in range(turns):
-            rows.append(await half_duplex_turn(ws, mic, speech))
+            turn = await spoken_turn(ws, mic, speech)
+            rows.append({"vad_ms": turn.vad_ms, "first_audio_ms": turn.first_audio_ms,
+                         "after_vad_ms": turn.after_vad_ms,
+                         "timings": turn.done.get("timings", {}),
+                         "text": turn.done.get("text", "")[:80]})  # fmt: skip
             await asyncio.sleep(0.8)  # the spec's pause after playback
         await ws.send(json.dumps({"type": "stop"}))
         await recv_until(ws, "stopped", "timeout")

@@ -1,4 +1,4 @@
-"""A client that sends audio the way a microphone delivers it."""
+"""A client that speaks to a half-duplex session the way a microphone delivers audio."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import asyncio
 import base64
 import json
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -34,3 +35,55 @@ class Microphone:
             message = {"type": "audio_chunk", "audio_base64": base64.b64encode(piece).decode()}
             await self.ws.send(json.dumps(message))
         return t0
+
+
+@dataclass(frozen=True)
+class SpokenTurn:
+    """One half-duplex turn as the client saw it; times in ms from the end of speech."""
+
+    vad_ms: float  # the server said the user stopped (vad_state speaking=false)
+    first_audio_ms: float  # the answer's first audio arrived
+    done: dict[str, Any]  # the turn_done message (text, the engine's timings)
+
+    @property
+    def after_vad_ms(self) -> float:
+        return round(self.first_audio_ms - self.vad_ms, 1)
+
+
+async def spoken_turn(
+    ws: Any, mic: Microphone, speech: np.ndarray, lead_s: float = 0.8, tail_s: float = 3.0
+) -> SpokenTurn:
+    """Speak ``speech`` (after ``lead_s`` of silence, then ``tail_s`` more) at
+    microphone pace on a prepared half-duplex session, stopping once the
+    server starts generating as a real client does; wait for ``turn_done``."""
+    audio = np.concatenate([np.zeros(round(lead_s * RATE), np.float32), speech,
+                            np.zeros(round(tail_s * RATE), np.float32)])  # fmt: skip
+    events: dict[str, float] = {}
+    done: dict[str, Any] = {}
+    generating = asyncio.Event()
+
+    async def listen() -> None:
+        async for raw in ws:
+            message = json.loads(raw)
+            now, kind = time.perf_counter(), message.get("type")
+            if kind == "vad_state" and not message.get("speaking"):
+                events.setdefault("vad_end", now)
+            elif kind == "generating":
+                generating.set()  # a real client stops sending now (echo)
+            elif kind == "chunk" and message.get("audio_data"):
+                events.setdefault("first_audio", now)
+            elif kind == "turn_done":
+                done.update(message)
+                return
+            elif kind == "error":
+                raise RuntimeError(f"server error: {message}")
+
+    listener = asyncio.ensure_future(listen())
+    t0 = await mic.play(audio, stop=generating)
+    await asyncio.wait_for(listener, 180)
+    speech_end = t0 + lead_s + speech.size / RATE
+    return SpokenTurn(
+        vad_ms=round((events["vad_end"] - speech_end) * 1000, 1),
+        first_audio_ms=round((events["first_audio"] - speech_end) * 1000, 1),
+        done=done,
+    )
