@@ -118,21 +118,25 @@ async function signIn(error) {
   return true;
 }
 
-/** fetch() with the server's credentials. Throws HttpError on a non-2xx status. */
-export async function request(method, path, { body, json, signal } = {}) {
-  let payload = body;
-  const type = {};
-  if (json !== undefined) {
-    type['Content-Type'] = 'application/json';
-    payload = JSON.stringify(json);
-  }
+/**
+ * fetch() with the key, asking for one (and trying again) while the server
+ * refuses for want of it; `accept` says which answers are the caller's.
+ */
+async function fetchSignedIn(path, init, accept = (response) => response.ok) {
   for (;;) {
-    const headers = { ...authHeaders(), ...type };
-    const response = await fetch(httpUrl(path), { method, headers, body: payload, signal });
-    if (response.ok) return response;
+    const headers = { ...authHeaders(), ...init.headers };
+    const response = await fetch(httpUrl(path), { ...init, headers });
+    if (accept(response)) return response;
     const error = await errorOf(response);
     if (!(await signIn(error))) throw error;
   }
+}
+
+/** fetch() with the server's credentials. Throws HttpError on a non-2xx status. */
+export async function request(method, path, { body, json, signal } = {}) {
+  if (json === undefined) return fetchSignedIn(path, { method, body, signal });
+  const headers = { 'Content-Type': 'application/json' };
+  return fetchSignedIn(path, { method, headers, body: JSON.stringify(json), signal });
 }
 
 export async function getJSON(path, options) {
@@ -158,17 +162,11 @@ export async function getOptional(path, fallback) {
 
 /** GET /status; it answers 503 with a body while no worker is ready. */
 export async function getStatus() {
-  for (;;) {
-    const response = await fetch(httpUrl('/status'), { headers: authHeaders() });
-    if (response.ok || response.status === 503) {
-      try {
-        return await response.json();
-      } catch {
-        throw new HttpError(response.status, response.statusText);
-      }
-    }
-    const error = await errorOf(response);
-    if (!(await signIn(error))) throw error;
+  const response = await fetchSignedIn('/status', {}, (r) => r.ok || r.status === 503);
+  try {
+    return await response.json();
+  } catch {
+    throw new HttpError(response.status, response.statusText);
   }
 }
 

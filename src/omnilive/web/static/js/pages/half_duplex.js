@@ -11,9 +11,9 @@ import { $, clock, el } from '../lib/dom.js';
 import { onLangChange, t } from '../lib/i18n.js';
 import { rememberSession } from '../lib/recent.js';
 import { LiveSocket } from '../lib/socket.js';
-import { appendRecordingLink, connectAndPrepare, loadPersona } from '../ui/live.js';
+import { appendRecordingLink, connectAndPrepare } from '../ui/live.js';
 import { initPage, isEnabled, notify, startPage } from '../ui/nav.js';
-import { systemContent } from '../ui/persona.js';
+import { loadPersona, systemContent } from '../ui/persona.js';
 import { QueueView } from '../ui/queue.js';
 import { VOICE_FIELDS, voiceFields } from '../ui/voices.js';
 

@@ -12,7 +12,7 @@ import { LiveSocket } from '../lib/socket.js';
 import { capabilities } from '../lib/status.js';
 import { Attachments, attachmentPreview } from '../ui/attachments.js';
 import { initPage, isEnabled, notify, startPage } from '../ui/nav.js';
-import { Persona, systemContent } from '../ui/persona.js';
+import { loadPersona, systemContent } from '../ui/persona.js';
 import { QueueView } from '../ui/queue.js';
 import { VOICE_FIELDS, voiceFields } from '../ui/voices.js';
 
@@ -263,19 +263,7 @@ async function main() {
     onError: (text) => notify(text, 'error'),
   });
   $('#file').accept = attachments.accept;
-  persona = new Persona({
-    mode: 'turnbased',
-    presetRoot: $('#preset'),
-    prompt: $('#system-prompt'),
-    voiceRoot: $('#voice'),
-    defaultPromptKey: 'prompt.chat',
-  });
-  persona
-    .load()
-    .catch((error) => notify(error.message, 'error'))
-    .finally(() => {
-      document.body.dataset.ready = 'true'; // the pickers are filled (tests wait for this)
-    });
+  persona = loadPersona('turnbased', 'prompt.chat');
   $('#composer').addEventListener('submit', (event) => {
     event.preventDefault();
     send();

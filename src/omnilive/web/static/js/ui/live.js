@@ -1,33 +1,10 @@
 // What the live voice pages (half-duplex, audio and omni duplex) do alike
-// around their sessions: fill the persona pickers, open the socket with the
-// session's prepare, and link the recording once the session is over.
+// around their sessions: open the socket with the session's prepare, and link
+// the recording once the session is over.
 
-import { $, el } from '../lib/dom.js';
+import { el } from '../lib/dom.js';
 import { t } from '../lib/i18n.js';
 import { notify } from './nav.js';
-import { Persona } from './persona.js';
-
-/**
- * The page's persona (preset, prompt and voice pickers), loading; the body
- * gets data-ready once the pickers are filled (the browser tests wait for it).
- * @param {string} mode  @param {string} defaultPromptKey
- */
-export function loadPersona(mode, defaultPromptKey) {
-  const persona = new Persona({
-    mode,
-    presetRoot: $('#preset'),
-    prompt: $('#system-prompt'),
-    voiceRoot: $('#voice'),
-    defaultPromptKey,
-  });
-  persona
-    .load()
-    .catch((error) => notify(error.message, 'error'))
-    .finally(() => {
-      document.body.dataset.ready = 'true';
-    });
-  return persona;
-}
 
 /**
  * Connect and send the session's prepare. The server keeps a prepare sent

@@ -3,7 +3,9 @@
 // prompt and offers its voice). Pages turn the result into their protocol's
 // fields.
 
+import { $ } from '../lib/dom.js';
 import { onLangChange, t } from '../lib/i18n.js';
+import { notify } from './nav.js';
 import { PresetPicker } from './presets.js';
 import { VoicePicker } from './voices.js';
 
@@ -70,4 +72,26 @@ export class Persona {
 /** A system prompt with a preset's audio items, as chat / half-duplex content lists take it. */
 export function systemContent(prompt, systemAudio) {
   return [{ type: 'text', text: prompt }, ...systemAudio.map((data) => ({ type: 'audio', data }))];
+}
+
+/**
+ * The page's persona (preset, prompt and voice pickers), loading; the body
+ * gets data-ready once the pickers are filled (the browser tests wait for it).
+ * @param {string} mode  @param {string} defaultPromptKey
+ */
+export function loadPersona(mode, defaultPromptKey) {
+  const persona = new Persona({
+    mode,
+    presetRoot: $('#preset'),
+    prompt: $('#system-prompt'),
+    voiceRoot: $('#voice'),
+    defaultPromptKey,
+  });
+  persona
+    .load()
+    .catch((error) => notify(error.message, 'error'))
+    .finally(() => {
+      document.body.dataset.ready = 'true';
+    });
+  return persona;
 }
