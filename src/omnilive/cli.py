@@ -3,22 +3,27 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import logging
 import os
 import secrets
 import sys
+import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from pydantic import ValidationError
 
 from omnilive.config import Settings, load_settings
 from omnilive.gateway.supervisor import SETTINGS_ENV
 from omnilive.logs import configure_logging
+from omnilive.protocol.common import describe_validation_error
+from omnilive.protocol.internal import REPORT_FD_ENV, LoadOutcome, LoadReport
 from omnilive.recording import cleanup as recording_cleanup
+from omnilive.serving import ExitCode, ProcessExit, StartupError, listen_socket, run_server
 
-# uvicorn refuses larger frames outright (close 1009); below it, omnilive
-# answers an oversize message with a ``payload_too_large`` error instead.
-WS_FRAME_MARGIN = 1024 * 1024
 INSECURE_HELP = "allow an open gateway (no API keys) on a non-loopback address"
 log = logging.getLogger("omnilive.cli")
 
@@ -116,33 +121,67 @@ def check_exposure(settings: Settings) -> str | None:
     return None
 
 
-SHUTDOWN_GRACE_S = 5.0
+def _settings_problem(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):
+        return f"bad settings: {describe_validation_error(exc)}"
+    if isinstance(exc, tomllib.TOMLDecodeError):
+        return f"bad settings file: {exc}"
+    return f"cannot read the settings file: {exc}"
 
 
-def _run(app: Any, host: str, port: int, settings: Settings) -> None:
-    import uvicorn
+def _report_to_supervisor(environ: dict[str, str]) -> Callable[[LoadReport], None]:
+    """Writes the worker's load report on the pipe ``serve`` handed it, if any."""
+    fd_text = environ.get(REPORT_FD_ENV, "")
+    if not fd_text.isdigit():
+        return lambda report: None
 
-    class GracefulServer(uvicorn.Server):
-        """Before uvicorn closes connections, let sessions say goodbye in their
-        own protocol (e.g. ``session.closed{server_shutdown}``)."""
+    def report(load: LoadReport) -> None:
+        with contextlib.suppress(OSError):
+            os.write(int(fd_text), load.encode())
 
-        async def shutdown(self, sockets: Any = None) -> None:
-            gateway = getattr(app.state, "gateway", None)
-            if gateway is not None:
-                await gateway.drain(SHUTDOWN_GRACE_S)
-            await super().shutdown(sockets)
+    return report
 
-    config = uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        log_level=settings.log_level,
-        ws_max_size=settings.limits.max_message_bytes + WS_FRAME_MARGIN,
-        lifespan="on",
-        timeout_graceful_shutdown=10,
-        log_config=None,  # uvicorn's records go through ours (session ids, JSON lines)
-    )
-    GracefulServer(config).run()
+
+def _worker(args: argparse.Namespace, settings: Settings, environ: dict[str, str]) -> ProcessExit:
+    from omnilive.worker.app import create_worker_app
+
+    if not settings.internal_token:
+        raise StartupError("set OMNILIVE_INTERNAL_TOKEN (the secret it shares with the gateway)")
+    port = args.worker_port if args.worker_port is not None else settings.worker_base_port
+    sock = listen_socket(settings.worker_host, port)
+    process_exit = ProcessExit()
+    report = _report_to_supervisor(environ)
+    engine = settings.engine
+
+    def loaded(load: LoadReport) -> None:
+        report(load)
+        if load.outcome is LoadOutcome.UNAVAILABLE:
+            process_exit.request(ExitCode.ENGINE_UNAVAILABLE, f"engine {engine}: {load.reason}")
+        elif load.outcome is LoadOutcome.FAILED:
+            reason = f"engine {engine} failed to load: {load.reason}"
+            process_exit.request(ExitCode.INTERNAL, reason)
+
+    app = create_worker_app(settings, args.worker_id, on_load=loaded)
+    run_server(app, sock, settings.worker_host, settings, process_exit)
+    return process_exit
+
+
+def _gateway(args: argparse.Namespace, settings: Settings) -> ProcessExit:
+    from omnilive.gateway.app import create_app
+
+    if args.command == "serve" and not settings.internal_token:
+        settings = settings.model_copy(update={"internal_token": secrets.token_urlsafe(32)})
+    if not settings.internal_token:
+        raise StartupError("set OMNILIVE_INTERNAL_TOKEN (the secret it shares with the workers)")
+    refusal = check_exposure(settings)
+    if refusal is not None:
+        raise StartupError(refusal)
+    # Bound before any worker starts: a port in use stops everything at once.
+    sock = listen_socket(settings.host, settings.port)
+    process_exit = ProcessExit()
+    app = create_app(settings, supervise=args.command == "serve", process_exit=process_exit)
+    run_server(app, sock, settings.host, settings, process_exit)
+    return process_exit
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,31 +189,26 @@ def main(argv: list[str] | None = None) -> int:
     environ = dict(os.environ)
     if args.command == "cleanup":
         return recording_cleanup.run_cli(args, environ)
-    settings = resolve_settings(args, environ)
+    name = f"omnilive {args.command}"
+    try:
+        settings = resolve_settings(args, environ)
+    except (ValidationError, OSError, tomllib.TOMLDecodeError) as exc:
+        print(f"{name}: {_settings_problem(exc)}", file=sys.stderr)
+        return ExitCode.USAGE
     configure_logging(settings.log_level, args.command, settings.log_json)
-    if args.command == "worker":
-        from omnilive.worker.app import create_worker_app
-
-        port = args.worker_port if args.worker_port is not None else settings.worker_base_port
-        app = create_worker_app(settings, args.worker_id)
-        _run(app, settings.worker_host, port, settings)
-        return 0
-
-    from omnilive.gateway.app import create_app
-
-    if args.command == "serve" and not settings.internal_token:
-        settings = settings.model_copy(update={"internal_token": secrets.token_urlsafe(32)})
-    if not settings.internal_token:
-        print("omnilive gateway: set OMNILIVE_INTERNAL_TOKEN (shared with the workers)",
-              file=sys.stderr)  # fmt: skip
-        return 2
-    refusal = check_exposure(settings)
-    if refusal is not None:
-        print(f"omnilive {args.command}: {refusal}", file=sys.stderr)
-        return 2
-    app = create_app(settings, supervise=args.command == "serve")
-    _run(app, settings.host, settings.port, settings)
-    return 0
+    supervised = args.command == "worker" and bool(environ.get(REPORT_FD_ENV))
+    try:
+        if args.command == "worker":
+            ended = _worker(args, settings, environ)
+        else:
+            ended = _gateway(args, settings)
+    except StartupError as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
+        return exc.code
+    # A supervised worker's reason reaches the user through ``serve``.
+    if ended.reason is not None and not supervised:
+        print(f"{name}: {ended.reason}", file=sys.stderr)
+    return ended.code
 
 
 if __name__ == "__main__":

@@ -166,6 +166,15 @@ class ScriptedSettings(_Section):
     )
     slots: int = Field(1, ge=1, description="Sessions one worker serves at once.")
     chars_per_chunk: int = Field(12, ge=1, description="Text per streamed chat chunk.")
+    load_latency_s: float = Field(0.0, ge=0, description="Time load() takes.")
+    load_fault: Literal["none", "crash", "unavailable", "error"] = Field(
+        "none",
+        description=(
+            "How load() fails (tests of start-up failures): crash kills the worker with "
+            "SIGSEGV, unavailable is a configuration problem, error a bug."
+        ),
+    )
+    load_faults: int = Field(0, ge=0, description="Only the first N loads fail; 0: every one.")
 
 
 class CascadeSettings(_Section):
@@ -225,6 +234,9 @@ class Settings(_Section):
     health_interval_s: float = Field(10.0, gt=0, description="Worker health-check period.")
     health_timeout_s: float = Field(5.0, gt=0, description="Worker health-check timeout.")
     restart_backoff_max_s: float = Field(30.0, gt=0, description="Longest worker restart delay.")
+    max_failed_loads: int = Field(
+        3, ge=1, description="`serve` gives up on a worker after this many failed loads in a row."
+    )
     log_level: str = "info"
     log_json: bool = Field(False, description="Log JSON lines instead of text.")
     auth: AuthSettings = Field(default_factory=AuthSettings)

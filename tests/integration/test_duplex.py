@@ -97,8 +97,7 @@ async def test_pause_and_resume(server: Server):
     await client.send({"type": "pause", "timeout": 30})
     paused = await client.until("paused")
     assert paused["timeout"] == 30
-    state = (await server.get("/workers"))["workers"][0]
-    assert state["status"] == "duplex_paused"
+    await server.wait_worker_status("duplex_paused")
     await client.chunk(SECOND)  # heard by nobody
     await client.send({"type": "resume"})
     await client.until("resumed")

@@ -15,7 +15,7 @@ def create_engine(settings: Settings) -> Engine:
     if settings.engine == "scripted":
         from omnilive.engines.scripted import ScriptedEngine
 
-        return ScriptedEngine(settings.scripted)
+        return ScriptedEngine(settings.scripted, settings.data_dir)
     if settings.engine == "cascade":
         from omnilive.engines.cascade import CascadeEngine
 

@@ -29,6 +29,11 @@ class EngineError(Exception):
     """A model step failed; the session decides whether it can go on."""
 
 
+class EngineUnavailable(EngineError):
+    """The engine cannot load as configured (a missing checkpoint, package,
+    GPU or CPU feature): starting it again will not help, so it is not retried."""
+
+
 class CapabilityError(EngineError):
     """The request needs something this engine does not have."""
 

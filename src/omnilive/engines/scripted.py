@@ -21,10 +21,13 @@ previous unit's finalize raises, so a runner that breaks it fails loudly.
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -41,6 +44,7 @@ from omnilive.engines.base import (
     DuplexUnit,
     Engine,
     EngineError,
+    EngineUnavailable,
     HalfDuplexOptions,
     HalfDuplexSession,
     ImagePart,
@@ -136,8 +140,9 @@ def _count_tokens(parts: list[Part] | tuple[Part, ...]) -> int:
 
 
 class ScriptedChat(ChatSession):
-    def __init__(self, settings: ScriptedSettings) -> None:
+    def __init__(self, settings: ScriptedSettings, data_dir: Path | None = None) -> None:
         self._settings = settings
+        self._data_dir = data_dir
         self._answer = ""
         self._knobs = _Knobs.parse("", settings)
         self._tts = True
@@ -164,8 +169,9 @@ class ScriptedChat(ChatSession):
 
 
 class ScriptedHalfDuplex(HalfDuplexSession):
-    def __init__(self, settings: ScriptedSettings) -> None:
+    def __init__(self, settings: ScriptedSettings, data_dir: Path | None = None) -> None:
         self._settings = settings
+        self._data_dir = data_dir
         self._knobs = _Knobs.parse("", settings)
         self._turns: list[float] = []  # speech seconds of each turn in context
         self._saved: list[float] = []
@@ -211,8 +217,9 @@ class ScriptedHalfDuplex(HalfDuplexSession):
 
 
 class ScriptedDuplex(DuplexSession):
-    def __init__(self, settings: ScriptedSettings) -> None:
+    def __init__(self, settings: ScriptedSettings, data_dir: Path | None = None) -> None:
         self._settings = settings
+        self._data_dir = data_dir
         self._knobs = _Knobs.parse("", settings)
         self._unit = 0
         self._cursor = 0
@@ -290,13 +297,25 @@ class ScriptedDuplex(DuplexSession):
             self._cursor += 1
 
 
+def fail_load(fault: str) -> None:
+    """The load faults tests ask for: a crash as a native library's would be
+    (the process dies by a signal), a configuration problem, a bug."""
+    if fault == "crash":
+        os.kill(os.getpid(), signal.SIGSEGV)
+        time.sleep(5)  # the signal arrives asynchronously
+    if fault == "unavailable":
+        raise EngineUnavailable("scripted load fault: the configured model is missing")
+    raise RuntimeError("scripted load fault: a bug while loading")
+
+
 class ScriptedEngine(Engine):
     """Deterministic stand-in for a model; see the module docstring."""
 
     name = "scripted"
 
-    def __init__(self, settings: ScriptedSettings) -> None:
+    def __init__(self, settings: ScriptedSettings, data_dir: Path | None = None) -> None:
         self._settings = settings
+        self._data_dir = data_dir
         self.capabilities = Capabilities(
             input_modalities=frozenset(Modality),
             audio_output=True,
@@ -306,7 +325,23 @@ class ScriptedEngine(Engine):
         )
 
     def load(self, progress: ProgressCallback) -> None:
+        if self._settings.load_latency_s:
+            time.sleep(self._settings.load_latency_s)
+        if self._settings.load_fault != "none" and self._fault_this_load():
+            fail_load(self._settings.load_fault)
         progress("scripted", 1.0)
+
+    def _fault_this_load(self) -> bool:
+        """Whether this load fails: every one, or the first ``load_faults``
+        (counted in a file of the data dir, across worker restarts)."""
+        limit = self._settings.load_faults
+        if not limit or self._data_dir is None:
+            return True
+        counter = self._data_dir / "state" / "scripted-load-faults"
+        counter.parent.mkdir(parents=True, exist_ok=True)
+        done = int(counter.read_text() or 0) if counter.exists() else 0
+        counter.write_text(str(done + 1))
+        return done < limit
 
     def open_chat(self) -> ChatSession:
         return ScriptedChat(self._settings)

@@ -34,8 +34,9 @@ from omnilive.gateway.routes import (
     voices,
 )
 from omnilive.gateway.state import Gateway
-from omnilive.gateway.supervisor import Supervisor, worker_url
+from omnilive.gateway.supervisor import GaveUp, Supervisor, worker_url
 from omnilive.recording.cleanup import cleanup_periodically
+from omnilive.serving import ProcessExit
 from omnilive.tasks import TaskSet
 
 log = logging.getLogger(__name__)
@@ -53,9 +54,12 @@ async def _workers_settled(gateway: Gateway, timeout_s: float) -> None:
         log.warning("workers still hold sessions after %.0f s; stopping them anyway", timeout_s)
 
 
-def create_app(settings: Settings, supervise: bool = False) -> FastAPI:
+def create_app(
+    settings: Settings, supervise: bool = False, process_exit: ProcessExit | None = None
+) -> FastAPI:
     """The gateway. With ``supervise`` it also starts and restarts
-    ``settings.workers`` worker processes (``omnilive serve``)."""
+    ``settings.workers`` worker processes (``omnilive serve``), and stops the
+    server through ``process_exit`` once none of them can load."""
     if not settings.internal_token:
         raise ValueError("the gateway needs an internal token shared with its workers")
 
@@ -73,7 +77,15 @@ def create_app(settings: Settings, supervise: bool = False) -> FastAPI:
             worker_id = f"w{index}"
             gateway.links[worker_id] = WorkerLink(worker_id, url, settings, pool)
         if supervise:
-            gateway.supervisor = Supervisor(settings, lambda wid: gateway.links[wid].mark_offline())
+
+            def gave_up(worker: GaveUp) -> None:
+                gateway.links[worker.worker_id].give_up(worker.reason)
+                if process_exit is not None and len(gateway.supervisor.given_up) == len(urls):
+                    process_exit.request(worker.code, f"no worker can serve: {worker.reason}")
+
+            gateway.supervisor = Supervisor(
+                settings, lambda wid: gateway.links[wid].mark_offline(), gave_up
+            )
             for index, worker_id in enumerate(gateway.links):
                 tasks.spawn(
                     f"supervise-{worker_id}", gateway.supervisor.run_worker(worker_id, index)

@@ -52,6 +52,7 @@ class WorkerLink:
         self.last_status: dict[str, Any] = {}
         self.last_health_at: float | None = None
         self.connected = False
+        self.failure: str | None = None  # why the supervisor gave this worker up
         # Called with the worker's id and last pid when an established control
         # channel is lost while the worker was serving (not loading): a crash or a hang.
         self.on_lost: Callable[[str, int | None], None] | None = None
@@ -82,6 +83,12 @@ class WorkerLink:
         self.connected = False
         self.pool.set_worker_state(self.worker_id, WorkerHealth.OFFLINE)
         self._notify()
+
+    def give_up(self, reason: str) -> None:
+        """The supervisor will not start this worker again: it shows as
+        ``error`` with ``reason``, and takes no tickets."""
+        self.failure = reason
+        self.mark_offline()
 
     async def run_control(self) -> None:
         """Follow the worker's pushed state; reconnect after it goes away."""
@@ -134,6 +141,13 @@ class WorkerLink:
                 log.warning("worker %s: health check failed", self.worker_id)
                 self.pool.set_worker_state(self.worker_id, WorkerHealth.ERROR)
 
+    def _status_name(self, health: WorkerHealth) -> str:
+        if self.failure is not None:
+            return "error"
+        if health is WorkerHealth.OFFLINE:
+            return "offline"
+        return self.last_status.get("worker_status", "offline")
+
     def describe(self) -> dict[str, Any]:
         record = self.pool.scheduler.workers[self.worker_id]
         status = self.last_status
@@ -141,9 +155,7 @@ class WorkerLink:
         return {
             "worker_id": self.worker_id,
             "url": self.url,
-            "status": status.get("worker_status", "offline")
-            if record.health is not WorkerHealth.OFFLINE
-            else "offline",
+            "status": self._status_name(record.health),
             "health": record.health.value,
             "engine": status.get("engine"),
             "pid": status.get("pid"),
@@ -157,7 +169,7 @@ class WorkerLink:
             "avg_inference_time_ms": status.get("avg_inference_time_ms"),
             "kv_cache_length": status.get("kv_cache_length"),
             "load_progress": status.get("load_progress"),
-            "error": status.get("error"),
+            "error": self.failure or status.get("error"),
             "last_heartbeat": self.last_health_at,
         }
 

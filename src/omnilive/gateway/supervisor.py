@@ -4,7 +4,8 @@ A worker that exits is marked offline in the pool at once (its clients'
 sessions fail over their own sockets), then started again after a backoff
 that doubles while it keeps dying and resets once it has run a while.
 A worker that stops answering its control channel but does not exit (hung)
-is killed, and so restarted the same way.
+is killed, and so restarted the same way. A worker that cannot load its
+engine is not restarted in a loop: see :class:`Supervisor`.
 """
 
 from __future__ import annotations
@@ -18,8 +19,11 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from omnilive.config import Settings
+from omnilive.protocol.internal import REPORT_FD_ENV, LoadOutcome, LoadReport
+from omnilive.serving import ExitCode
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +32,8 @@ STOP_GRACE_S = 5.0
 # After its control channel is lost, how long a worker may take to exit by
 # itself before it is taken for hung and killed.
 LOST_GRACE_S = 1.0
+# After a worker exits, how long its last load report may take to be read.
+REPORT_DRAIN_S = 2.0
 SETTINGS_ENV = "OMNILIVE_SETTINGS_JSON"
 
 
@@ -42,14 +48,46 @@ def worker_url(settings: Settings, index: int) -> str:
     return f"http://{settings.worker_host}:{settings.worker_base_port + index}"
 
 
-class Supervisor:
-    """Owns the worker processes of one ``serve``."""
+def describe_exit(code: int) -> str:
+    """``signal 11 (SIGSEGV)`` or ``exit status 3``, from an asyncio return code."""
+    if code < 0:
+        try:
+            return f"signal {-code} ({signal.Signals(-code).name})"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit status {code}"
 
-    def __init__(self, settings: Settings, on_exit: Callable[[str], None]) -> None:
+
+@dataclass(frozen=True)
+class GaveUp:
+    """A worker the supervisor no longer restarts, and why."""
+
+    worker_id: str
+    reason: str
+    code: ExitCode
+
+
+class Supervisor:
+    """Owns the worker processes of one ``serve``.
+
+    A worker tells it over a pipe when its engine has loaded (or why it
+    cannot). One that cannot load as configured is not started again; one
+    that dies ``max_failed_loads`` times in a row before loading is given up
+    too. ``on_give_up`` hears of each; once every worker is given up, ``serve``
+    has nothing left to serve with and stops."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        on_exit: Callable[[str], None],
+        on_give_up: Callable[[GaveUp], None],
+    ) -> None:
         self.settings = settings
         self.on_exit = on_exit
+        self.on_give_up = on_give_up
         self.processes: dict[str, asyncio.subprocess.Process] = {}
         self.restarts: dict[str, int] = {}
+        self.given_up: dict[str, GaveUp] = {}
         self._lost: dict[str, asyncio.Event] = {}
         self._stopping = False
 
@@ -93,35 +131,101 @@ class Supervisor:
                 exited.cancel()
                 await asyncio.gather(exited, return_exceptions=True)
 
-    async def _spawn(self, worker_id: str, index: int) -> asyncio.subprocess.Process:
+    async def _spawn(
+        self, worker_id: str, index: int
+    ) -> tuple[asyncio.subprocess.Process, asyncio.StreamReader]:
+        """Start a worker; the reader yields the load reports it writes."""
         env = dict(os.environ)
         env[SETTINGS_ENV] = self.settings.to_json()
         port = self.settings.worker_base_port + index
-        return await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "omnilive", "worker",
-            "--worker-id", worker_id, "--port", str(port),
-            env=env,
-            preexec_fn=_die_with_parent,
-        )  # fmt: skip
+        read_fd, write_fd = os.pipe()
+        env[REPORT_FD_ENV] = str(write_fd)
+        try:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "omnilive", "worker",
+                "--worker-id", worker_id, "--port", str(port),
+                env=env,
+                pass_fds=(write_fd,),
+                # Its own process group: a Ctrl-C in the terminal reaches only the
+                # gateway, which stops the workers itself (they are not restarted).
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )  # fmt: skip
+        except BaseException:
+            os.close(read_fd)
+            raise
+        finally:
+            os.close(write_fd)
+        reports = asyncio.StreamReader()
+        loop = asyncio.get_running_loop()
+        await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reports), os.fdopen(read_fd, "rb")
+        )
+        return process, reports
+
+    async def _one_life(self, worker_id: str, index: int) -> tuple[int, LoadReport | None]:
+        """Run one worker process to its end: its exit code and its last load report."""
+        process, reports = await self._spawn(worker_id, index)
+        self.processes[worker_id] = process
+        log.info("worker %s started (pid %d)", worker_id, process.pid)
+        last: list[LoadReport] = []
+
+        async def read_reports() -> None:
+            while line := await reports.readline():
+                report = LoadReport.decode(line)
+                if report is not None:
+                    last.append(report)
+                    if report.outcome is LoadOutcome.READY:
+                        log.info("worker %s loaded its engine", worker_id)
+
+        reader = asyncio.ensure_future(read_reports())
+        try:
+            code = await self._watch(worker_id, process)
+            # The pipe ends with the process; what it wrote last is still in it.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(reader), REPORT_DRAIN_S)
+        finally:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+        return code, (last[-1] if last else None)
 
     async def run_worker(self, worker_id: str, index: int) -> None:
-        """Keep one worker process alive until the supervisor stops."""
+        """Keep one worker process alive until the supervisor stops, or until
+        it is clear that it cannot load."""
         backoff = 0.5
+        failed_loads = 0
         while not self._stopping:
             started = time.monotonic()
-            process = await self._spawn(worker_id, index)
-            self.processes[worker_id] = process
-            log.info("worker %s started (pid %d)", worker_id, process.pid)
-            code = await self._watch(worker_id, process)
+            code, report = await self._one_life(worker_id, index)
             if self._stopping:
                 return
             self.on_exit(worker_id)
             self.restarts[worker_id] = self.restarts.get(worker_id, 0) + 1
-            if time.monotonic() - started > STABLE_AFTER_S:
-                backoff = 0.5
-            log.warning("worker %s exited with %s; restarting in %.1f s", worker_id, code, backoff)
+            if report is not None and report.outcome is LoadOutcome.READY:
+                failed_loads = 0
+                if time.monotonic() - started > STABLE_AFTER_S:
+                    backoff = 0.5
+                what = f"worker {worker_id} exited with {describe_exit(code)}"
+            else:
+                failed_loads += 1
+                if report is not None and report.outcome is LoadOutcome.UNAVAILABLE:
+                    reason = f"worker {worker_id} cannot load its engine: {report.reason}"
+                    self._give_up(worker_id, reason, ExitCode.ENGINE_UNAVAILABLE)
+                    return
+                why = report.reason if report is not None else describe_exit(code)
+                what = f"worker {worker_id} died during load: {why}"
+                if failed_loads >= self.settings.max_failed_loads:
+                    reason = f"{what}, {failed_loads} loads in a row"
+                    self._give_up(worker_id, reason, ExitCode.WORKERS_FAILED)
+                    return
+            log.warning("%s; restarting in %.1f s", what, backoff)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, self.settings.restart_backoff_max_s)
+
+    def _give_up(self, worker_id: str, reason: str, code: ExitCode) -> None:
+        log.error("%s; not starting it again", reason)
+        gave_up = self.given_up[worker_id] = GaveUp(worker_id, reason, code)
+        self.on_give_up(gave_up)
 
     async def stop(self) -> None:
         """Terminate every worker, killing those that do not exit in time."""

@@ -11,7 +11,7 @@ import contextlib
 import json
 import logging
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request, WebSocket
@@ -25,7 +25,12 @@ from omnilive.engines.base import Engine
 from omnilive.logs import bind_session
 from omnilive.protocol.chat import ChatRequest
 from omnilive.protocol.common import ErrorCode, describe_validation_error, error_message
-from omnilive.protocol.internal import CLOSE_OK, CLOSE_SESSION_FAILED, CLOSE_WORKER_UNAVAILABLE
+from omnilive.protocol.internal import (
+    CLOSE_OK,
+    CLOSE_SESSION_FAILED,
+    CLOSE_WORKER_UNAVAILABLE,
+    LoadReport,
+)
 from omnilive.tasks import TaskSet
 from omnilive.worker.outbox import Outbox
 from omnilive.worker.runners.chat import run_chat
@@ -50,8 +55,14 @@ async def _until_disconnect(ws: WebSocket) -> None:
             return
 
 
-def create_worker_app(settings: Settings, worker_id: str, engine: Engine | None = None) -> FastAPI:
-    """The worker's ASGI app. ``engine`` defaults to the one the settings name."""
+def create_worker_app(
+    settings: Settings,
+    worker_id: str,
+    engine: Engine | None = None,
+    on_load: Callable[[LoadReport], None] | None = None,
+) -> FastAPI:
+    """The worker's ASGI app. ``engine`` defaults to the one the settings name;
+    ``on_load`` hears whether it loaded (``omnilive worker`` exits if not)."""
     token = settings.internal_token
     if not token:
         raise ValueError("a worker needs an internal token (OMNILIVE_INTERNAL_TOKEN)")
@@ -61,7 +72,13 @@ def create_worker_app(settings: Settings, worker_id: str, engine: Engine | None 
         runtime = WorkerRuntime(engine or create_engine(settings), worker_id)
         tasks = TaskSet(f"worker-{worker_id}")
         app.state.runtime = runtime
-        tasks.spawn("load", runtime.load())
+
+        async def load() -> None:
+            report = await runtime.load()
+            if on_load is not None:
+                on_load(report)
+
+        tasks.spawn("load", load())
         try:
             yield
         finally:

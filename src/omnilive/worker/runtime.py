@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
 
-from omnilive.engines.base import Engine
+from omnilive.engines.base import Engine, EngineUnavailable
+from omnilive.protocol.internal import LoadOutcome, LoadReport
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -76,7 +77,9 @@ class WorkerRuntime:
 
     # --- lifecycle -------------------------------------------------------------
 
-    async def load(self) -> None:
+    async def load(self) -> LoadReport:
+        """Load the engine; the report says whether it can serve, and if not,
+        whether loading it again could help."""
         loop = asyncio.get_running_loop()
 
         def progress(stage: str, fraction: float) -> None:
@@ -86,13 +89,21 @@ class WorkerRuntime:
         started = time.perf_counter()
         try:
             await loop.run_in_executor(self._executor, self.engine.load, progress)
+        except EngineUnavailable as exc:
+            # Expected (a missing checkpoint, package or CPU feature): whoever
+            # started the worker says so in one line, without a traceback.
+            return self._failed(LoadReport(LoadOutcome.UNAVAILABLE, str(exc)))
         except Exception as exc:
             log.exception("engine %s failed to load", self.engine.name)
-            self.error = f"{type(exc).__name__}: {exc}"
-            self._set_state(WorkerState.ERROR)
-            return
+            return self._failed(LoadReport(LoadOutcome.FAILED, f"{type(exc).__name__}: {exc}"))
         log.info("engine %s ready in %.2f s", self.engine.name, time.perf_counter() - started)
         self._set_state(WorkerState.IDLE)
+        return LoadReport(LoadOutcome.READY)
+
+    def _failed(self, report: LoadReport) -> LoadReport:
+        self.error = report.reason
+        self._set_state(WorkerState.ERROR)
+        return report
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

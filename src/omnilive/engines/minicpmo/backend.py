@@ -15,14 +15,14 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from omnilive.config import MiniCPMoSettings
-from omnilive.engines.base import EngineError, ProgressCallback
+from omnilive.engines.base import EngineError, EngineUnavailable, ProgressCallback
 from omnilive.engines.minicpmo.checkpoint import CheckpointInfo
 
 log = logging.getLogger(__name__)
 GIB = 2**30
 
 
-class GpuError(EngineError):
+class GpuError(EngineUnavailable):
     """No usable GPU, or not enough of its memory."""
 
 
@@ -119,11 +119,12 @@ class TorchBackend:
             progress("moving to the GPU", 0.5)
             model = model.eval().to(settings.device)
         except torch.cuda.OutOfMemoryError as exc:
-            raise GpuError(f"out of GPU memory while loading the weights: {exc}") from None
+            # Another process may hold the memory for now: worth a retry.
+            raise EngineError(f"out of GPU memory while loading the weights: {exc}") from None
         except ImportError as exc:
             # The checkpoint's code imports its own dependencies (minicpmo-utils,
             # soundfile, ...): name the missing one instead of a bare traceback.
-            raise EngineError(
+            raise EngineUnavailable(
                 f"the checkpoint's model code needs a missing package: {exc}; "
                 "pip install 'omnilive[cuda]'"
             ) from None

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omnilive.engines.base import EngineError
+from omnilive.engines.base import EngineUnavailable
 
 # Either the fast tokenizer file or the byte-level BPE pair it is built from.
 _TOKENIZER_SETS = (("tokenizer.json",), ("vocab.json", "merges.txt"))
@@ -21,7 +21,7 @@ _WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json
 _SINGLE_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 
 
-class CheckpointError(EngineError):
+class CheckpointError(EngineUnavailable):
     """The checkpoint directory is missing, incomplete or malformed."""
 
 

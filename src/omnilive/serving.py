@@ -1,0 +1,139 @@
+"""Running a gateway or a worker under uvicorn, and how such a process ends.
+
+A process that cannot serve says why on one line and exits with a code that
+tells what kind of problem it was (:class:`ExitCode`): an expected problem
+(a port in use, a missing checkpoint, a worker that keeps crashing while it
+loads) never ends in a Python traceback, and a server that can no longer
+serve anyone stops instead of running on.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+from collections.abc import Callable
+from enum import IntEnum
+from typing import Any
+
+from omnilive.config import Settings
+
+log = logging.getLogger(__name__)
+
+# uvicorn refuses larger frames outright (close 1009); below it, omnilive
+# answers an oversize message with a ``payload_too_large`` error instead.
+WS_FRAME_MARGIN = 1024 * 1024
+SHUTDOWN_GRACE_S = 5.0
+
+
+class ExitCode(IntEnum):
+    """What an ``omnilive`` process's exit status means (the README lists them)."""
+
+    OK = 0
+    INTERNAL = 1  # an unexpected error: a bug, with its traceback in the log
+    USAGE = 2  # bad arguments, settings or keys, or an address that cannot be bound
+    ENGINE_UNAVAILABLE = 3  # the engine cannot load as configured; starting again will not help
+    WORKERS_FAILED = 4  # ``serve``: every worker kept dying while it loaded
+
+
+class StartupError(Exception):
+    """An expected problem that keeps a process from serving: its message is
+    the one line the user sees, its code the exit status."""
+
+    def __init__(self, message: str, code: ExitCode = ExitCode.USAGE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class ProcessExit:
+    """How this process ends. The first part of the program that decides the
+    process must stop (a worker whose engine failed, a gateway with no worker
+    left) records why here, then the server shuts down gracefully."""
+
+    def __init__(self) -> None:
+        self.code = ExitCode.OK
+        self.reason: str | None = None
+        self._stop: Callable[[], None] | None = None
+
+    def request(self, code: ExitCode, reason: str) -> None:
+        if self.reason is None:
+            self.code, self.reason = code, reason
+        if self._stop is not None:
+            self._stop()
+
+    def bind_server(self, stop: Callable[[], None]) -> None:
+        self._stop = stop
+        if self.reason is not None:
+            stop()
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port``, or a :class:`StartupError` saying why not.
+
+    Bound here rather than by uvicorn, which logs a bind failure and calls
+    ``sys.exit`` from inside the server."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    return sock
+
+
+def _already_handled(signum: int, frame: Any) -> None:
+    """uvicorn's re-raise of the signal it stopped on, after a graceful stop."""
+
+
+def run_server(
+    app: Any, sock: socket.socket, host: str, settings: Settings, process_exit: ProcessExit
+) -> None:
+    """Serve ``app`` on ``sock`` until a signal or ``process_exit`` stops it;
+    ``process_exit`` then holds the exit status."""
+    import uvicorn
+
+    class GracefulServer(uvicorn.Server):
+        """Before uvicorn closes connections, let sessions say goodbye in their
+        own protocol (e.g. ``session.closed{server_shutdown}``)."""
+
+        async def shutdown(self, sockets: Any = None) -> None:
+            gateway = getattr(app.state, "gateway", None)
+            if gateway is not None:
+                await gateway.drain(SHUTDOWN_GRACE_S)
+            await super().shutdown(sockets)
+
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=sock.getsockname()[1],
+        log_level=settings.log_level,
+        ws_max_size=settings.limits.max_message_bytes + WS_FRAME_MARGIN,
+        lifespan="on",
+        timeout_graceful_shutdown=10,
+        log_config=None,  # uvicorn's records go through ours (session ids, JSON lines)
+    )
+    server = GracefulServer(config)
+
+    def stop() -> None:
+        server.should_exit = True
+
+    process_exit.bind_server(stop)
+    # uvicorn handles SIGINT and SIGTERM itself, then re-raises the signal once
+    # it has shut down: under Python's own handlers that is a KeyboardInterrupt
+    # traceback or death by signal. A stop that was asked for is a clean exit.
+    stopping_signals = (signal.SIGINT, signal.SIGTERM)
+    previous = {sig: signal.signal(sig, _already_handled) for sig in stopping_signals}
+    try:
+        server.run(sockets=[sock])
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if process_exit.reason is None and not server.started:
+        # uvicorn gave up during start-up (the app's lifespan failed) and logged why.
+        process_exit.code = ExitCode.INTERNAL

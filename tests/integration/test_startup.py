@@ -1,0 +1,190 @@
+"""Start-up failures with real processes: each ends in one clear line on
+stderr and the exit status the README documents, never a traceback for an
+expected problem and never a server that runs on without being able to serve."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from omnilive.serving import ExitCode
+from tests.servers import Server, free_port, free_port_run
+
+TIMEOUT_S = 90
+
+
+def omnilive(
+    tmp_path: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``omnilive ARGS`` to its end (it must end by itself)."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("OMNILIVE_")}
+    environ.update({"OMNILIVE_RESTART_BACKOFF_MAX_S": "0.5", **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "omnilive", *args],
+        capture_output=True,
+        text=True,
+        env=environ,
+        cwd=tmp_path,
+        timeout=TIMEOUT_S,
+    )
+
+
+def serve_args(tmp_path: Path, *extra: str) -> list[str]:
+    return [
+        "serve", "--port", str(free_port()), "--worker-base-port", str(free_port_run(1)),
+        "--data-dir", str(tmp_path / "data"), *extra,
+    ]  # fmt: skip
+
+
+def last_line(run: subprocess.CompletedProcess[str]) -> str:
+    lines = run.stderr.strip().splitlines()
+    return lines[-1] if lines else ""
+
+
+def worker_starts(run: subprocess.CompletedProcess[str]) -> int:
+    return len(re.findall(r"worker w0 started \(pid", run.stderr))
+
+
+def test_worker_without_internal_token(tmp_path: Path) -> None:
+    run = omnilive(tmp_path, "worker", "--engine", "scripted", "--port", str(free_port()))
+    assert run.returncode == ExitCode.USAGE
+    assert run.stderr.strip() == (
+        "omnilive worker: set OMNILIVE_INTERNAL_TOKEN (the secret it shares with the gateway)"
+    )
+
+
+def test_gateway_without_internal_token(tmp_path: Path) -> None:
+    run = omnilive(tmp_path, "gateway", "--port", str(free_port()), "--worker", "http://x:1")
+    assert run.returncode == ExitCode.USAGE
+    assert run.stderr.strip().startswith("omnilive gateway: set OMNILIVE_INTERNAL_TOKEN")
+
+
+def test_bad_settings_are_one_line(tmp_path: Path) -> None:
+    run = omnilive(tmp_path, "serve", env={"OMNILIVE_PORT": "eighty"})
+    assert run.returncode == ExitCode.USAGE
+    assert run.stderr.strip().startswith("omnilive serve: bad settings: port:")
+    assert "Traceback" not in run.stderr
+    missing = omnilive(tmp_path, "serve", "--config", str(tmp_path / "absent.toml"))
+    assert missing.returncode == ExitCode.USAGE
+    assert "cannot read the settings file" in missing.stderr
+    assert len(missing.stderr.strip().splitlines()) == 1
+
+
+def test_port_in_use(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        run = omnilive(tmp_path, "serve", "--engine", "scripted", "--port", str(port))
+    assert run.returncode == ExitCode.USAGE
+    assert run.stderr.strip() == (
+        f"omnilive serve: cannot listen on 127.0.0.1:{port}: Address already in use"
+    )
+
+
+def test_missing_checkpoint_stops_serve_without_restarts(tmp_path: Path) -> None:
+    run = omnilive(
+        tmp_path, *serve_args(tmp_path, "--engine", "minicpmo", "--model-path", "/nonexistent")
+    )
+    assert run.returncode == ExitCode.ENGINE_UNAVAILABLE, run.stderr[-3000:]
+    assert last_line(run) == (
+        "omnilive serve: no worker can serve: worker w0 cannot load its engine: "
+        "checkpoint directory /nonexistent does not exist"
+    )
+    assert "Traceback" not in run.stderr
+    assert worker_starts(run) == 1  # a configuration problem is not retried
+
+
+def test_standalone_worker_with_missing_checkpoint_exits(tmp_path: Path) -> None:
+    run = omnilive(
+        tmp_path,
+        *["worker", "--engine", "minicpmo", "--model-path", "/nonexistent"],
+        *["--port", str(free_port())],
+        env={"OMNILIVE_INTERNAL_TOKEN": "t" * 32},
+    )
+    assert run.returncode == ExitCode.ENGINE_UNAVAILABLE
+    assert last_line(run) == (
+        "omnilive worker: engine minicpmo: checkpoint directory /nonexistent does not exist"
+    )
+    assert "Traceback" not in run.stderr
+
+
+def test_worker_crashing_during_load_is_given_up(tmp_path: Path) -> None:
+    run = omnilive(
+        tmp_path,
+        *serve_args(tmp_path, "--engine", "scripted"),
+        env={"OMNILIVE_SCRIPTED__LOAD_FAULT": "crash", "OMNILIVE_MAX_FAILED_LOADS": "3"},
+    )
+    assert run.returncode == ExitCode.WORKERS_FAILED, run.stderr[-3000:]
+    assert "worker w0 died during load: signal 11 (SIGSEGV); restarting in" in run.stderr
+    assert last_line(run) == (
+        "omnilive serve: no worker can serve: "
+        "worker w0 died during load: signal 11 (SIGSEGV), 3 loads in a row"
+    )
+    assert worker_starts(run) == 3
+    assert "Traceback" not in run.stderr
+
+
+def test_worker_failing_with_a_bug_is_retried_then_given_up(tmp_path: Path) -> None:
+    run = omnilive(
+        tmp_path,
+        *serve_args(tmp_path, "--engine", "scripted"),
+        env={"OMNILIVE_SCRIPTED__LOAD_FAULT": "error", "OMNILIVE_MAX_FAILED_LOADS": "2"},
+    )
+    assert run.returncode == ExitCode.WORKERS_FAILED
+    assert last_line(run) == (
+        "omnilive serve: no worker can serve: worker w0 died during load: "
+        "RuntimeError: scripted load fault: a bug while loading, 2 loads in a row"
+    )
+    assert worker_starts(run) == 2
+
+
+async def test_worker_that_crashes_twice_then_loads_serves(tmp_path: Path) -> None:
+    server = Server(
+        tmp_path,
+        env={
+            "OMNILIVE_SCRIPTED__LOAD_FAULT": "crash",
+            "OMNILIVE_SCRIPTED__LOAD_FAULTS": "2",
+            "OMNILIVE_MAX_FAILED_LOADS": "3",
+        },
+    ).start()
+    try:
+        await server.wait_ready(timeout=60)
+        [worker] = (await server.get("/workers"))["workers"]
+        assert worker["status"] == "idle"
+        assert worker["restarts"] == 2
+        log = server.log_path.read_text()
+        assert log.count("died during load: signal 11 (SIGSEGV)") == 2
+    finally:
+        server.stop()
+    assert server.process is not None and server.process.returncode == 0
+
+
+@pytest.mark.parametrize("command", ["serve", "worker"])
+def test_sigterm_is_a_clean_exit(tmp_path: Path, command: str) -> None:
+    """The codes above mean something only if a normal stop is 0."""
+    args = serve_args(tmp_path, "--engine", "scripted")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OMNILIVE_")}
+    if command == "worker":
+        args = ["worker", "--engine", "scripted", "--port", str(free_port())]
+        env["OMNILIVE_INTERNAL_TOKEN"] = "t" * 32
+    process = subprocess.Popen(
+        [sys.executable, "-m", "omnilive", *args],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert process.stderr is not None
+    for line in process.stderr:
+        if "Application startup complete" in line:
+            break
+    process.terminate()
+    _, rest = process.communicate(timeout=TIMEOUT_S)
+    assert process.returncode == 0, rest
