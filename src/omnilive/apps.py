@@ -14,9 +14,9 @@ import threading
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, computed_field
 
-from omnilive.config import RequestType
+from omnilive.config import RequestType, our_name, reference_name
 from omnilive.recording.files import write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -26,7 +26,9 @@ STATE_FILE = Path("state") / "apps.json"
 
 
 class App(BaseModel):
-    """One mode as the pages show it (``GET /api/apps``)."""
+    """One mode as the pages show it (``GET /api/apps``): the reference's
+    ``app_id``, ``name`` and ``route``, and our ``id``, ``name_zh``,
+    ``description``, ``path`` and ``enabled``."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -36,6 +38,16 @@ class App(BaseModel):
     description: str
     path: str
     enabled: bool = True
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def app_id(self) -> str:
+        return reference_name(self.id)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def route(self) -> str:
+        return self.path
 
 
 APPS: tuple[App, ...] = (
@@ -127,10 +139,13 @@ class AppSwitches:
         return [app for app in listed if app.enabled or not only_enabled]
 
     def get(self, app_id: str) -> App | None:
+        """The app named by our id or the reference's (its pages use theirs)."""
+        app_id = our_name(app_id)
         return next((app for app in self.apps() if app.id == app_id), None)
 
     def set(self, app_id: str, enabled: bool) -> App:
         """Switch one app and save (blocking); ``KeyError`` for an unknown id."""
+        app_id = our_name(app_id)
         if app_id not in self._enabled:
             raise KeyError(app_id)
         with self._lock:

@@ -21,6 +21,19 @@ ENV_PREFIX = "OMNILIVE_"
 EngineName = Literal["cascade", "scripted", "minicpmo"]
 RequestType = Literal["chat", "half_duplex", "audio_duplex", "omni_duplex"]
 REQUEST_TYPES: tuple[RequestType, ...] = ("chat", "half_duplex", "audio_duplex", "omni_duplex")
+# The reference calls half-duplex "half_duplex_audio" (its app id, preset folder
+# and queue request type); clients of it send and read that name.
+_REFERENCE_NAMES = {"half_duplex": "half_duplex_audio"}
+
+
+def reference_name(name: str) -> str:
+    """The reference's name for one of our app, mode or request-type names."""
+    return _REFERENCE_NAMES.get(name, name)
+
+
+def our_name(name: str) -> str:
+    """Our name for a name given our way or the reference's."""
+    return next((ours for ours, theirs in _REFERENCE_NAMES.items() if theirs == name), name)
 
 
 class _Section(BaseModel):
@@ -143,6 +156,17 @@ class PresetSettings(_Section):
     )
 
 
+class PageSettings(_Section):
+    """Defaults the browser pages start from (``GET /api/frontend_defaults``)."""
+
+    playback_delay_ms: int = Field(
+        200, ge=0, le=2000, description="Delay before playing the first audio of an answer."
+    )
+    default_lang: Literal["en", "zh"] | None = Field(
+        None, description="Language of the pages when the browser has not chosen one."
+    )
+
+
 class VoiceSettings(_Section):
     """Uploaded reference voices under ``data_dir/ref_audio``."""
 
@@ -247,6 +271,7 @@ class Settings(_Section):
     realtime: RealtimeSettings = Field(default_factory=RealtimeSettings)
     presets: PresetSettings = Field(default_factory=PresetSettings)
     voices: VoiceSettings = Field(default_factory=VoiceSettings)
+    pages: PageSettings = Field(default_factory=PageSettings)
     scripted: ScriptedSettings = Field(default_factory=ScriptedSettings)
     cascade: CascadeSettings = Field(default_factory=CascadeSettings)
     minicpmo: MiniCPMoSettings = Field(default_factory=MiniCPMoSettings)

@@ -65,16 +65,25 @@ def client(settings: Settings) -> Iterator[TestClient]:
 def test_api_lists_enabled_apps_and_admin_lists_all(client: TestClient, settings: Settings):
     listed = client.get("/api/apps").json()["apps"]
     assert [a["id"] for a in listed] == list(APP_IDS)
-    assert set(listed[0]) == {"id", "name", "name_zh", "description", "path", "enabled"}
+    assert set(listed[0]) == {
+        *("id", "name", "name_zh", "description", "path", "enabled"),  # ours
+        *("app_id", "route"),  # the reference's
+    }
+    reference = {a["app_id"]: a["route"] for a in listed}
+    assert reference["half_duplex_audio"] == "/half_duplex"
+    assert reference["omni"] == "/omni" and reference["audio_duplex"] == "/audio_duplex"
     response = client.put("/api/admin/apps/half_duplex", json={"enabled": False})
     assert response.status_code == 200
     assert response.json()["id"] == "half_duplex" and response.json()["enabled"] is False
+    assert response.json()["success"] is True
+    assert response.json()["app"]["app_id"] == "half_duplex_audio"
     assert "half_duplex" not in [a["id"] for a in client.get("/api/apps").json()["apps"]]
     everything = client.get("/api/admin/apps").json()["apps"]
     assert {a["id"]: a["enabled"] for a in everything}["half_duplex"] is False
     assert len(everything) == 5
     assert AppSwitches(settings.data_dir).load().is_enabled("half_duplex") is False
-    client.put("/api/admin/apps/half_duplex", json={"enabled": True})
+    # The reference's pages and scripts name it by their id.
+    client.put("/api/admin/apps/half_duplex_audio", json={"enabled": True})
     assert len(client.get("/api/apps").json()["apps"]) == 5
 
 
@@ -133,5 +142,6 @@ def test_a_disabled_chat_refuses_http_with_403(client: TestClient):
     assert response.json() == {
         "success": False,
         "error": response.json()["error"],
+        "detail": response.json()["error"],  # the reference's (FastAPI's) name
         "code": "app_disabled",
     }

@@ -15,7 +15,7 @@ from omnilive.audio import INPUT_RATE, tone
 from omnilive.config import Settings, load_settings
 from omnilive.gateway.routes import presets
 from omnilive.presets.audio import PresetAudioError, render
-from omnilive.presets.catalog import MODES, PresetCatalog, read_preset
+from omnilive.presets.catalog import PresetCatalog, read_preset
 from omnilive.voices.speech import SpeechCache
 from tests.audio_files import encoded
 from tests.gateway_app import gateway_app
@@ -77,7 +77,9 @@ def test_user_folders_override_and_extend(user_dir: Path):
     english = next(f for f in catalog["turnbased"] if f.preset.id == "assistant_en")
     assert english.summary() == {
         "id": "assistant_en", "name": "My English", "name_zh": None, "order": 99,
-        "system_prompt": "Talk like a pirate.", "has_audio": False, "voice": {"name": "en-gb"},
+        "description": "", "system_prompt": "Talk like a pirate.",
+        "system_content": [{"type": "text", "text": "Talk like a pirate."}],
+        "has_audio": False, "voice": {"name": "en-gb"},
     }  # fmt: skip
     assert [f.preset.id for f in catalog["turnbased"]] == ["assistant_zh", "assistant_en"]
     assert catalog["audio_duplex"][0].preset.id == "my_voice"
@@ -129,13 +131,22 @@ def client(settings: Settings) -> Iterator[TestClient]:
 
 
 def test_api_lists_every_mode_without_audio(client: TestClient):
-    body = client.get("/api/presets").json()["presets"]
-    assert list(body) == list(MODES)
-    first = body["half_duplex"][0]
+    """Keyed by the reference's mode folders, items in its shape (``system_content``
+    with audio placeholders, ``ref_audio``) and ours (``has_audio``, ``voice``)."""
+    body = client.get("/api/presets").json()
+    assert list(body) == ["turnbased", "half_duplex_audio", "audio_duplex", "omni"]
+    first = body["half_duplex_audio"][0]
     assert first["id"] == "assistant_en" and first["has_audio"] is True
     assert first["voice"] == {"has_audio": True}
     assert "Clone the voice" in first["system_prompt"] and "audio" not in first
+    text, spoken, rest = first["system_content"]
+    assert text == {"type": "text", "text": "Clone the voice in the provided audio prompt."}
+    assert spoken["type"] == "audio" and spoken["data"] is None
+    assert spoken["path"] == "half_duplex/assistant_en/system/0" and spoken["duration"] > 1
+    assert rest["type"] == "text"
+    assert first["ref_audio"]["data"] is None and first["ref_audio"]["duration"] > 1
     assert body["audio_duplex"][0]["id"] == "my_voice"
+    assert [p["order"] for p in body["omni"]] == sorted(p["order"] for p in body["omni"])
 
 
 @pytest.mark.parametrize(
@@ -147,14 +158,26 @@ def test_api_serves_preset_audio(
     client: TestClient, settings: Settings, mode: str, preset_id: str, n_system: int
 ):
     body = client.get(f"/api/presets/{mode}/{preset_id}/audio").json()
-    assert body["sample_rate"] == INPUT_RATE and len(body["system_audio"]) == n_system
-    for data in body["system_audio"]:
-        assert np.abs(pcm(data)).max() > 0.1 and pcm(data).size > INPUT_RATE
+    assert body["sample_rate"] == INPUT_RATE
+    assert len(body.get("system_content_audio", [])) == n_system  # present only if any
+    for clip in body.get("system_content_audio", []):
+        assert np.abs(pcm(clip["data"])).max() > 0.1 and pcm(clip["data"]).size > INPUT_RATE
+        assert clip["duration"] == round(pcm(clip["data"]).size / INPUT_RATE, 1)
     if mode == "turnbased":  # the user's version: a named voice, no audio
-        assert body["voice_audio"] is None
+        assert "ref_audio" not in body
     else:
-        assert np.abs(pcm(body["voice_audio"])).max() > 0.1
+        assert np.abs(pcm(body["ref_audio"]["data"])).max() > 0.1
+        assert body["ref_audio"]["name"] == f"{preset_id}-voice.wav"
         assert any((settings.data_dir / "cache" / "presets").glob("*.wav"))
+
+
+def test_api_takes_the_reference_name_of_half_duplex(client: TestClient):
+    ours = client.get("/api/presets/half_duplex/assistant_zh/audio").json()
+    theirs = client.get("/api/presets/half_duplex_audio/assistant_zh/audio").json()
+    [clip] = theirs["system_content_audio"]
+    assert [(c["name"], c["duration"]) for c in ours["system_content_audio"]] == [
+        (clip["name"], clip["duration"])
+    ]
 
 
 def test_api_answers_404_for_unknown_presets(client: TestClient):

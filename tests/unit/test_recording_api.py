@@ -148,7 +148,10 @@ def test_upload_by_magic_bytes_with_a_size_cap(client: TestClient, settings: Set
     url = f"/api/sessions/{RID}/upload-recording"
     directory = session_dir(settings)
     ok = client.post(url, content=WEBM)
-    assert ok.json() == {"success": True, "file": "frontend_replay.webm", "size": len(WEBM)}
+    assert ok.json() == {
+        **{"status": "ok", "path": "frontend_replay.webm", "size_bytes": len(WEBM)},  # reference
+        **{"success": True, "file": "frontend_replay.webm", "size": len(WEBM)},  # ours
+    }
     assert (directory / "frontend_replay.webm").read_bytes() == WEBM
     assert client.post(url, content=MP4).json()["file"] == "frontend_replay.mp4"
     assert not (directory / "frontend_replay.webm").exists(), "one browser recording per session"
@@ -176,8 +179,41 @@ def test_comments(client: TestClient, settings: Settings):
     limit = settings.recording.max_comment_chars
     assert client.post(url, json={"comment": "x" * limit}).status_code == 200
     assert client.post(url, json={"comment": "x" * (limit + 1)}).status_code == 413
-    assert client.post(url, json={"nope": 1}).status_code == 422
+    assert client.post(url, json={"comment": 5}).status_code == 422
     assert client.get(url).json()["comment"] == "x" * limit
+    # The reference's answer, its trimming, and a missing comment clearing it.
+    assert client.post(url, json={"comment": "  ok  "}).json() | {"status": "ok", "len": 2} == (
+        client.post(url, json={"comment": "  ok  "}).json()
+    )
+    assert client.get(url).json()["comment"] == "ok"
+    assert client.post(url, json={"nope": 1}).json()["len"] == 0
+    assert client.get(url).json()["comment"] == ""
+
+
+def test_multipart_upload_as_the_reference_pages_send_it(client: TestClient, settings: Settings):
+    """The reference's pages post FormData with the recording in ``file``."""
+    directory = settings.data_dir / "sessions" / RID
+    url = f"/api/sessions/{RID}/upload-recording"
+    form = {"file": ("replay.webm", WEBM, "video/webm")}
+    answer = client.post(url, files=form, data={"note": "x" * 100}).json()
+    assert answer["status"] == "ok" and answer["size_bytes"] == len(WEBM)
+    assert (directory / "frontend_replay.webm").read_bytes() == WEBM
+    refused = client.post(url, files={"other": ("a.webm", WEBM, "video/webm")})
+    assert refused.status_code == 400 and "file" in refused.json()["detail"]
+    too_big = {"file": ("big.wav", WAV + bytes(2 * 1024 * 1024), "audio/wav")}
+    assert client.post(url, files=too_big).status_code == 413
+    assert (directory / "frontend_replay.webm").read_bytes() == WEBM, "refusals change nothing"
+    assert not list(directory.glob(".upload*")), "no partial uploads left behind"
+
+
+def test_head_on_an_asset(client: TestClient, settings: Settings):
+    directory = settings.data_dir / "sessions" / RID
+    (directory / "user_audio").mkdir(exist_ok=True)
+    (directory / "user_audio" / "a.wav").write_bytes(WAV)
+    head = client.head(f"/api/sessions/{RID}/assets/user_audio/a.wav")
+    assert head.status_code == 200 and int(head.headers["content-length"]) == len(WAV)
+    assert head.content == b""
+    assert client.head(f"/api/sessions/{RID}/assets/user_audio/none.wav").status_code == 404
 
 
 def test_viewer_route(client: TestClient):

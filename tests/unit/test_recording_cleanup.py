@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from omnilive.cli import main
+from omnilive.clock import iso
 from omnilive.config import Settings
 from omnilive.recording.cleanup import (
     DAY_S,
@@ -22,7 +23,6 @@ from omnilive.recording.cleanup import (
     cleanup_periodically,
     plan,
 )
-from omnilive.recording.recorder import iso
 
 NOW = time.time()
 KB = 1024

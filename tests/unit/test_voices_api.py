@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +45,7 @@ def upload(client: TestClient, data: bytes, filename: str, name: str | None = "m
 
 
 def pcm(body: dict) -> np.ndarray:
-    return np.frombuffer(base64.b64decode(body["audio"]), "<f4")
+    return np.frombuffer(base64.b64decode(body["base64"]), "<f4")
 
 
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
@@ -59,9 +60,17 @@ def test_upload_in_each_format_is_stored_as_16k_mono_wav(
     wav = settings.data_dir / "ref_audio" / f"{stored['id']}.wav"
     samples, rate = read_wav(wav.read_bytes())
     assert rate == INPUT_RATE and np.abs(samples).max() > 0.1
-    listed = client.get("/api/assets/ref_audio").json()["voices"]
-    assert [v["id"] for v in listed] == [stored["id"]]
-    assert set(listed[0]) == {"id", "name", "duration_s", "created_at"}
+    listing = client.get("/api/assets/ref_audio").json()
+    listed = listing["ref_audios"]
+    assert listing["total"] == 1 and [v["id"] for v in listed] == [stored["id"]]
+    assert set(listed[0]) == {
+        *("id", "name", "filename", "source_type", "duration_ms", "sample_rate", "created_at"),
+        "duration_s",  # ours
+    }
+    assert listed[0]["filename"] == f"{stored['id']}.wav" and listed[0]["source_type"] == "upload"
+    assert listed[0]["duration_ms"] == round(stored["duration_s"] * 1000)
+    assert datetime.fromisoformat(listed[0]["created_at"]).tzinfo is not None
+    assert stored["success"] is True and "duration=" in stored["message"]
     served = client.get(f"/api/assets/ref_audio/{stored['id']}/audio").json()
     assert served["sample_rate"] == INPUT_RATE and served["duration_s"] == stored["duration_s"]
     assert np.abs(pcm(served)).max() > 0.1
@@ -78,8 +87,10 @@ def test_delete_removes_the_voice_and_its_file(client: TestClient, settings: Set
     kept = upload(client, encoded(tone(1.0, INPUT_RATE, 440), "wav"), "b.wav")
     response = client.delete(f"/api/assets/ref_audio/{stored['id']}")
     assert response.status_code == 200 and response.json()["deleted"]["id"] == stored["id"]
+    assert response.json()["success"] is True and response.json()["id"] == stored["id"]
     assert not (settings.data_dir / "ref_audio" / f"{stored['id']}.wav").exists()
-    assert [v["id"] for v in client.get("/api/assets/ref_audio").json()["voices"]] == [kept["id"]]
+    listed = client.get("/api/assets/ref_audio").json()["ref_audios"]
+    assert [v["id"] for v in listed] == [kept["id"]]
     assert client.get(f"/api/assets/ref_audio/{stored['id']}/audio").status_code == 404
     assert client.delete(f"/api/assets/ref_audio/{stored['id']}").status_code == 404
     assert client.delete("/api/assets/ref_audio/..%2F..%2Fetc").status_code == 404
@@ -95,7 +106,7 @@ def test_size_cap(client: TestClient):
     big = encoded(np.zeros(int(0.6 * 1024 * 1024 / 2), np.float32), "wav")  # 0.6 MB
     refused = upload(client, big, "big.wav")
     assert refused["status"] == 413 and refused["code"] == "payload_too_large"
-    assert client.get("/api/assets/ref_audio").json()["voices"] == []
+    assert client.get("/api/assets/ref_audio").json()["ref_audios"] == []
 
 
 def test_duration_caps(client: TestClient):
@@ -142,6 +153,24 @@ def test_default_ref_audio_is_a_spoken_sample(client: TestClient):
     audio = pcm(body)
     assert audio.size / INPUT_RATE == pytest.approx(body["duration_s"], abs=0.01)
     assert body["duration_s"] > 1 and np.abs(audio).max() > 0.1
+    # The reference's fields: samples, and the duration to one decimal.
+    assert body["samples"] == audio.size and body["duration"] == round(body["duration_s"], 1)
+
+
+def test_json_upload_as_the_reference_takes_it(client: TestClient, settings: Settings):
+    clip = encoded(speak("This is my voice."), "mp3", INPUT_RATE)
+    response = client.post(
+        "/api/assets/ref_audio",
+        json={"name": "Mine", "audio_base64": base64.b64encode(clip).decode()},
+    )
+    answer = response.json()
+    assert response.status_code == 201 and answer["success"] is True and answer["name"] == "Mine"
+    assert (settings.data_dir / "ref_audio" / f"{answer['id']}.wav").exists()
+    bad = client.post("/api/assets/ref_audio", json={"name": "x", "audio_base64": "!!"})
+    assert bad.status_code == 422 and "audio_base64" in bad.json()["detail"]
+    noise = base64.b64encode(b"not audio" * 100).decode()
+    refused = client.post("/api/assets/ref_audio", json={"audio_base64": noise})
+    assert refused.status_code == 422 and refused.json()["code"] == "undecodable_audio"
 
 
 def test_default_ref_audio_of_minicpmo_is_its_configured_wav(tmp_path: Path):

@@ -65,7 +65,7 @@ RULES: tuple[Rule, ...] = (
     _rule(WS, "/v1/realtime", A.SESSION, opens_session=True),
     _rule("POST", "/api/chat", A.USER, opens_session=True),
     # Reading a recording (its files are <audio src> and download links in pages).
-    _rule("GET", "/api/sessions/", A.SESSION),
+    _rule("GET HEAD", "/api/sessions/", A.SESSION),
     _rule("*", "/api/", A.USER),
     _rule("GET", "/status", A.USER),
     _rule("GET", "/openapi.json", A.USER),

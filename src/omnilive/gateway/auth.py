@@ -36,6 +36,7 @@ from omnilive.gateway.credentials import (
     KeyRing,
     Principal,
 )
+from omnilive.gateway.http_errors import error_body
 from omnilive.gateway.limits import KeyLimiter, Refusal
 from omnilive.protocol.common import ErrorCode
 
@@ -59,7 +60,7 @@ class Denied(Exception):
     headers: dict[str, str] = field(default_factory=dict)
 
     def body(self) -> bytes:
-        return json.dumps({"error": self.message, "code": self.code}).encode()
+        return json.dumps(error_body(self.message, self.code)).encode()
 
 
 @dataclass(frozen=True)

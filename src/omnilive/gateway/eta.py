@@ -47,8 +47,22 @@ class EtaModel:
         self.settings = EtaSettings.model_validate(merged)
 
     def to_dict(self) -> dict[str, Any]:
+        """``GET /api/config/eta``: the reference's ``config`` and flat
+        ``ema_<type>_s`` / ``ema_<type>_samples``, and our settings by their
+        own names with the baselines in effect."""
+        settings = self.settings.model_dump()
+        reference: dict[str, Any] = {
+            "config": {
+                **{f"eta_{t}_s": settings[f"{t}_s"] for t in REQUEST_TYPES},
+                "ema_alpha": self.settings.ema_alpha,
+            }
+        }
+        for t, ema in self._ema.items():
+            reference[f"ema_{t}_s"] = round(ema.value, 3) if ema.samples else None
+            reference[f"ema_{t}_samples"] = ema.samples
         return {
-            **self.settings.model_dump(),
+            **settings,
+            **reference,
             "effective_baselines_s": {t: round(self.baseline(t), 3) for t in REQUEST_TYPES},
             "ema_state": {
                 t: {"value_s": round(e.value, 3), "samples": e.samples}

@@ -170,6 +170,7 @@ class WorkerLink:
             "kv_cache_length": status.get("kv_cache_length"),
             "load_progress": status.get("load_progress"),
             "error": self.failure or status.get("error"),
+            "gpu_id": status.get("gpu_id"),
             "last_heartbeat": self.last_health_at,
         }
 

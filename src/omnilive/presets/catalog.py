@@ -41,6 +41,7 @@ from pydantic import (
     model_validator,
 )
 
+from omnilive.config import our_name
 from omnilive.ids import is_safe_id
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,8 @@ log = logging.getLogger(__name__)
 Mode = Literal["turnbased", "half_duplex", "audio_duplex", "omni"]
 MODES: tuple[Mode, ...] = ("turnbased", "half_duplex", "audio_duplex", "omni")
 MAX_FILE_BYTES = 256 * 1024
+
+
 _ESPEAK_VOICE = re.compile(r"^[A-Za-z0-9_+-]{1,40}$")
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 
@@ -119,6 +122,7 @@ class Preset(BaseModel):
     id: str
     name: str = Field(min_length=1, max_length=120)
     name_zh: str | None = Field(None, max_length=120)
+    description: str = Field("", max_length=500)
     order: int = 100
     system_prompt: list[SystemItem] = Field(default_factory=list)
     voice: VoiceSpec | None = None
@@ -154,21 +158,56 @@ class PresetFile:
     folder: Path
     root: Path
 
-    def summary(self) -> dict[str, Any]:
-        """The preset as ``GET /api/presets`` lists it: no audio data."""
+    def audio_path(self, part: str) -> str:
+        """How the listing names one of the preset's audio parts (``system/0``, ``voice``)."""
+        return f"{self.mode}/{self.preset.id}/{part}"
+
+    def summary(
+        self, system_durations: list[float] | None = None, voice_duration: float | None = None
+    ) -> dict[str, Any]:
+        """The preset as ``GET /api/presets`` lists it, without audio data: the
+        reference's ``system_prompt`` (text), ``system_content`` (text and audio
+        items) and ``ref_audio``, whose audio comes from the ``/audio`` route,
+        and our ``name_zh``, ``has_audio`` and ``voice``. Durations are in
+        seconds, when known."""
         p = self.preset
-        voice: dict[str, Any] | None = None
-        if p.voice is not None:
-            voice = {"has_audio": True} if p.voice.has_audio else {"name": p.voice.name}
-        return {
+        durations = iter(system_durations or [])
+        content: list[dict[str, Any]] = []
+        for item in p.system_prompt:
+            if isinstance(item, TextItem):
+                content.append({"type": "text", "text": item.text})
+                continue
+            index = sum(1 for c in content if c["type"] == "audio")
+            content.append(
+                {
+                    "type": "audio",
+                    "data": None,
+                    "path": self.audio_path(f"system/{index}"),
+                    "name": f"{p.id}-{index + 1}.wav",
+                    "duration": round(next(durations, 0.0), 1),
+                }
+            )
+        summary: dict[str, Any] = {
             "id": p.id,
+            "order": p.order,
             "name": p.name,
             "name_zh": p.name_zh,
-            "order": p.order,
+            "description": p.description,
             "system_prompt": p.text,
+            "system_content": content,
             "has_audio": bool(p.audio_items),
-            "voice": voice,
+            "voice": None,
         }
+        if p.voice is not None:
+            summary["voice"] = {"has_audio": True} if p.voice.has_audio else {"name": p.voice.name}
+            if p.voice.has_audio:
+                summary["ref_audio"] = {
+                    "data": None,
+                    "path": self.audio_path("voice"),
+                    "name": f"{p.id}-voice.wav",
+                    "duration": round(voice_duration or 0.0, 1),
+                }
+        return summary
 
 
 def builtin_dir() -> Path:
@@ -224,6 +263,8 @@ class PresetCatalog:
         }
 
     def find(self, mode: str, preset_id: str) -> PresetFile | None:
+        """A preset by mode (ours or the reference's name for it) and id."""
+        mode = our_name(mode)
         if mode not in MODES:
             return None
         return next((f for f in self.load()[mode] if f.preset.id == preset_id), None)  # type: ignore[index]

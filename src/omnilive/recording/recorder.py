@@ -20,12 +20,12 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Self
 
 from omnilive.audio import OUTPUT_RATE
+from omnilive.clock import iso
 from omnilive.config import Settings
 from omnilive.recording.files import (
     AI_AUDIO,
@@ -49,10 +49,6 @@ class Status(StrEnum):
     ACTIVE = "active"
     ENDED = "ended"
     ABNORMAL = "abnormal"
-
-
-def iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds")
 
 
 class Recorder:

@@ -11,9 +11,10 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from omnilive.clock import iso
 from omnilive.ids import is_safe_id
 from omnilive.recording.files import META, RECORDING, read_json, session_dir, write_json_atomic
-from omnilive.recording.recorder import Status, iso
+from omnilive.recording.recorder import Status
 from omnilive.recording.replay import build_replays
 
 log = logging.getLogger(__name__)

@@ -12,13 +12,14 @@ from __future__ import annotations
 import json
 import threading
 import time
-from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from omnilive.audio import INPUT_RATE, AudioDecodeError, read_wav, resample, wav_bytes
+from omnilive.clock import iso
 from omnilive.ids import is_safe_id, mint
 from omnilive.recording.files import write_atomic, write_json_atomic
 
@@ -45,6 +46,17 @@ class StoredVoice(BaseModel):
     name: str
     duration_s: float
     created_at: str
+
+    def listing(self) -> dict[str, Any]:
+        """The voice as the API lists it: the reference's fields (``filename``,
+        ``source_type``, ``duration_ms``, ``sample_rate``) and ours."""
+        return {
+            **self.model_dump(),
+            "filename": f"{self.id}.wav",
+            "source_type": "upload",
+            "duration_ms": round(self.duration_s * 1000),
+            "sample_rate": INPUT_RATE,
+        }
 
 
 def clean_name(name: str | None, fallback: str = "voice") -> str:
@@ -107,9 +119,7 @@ class VoiceStore:
                 id=mint(ID_PREFIX),
                 name=clean_name(name),
                 duration_s=round(samples.size / INPUT_RATE, 3),
-                created_at=datetime.fromtimestamp(time.time(), UTC).isoformat(
-                    timespec="milliseconds"
-                ),
+                created_at=iso(time.time()),
             )
             self.root.mkdir(parents=True, exist_ok=True)
             write_atomic(self._wav_path(voice.id), wav_bytes(samples, INPUT_RATE))

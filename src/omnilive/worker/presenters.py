@@ -183,11 +183,13 @@ class RealtimePresenter:
     def error(self, code: ErrorCode, message: str) -> dict[str, Any]:
         return error_event(_REALTIME_CODES.get(code, RealtimeErrorCode.INVALID_PAYLOAD), message)
 
-    def paused(self, timeout: float) -> dict[str, Any]:  # the Realtime API has no pause
-        raise NotImplementedError
+    # The Realtime API has no pause: the gateway never sends one. A client of
+    # the duplex protocol that asked for Realtime events and pauses is told so.
+    def paused(self, timeout: float) -> dict[str, Any]:
+        return error_event(RealtimeErrorCode.UNKNOWN_EVENT, "the Realtime API has no pause")
 
     def resumed(self) -> dict[str, Any]:
-        raise NotImplementedError
+        return error_event(RealtimeErrorCode.UNKNOWN_EVENT, "the Realtime API has no resume")
 
     def ended(self, reason: str, elapsed_s: float) -> dict[str, Any]:
         known = {r.value for r in CloseReason}

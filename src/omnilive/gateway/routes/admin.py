@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, StrictBool
 
 from omnilive.gateway.catalogs import catalogs_of
+from omnilive.gateway.http_errors import error_response
 from omnilive.voices.store import UnknownVoice
 
 router = APIRouter(tags=["admin"])
@@ -29,7 +30,7 @@ class AppSwitch(BaseModel):
 
 
 def _not_found(message: str) -> JSONResponse:
-    return JSONResponse({"error": message, "code": "not_found"}, status_code=404)
+    return error_response(404, message, "not_found")
 
 
 @router.get("/api/admin/apps")
@@ -46,8 +47,9 @@ async def switch_app(
     apps = catalogs_of(request).apps
     if apps.get(app_id) is None:
         return _not_found(f"no app {app_id!r}")
-    app = await asyncio.to_thread(apps.set, app_id, body.enabled)
-    return app.model_dump()
+    app = (await asyncio.to_thread(apps.set, app_id, body.enabled)).model_dump()
+    # The reference answers {success, app}; our pages read the app's own fields.
+    return {**app, "success": True, "app": app}
 
 
 @router.delete("/api/assets/ref_audio/{voice_id}", response_model=None)
@@ -57,4 +59,4 @@ async def delete_voice(voice_id: str, request: Request) -> dict[str, Any] | JSON
         voice = await asyncio.to_thread(catalogs_of(request).voices.delete, voice_id)
     except UnknownVoice as exc:
         return _not_found(str(exc))
-    return {"success": True, "deleted": voice.model_dump()}
+    return {"success": True, "id": voice.id, "message": "Deleted", "deleted": voice.listing()}

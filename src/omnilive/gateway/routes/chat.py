@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from starlette.background import BackgroundTask
 from starlette.websockets import WebSocketDisconnect
 
+from omnilive.audio import OUTPUT_RATE
 from omnilive.gateway.app_gate import AppDisabled, refuse, require_enabled
 from omnilive.gateway.bridge import (
     SessionEnd,
@@ -30,6 +31,7 @@ from omnilive.gateway.client_ws import (
     send_json,
     until_disconnect,
 )
+from omnilive.gateway.http_errors import error_body
 from omnilive.gateway.registry import ActiveSession
 from omnilive.gateway.scheduler import NoWorkersError, QueueFullError, Ticket
 from omnilive.gateway.sessions import ServerShutdown, tell_shutdown, until_shutdown
@@ -178,7 +180,31 @@ async def _serve_chat_ws(
 
 
 def _error_response(status: int, message: str, code: ErrorCode | str) -> JSONResponse:
-    return JSONResponse({"success": False, "error": message, "code": str(code)}, status)
+    return JSONResponse({"success": False, **error_body(message, str(code))}, status)
+
+
+def _answer(done: dict[str, Any], queue_wait_ms: float, estimated_wait_s: float) -> dict[str, Any]:
+    """The worker's ``done`` as ``POST /api/chat`` answers it: our fields and
+    the reference's (``tokens_generated``, ``token_stats``, ``duration_ms``, ...)."""
+    body = {key: value for key, value in done.items() if key != "type"}
+    generated, prompt = body.get("generated_tokens", 0), body.get("input_tokens", 0)
+    return {
+        "success": True,
+        "error": None,
+        "audio_path": None,
+        "audio_sample_rate": OUTPUT_RATE,
+        "tokens_generated": generated,
+        "duration_ms": body.get("timings", {}).get("total_ms"),
+        "token_stats": {
+            "cached_tokens": 0,
+            "input_tokens": prompt,
+            "generated_tokens": generated,
+            "total_tokens": prompt + generated,
+        },
+        **body,
+        "queue_wait_ms": round(queue_wait_ms, 1),
+        "estimated_queue_wait_s": round(estimated_wait_s, 1),
+    }
 
 
 async def _until_http_disconnect(request: Request) -> None:
@@ -243,6 +269,7 @@ async def _serve_chat_http(gateway: Gateway, ticket: Ticket, chat: ChatRequest) 
     async def ignore(_: dict[str, Any]) -> None:
         return None
 
+    estimated_wait_s = gateway.pool.scheduler.estimates().get(ticket.ticket_id, 0.0)
     lease = await gateway.pool.acquire(ticket, ignore)
     queue_wait_ms = (time.perf_counter() - queued_at) * 1000
     messages: list[dict[str, Any]] = []
@@ -264,8 +291,7 @@ async def _serve_chat_http(gateway: Gateway, ticket: Ticket, chat: ChatRequest) 
         release_lease(gateway.pool, lease, end, ok=end is SessionEnd.OK)
     final = messages[-1] if messages else {}
     if end is SessionEnd.OK and final.get("type") == "done":
-        body = {key: value for key, value in final.items() if key != "type"}
-        return JSONResponse({"success": True, **body, "queue_wait_ms": round(queue_wait_ms, 1)})
+        return JSONResponse(_answer(final, queue_wait_ms, estimated_wait_s))
     if final.get("type") == "error":
         status = 422 if final.get("code") in ("unsupported_capability", "invalid_request") else 502
         return _error_response(status, final["error"], final.get("code", "inference_error"))

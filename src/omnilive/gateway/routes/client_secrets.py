@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from omnilive.gateway.auth import Gatekeeper, principal_of
+from omnilive.gateway.http_errors import error_response
 from omnilive.protocol.common import describe_validation_error
 
 router = APIRouter()
@@ -27,22 +28,18 @@ class SecretRequest(BaseModel):
     ttl_s: float | None = Field(None, gt=0)
 
 
-def _error(status: int, message: str, code: str) -> JSONResponse:
-    return JSONResponse({"error": message, "code": code}, status_code=status)
-
-
 @router.post("/v1/client_secrets")
 async def client_secret(request: Request) -> JSONResponse:
     gatekeeper: Gatekeeper = request.app.state.auth
     settings = gatekeeper.settings
     body = await request.body()
     if len(body) > MAX_BODY_BYTES:
-        return _error(413, f"body exceeds {MAX_BODY_BYTES} bytes", "payload_too_large")
+        return error_response(413, f"body exceeds {MAX_BODY_BYTES} bytes", "payload_too_large")
     try:
         wanted = SecretRequest.model_validate(json.loads(body) if body.strip() else {})
     except (ValueError, ValidationError) as exc:
         message = describe_validation_error(exc) if isinstance(exc, ValidationError) else str(exc)
-        return _error(422, message, "invalid_request")
+        return error_response(422, message, "invalid_request")
     ttl_s = min(wanted.ttl_s or settings.token_ttl_s, settings.max_token_ttl_s)
     token, expires_at = gatekeeper.tokens.mint(principal_of(request), ttl_s)
     return JSONResponse({"token": token, "expires_at": expires_at, "ttl_s": ttl_s})

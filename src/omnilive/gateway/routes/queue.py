@@ -5,24 +5,43 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from fastapi.responses import JSONResponse
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
+from omnilive.clock import iso
+from omnilive.config import reference_name
+from omnilive.gateway.http_errors import error_body
 from omnilive.gateway.state import gateway_of
 
 router = APIRouter()
+
+
+def _baseline(name: str) -> Any:
+    """A baseline field, also accepted under the reference's ``eta_`` name."""
+    return Field(None, gt=0, validation_alias=AliasChoices(name, f"eta_{name}"))
 
 
 class EtaUpdate(BaseModel):
     """``PUT /api/config/eta``: only the fields present are changed."""
 
     model_config = ConfigDict(extra="forbid")
-    chat_s: float | None = Field(None, gt=0)
-    half_duplex_s: float | None = Field(None, gt=0)
-    audio_duplex_s: float | None = Field(None, gt=0)
-    omni_duplex_s: float | None = Field(None, gt=0)
+    chat_s: float | None = _baseline("chat_s")
+    half_duplex_s: float | None = _baseline("half_duplex_s")
+    audio_duplex_s: float | None = _baseline("audio_duplex_s")
+    omni_duplex_s: float | None = _baseline("omni_duplex_s")
     ema_alpha: float | None = Field(None, gt=0, le=1)
     ema_min_samples: int | None = Field(None, ge=1)
     overrun_floor_s: float | None = Field(None, ge=0)
+
+
+def shown(item: dict[str, Any]) -> dict[str, Any]:
+    """A queue or running-task entry as the API shows it: the reference's
+    request-type names and ISO 8601 times (the scheduler keeps epoch seconds)."""
+    shown = {**item, "request_type": reference_name(item["request_type"])}
+    for key in ("enqueued_at", "started_at"):
+        if isinstance(item.get(key), float | int):
+            shown[key] = iso(item[key])
+    return shown
 
 
 @router.get("/api/queue")
@@ -31,24 +50,28 @@ async def queue(request: Request) -> dict[str, Any]:
     return {
         "queue_length": len(scheduler.queue),
         "max_queue_size": scheduler.max_queue_size,
-        "items": scheduler.snapshot(),
-        "running_tasks": scheduler.running(),
+        "items": [shown(item) for item in scheduler.snapshot()],
+        "running_tasks": [shown(task) for task in scheduler.running()],
     }
 
 
-@router.get("/api/queue/{ticket_id}")
-async def queue_item(ticket_id: str, request: Request) -> dict[str, Any]:
+@router.get("/api/queue/{ticket_id}", response_model=None)
+async def queue_item(ticket_id: str, request: Request) -> dict[str, Any] | JSONResponse:
+    """The waiting ticket (``{found: true, ticket}``, its fields also at the top)."""
     for item in gateway_of(request).pool.scheduler.snapshot():
         if item["ticket_id"] == ticket_id:
-            return item
-    raise HTTPException(404, f"no queued ticket {ticket_id}")
+            ticket = shown(item)
+            return {**ticket, "found": True, "ticket": ticket}
+    message = f"no queued ticket {ticket_id} (it may have been assigned or cancelled)"
+    return JSONResponse({**error_body(message, "not_found"), "found": False}, status_code=404)
 
 
-@router.delete("/api/queue/{ticket_id}")
-async def cancel_queue_item(ticket_id: str, request: Request) -> dict[str, Any]:
+@router.delete("/api/queue/{ticket_id}", response_model=None)
+async def cancel_queue_item(ticket_id: str, request: Request) -> dict[str, Any] | JSONResponse:
     if not gateway_of(request).pool.cancel_by_id(ticket_id):
-        raise HTTPException(404, f"no queued ticket {ticket_id}")
-    return {"cancelled": ticket_id}
+        message = f"no queued ticket {ticket_id}"
+        return JSONResponse({**error_body(message, "not_found"), "success": False}, 404)
+    return {"success": True, "cancelled": ticket_id}
 
 
 @router.get("/api/config/eta")

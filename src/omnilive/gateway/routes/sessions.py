@@ -15,6 +15,7 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import FileResponse, HTMLResponse, Response, StreamingResponse
 from pydantic import BaseModel
 
+from omnilive.gateway.multipart_stream import FilePartStream, MultipartError, is_multipart
 from omnilive.gateway.routes.pages import viewer_page
 from omnilive.gateway.state import gateway_of
 from omnilive.recording.archive import iter_zip
@@ -31,6 +32,8 @@ from omnilive.recording.store import (
 )
 
 router = APIRouter()
+# Room for a multipart upload's boundaries and part headers.
+MULTIPART_MARGIN = 64 * 1024
 
 
 async def _session(request: Request, recording_id: str) -> Path:
@@ -63,6 +66,7 @@ async def session_recording(request: Request, recording_id: str) -> Response:
 
 
 @router.get("/api/sessions/{recording_id}/assets/{path:path}")
+@router.head("/api/sessions/{recording_id}/assets/{path:path}")
 async def session_asset(request: Request, recording_id: str, path: str) -> FileResponse:
     directory = await _session(request, recording_id)
     try:
@@ -84,29 +88,50 @@ async def session_download(request: Request, recording_id: str) -> StreamingResp
 @router.post("/api/sessions/{recording_id}/upload-recording")
 async def session_upload(request: Request, recording_id: str) -> dict[str, Any]:
     """The browser's own recording of the session (webm / mp4 / wav, told by
-    its magic bytes) as the raw request body, capped at ``max_upload_mb``."""
+    its magic bytes), as the raw request body or as the reference's multipart
+    ``file`` field; streamed to disk, capped at ``max_upload_mb``."""
     directory = await _session(request, recording_id)
     max_bytes = int(gateway_of(request).settings.recording.max_upload_mb * 1024 * 1024)
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > max_bytes:
+    if declared.isdigit() and int(declared) > max_bytes + MULTIPART_MARGIN:
         raise HTTPException(413, f"upload exceeds {max_bytes} bytes")
     upload = await asyncio.to_thread(Upload, directory, max_bytes)
+    content_type = request.headers.get("content-type", "")
+    form = None
+    if is_multipart(content_type):
+        try:
+            form = FilePartStream(content_type, "file", upload.write)
+        except MultipartError as exc:
+            await asyncio.to_thread(upload.abort)
+            raise HTTPException(400, str(exc)) from None
     name = None
     try:
         async for chunk in request.stream():
             if chunk:
-                await asyncio.to_thread(upload.write, chunk)
+                await asyncio.to_thread(form.write if form else upload.write, chunk)
+        if form is not None:
+            form.finish()
         name = await asyncio.to_thread(upload.commit)
     except UploadRejected as exc:
         raise HTTPException(exc.status, exc.message) from None
+    except MultipartError as exc:
+        raise HTTPException(400, str(exc)) from None
     finally:
         if name is None:  # refused, client gone, cancelled: leave no partial file
             await asyncio.to_thread(upload.abort)
-    return {"success": True, "file": name, "size": upload.size}
+    # The reference's {status, path, size_bytes}, and ours.
+    return {
+        "status": "ok",
+        "path": name,
+        "size_bytes": upload.size,
+        "success": True,
+        "file": name,
+        "size": upload.size,
+    }
 
 
 class CommentBody(BaseModel):
-    comment: str
+    comment: str | None = None
 
 
 @router.get("/api/sessions/{recording_id}/comment")
@@ -117,12 +142,20 @@ async def get_comment(request: Request, recording_id: str) -> dict[str, Any]:
 
 @router.post("/api/sessions/{recording_id}/comment")
 async def set_comment(request: Request, recording_id: str, body: CommentBody) -> dict[str, Any]:
+    """Save the comment (surrounding whitespace dropped; an empty one clears it)."""
     directory = await _session(request, recording_id)
     limit = gateway_of(request).settings.recording.max_comment_chars
-    if len(body.comment) > limit:
-        raise HTTPException(413, f"comment of {len(body.comment)} characters exceeds {limit}")
-    await asyncio.to_thread(write_comment, directory, body.comment)
-    return {"success": True, "session_id": recording_id, "comment": body.comment}
+    comment = (body.comment or "").strip()
+    if len(comment) > limit:
+        raise HTTPException(413, f"comment of {len(comment)} characters exceeds {limit}")
+    await asyncio.to_thread(write_comment, directory, comment)
+    return {
+        "status": "ok",
+        "len": len(comment),
+        "success": True,
+        "session_id": recording_id,
+        "comment": comment,
+    }
 
 
 @router.get("/s/{recording_id}", response_class=HTMLResponse)

@@ -17,13 +17,16 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ValidationError
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException
 from starlette.types import Message
 
-from omnilive.audio import INPUT_RATE, pcm_to_b64
+from omnilive.audio import INPUT_RATE, decode_b64, pcm_to_b64
 from omnilive.gateway.catalogs import catalogs_of
+from omnilive.gateway.http_errors import error_response
 from omnilive.gateway.state import gateway_of
+from omnilive.protocol.common import Base64Str, describe_validation_error
 from omnilive.voices.decode import DecoderUnavailable, UndecodableAudio, decode_bytes
 from omnilive.voices.default import default_voice
 from omnilive.voices.speech import SpeechError
@@ -39,14 +42,14 @@ class _TooLarge(Exception):
     pass
 
 
-def _error(status: int, message: str, code: str) -> JSONResponse:
-    return JSONResponse({"error": message, "code": code}, status_code=status)
-
 
 def _audio_body(samples: Any) -> dict[str, Any]:
+    """Audio as the reference's pages read it, plus its exact duration."""
     return {
-        "audio": pcm_to_b64(samples),
+        "base64": pcm_to_b64(samples),
         "sample_rate": INPUT_RATE,
+        "samples": int(samples.size),
+        "duration": round(samples.size / INPUT_RATE, 1),
         "duration_s": round(samples.size / INPUT_RATE, 3),
     }
 
@@ -60,14 +63,15 @@ async def default_ref_audio(request: Request) -> dict[str, Any] | JSONResponse:
     try:
         voice = await asyncio.to_thread(default_voice, gateway.settings, engine, speech)
     except (SpeechError, DecoderUnavailable, UndecodableAudio) as exc:
-        return _error(503, f"the default voice is not available: {exc}", "audio_unavailable")
+        message = f"the default voice is not available: {exc}"
+        return error_response(503, message, "audio_unavailable")
     return {"name": voice.name, **_audio_body(voice.audio)}
 
 
 @router.get("/api/assets/ref_audio")
 async def list_voices(request: Request) -> dict[str, Any]:
     voices = await asyncio.to_thread(catalogs_of(request).voices.entries)
-    return {"voices": [voice.model_dump() for voice in voices]}
+    return {"total": len(voices), "ref_audios": [voice.listing() for voice in voices]}
 
 
 @router.get("/api/assets/ref_audio/{voice_id}/audio", response_model=None)
@@ -75,7 +79,7 @@ async def voice_audio(voice_id: str, request: Request) -> dict[str, Any] | JSONR
     try:
         samples = await asyncio.to_thread(catalogs_of(request).voices.load, voice_id)
     except UnknownVoice as exc:
-        return _error(404, str(exc), "not_found")
+        return error_response(404, str(exc), "not_found")
     return _audio_body(samples)
 
 
@@ -108,51 +112,86 @@ def _replaying(request: Request, body: bytes) -> Request:
     return Request(request.scope, receive)
 
 
-@router.post("/api/assets/ref_audio", status_code=201, response_model=None)
-async def upload_voice(request: Request) -> JSONResponse:
-    """Multipart ``file`` (WAV, MP3, OGG, WebM/Opus, M4A, FLAC) and ``name``:
-    stored as a 16 kHz mono WAV under a fresh id."""
-    limits = gateway_of(request).settings.voices
-    cap = int(limits.max_upload_mb * MB)
-    too_large = f"uploads are limited to {limits.max_upload_mb:g} MB"
+class VoiceUpload(BaseModel):
+    """The reference's JSON upload: an audio file of any common format, base64."""
+
+    name: str | None = None
+    audio_base64: Base64Str
+
+
+async def _json_upload(body: bytes) -> tuple[bytes, str | None]:
     try:
-        body = await _read_capped(request, cap + MULTIPART_MARGIN)
-    except _TooLarge:
-        return _error(413, too_large, "payload_too_large")
+        upload = VoiceUpload.model_validate_json(body)
+    except ValidationError as exc:
+        raise _BadUpload(f"JSON upload: {describe_validation_error(exc)}") from None
+    return decode_b64(upload.audio_base64), upload.name
+
+
+async def _multipart_upload(request: Request, body: bytes, cap: int) -> tuple[bytes, str | None]:
     try:
         async with _replaying(request, body).form(max_files=1, max_fields=4) as form:
             upload, name = form.get("file"), form.get("name")
             if not isinstance(upload, UploadFile):
-                return _error(
-                    422, "send multipart/form-data with a file field 'file'", "invalid_request"
+                raise _BadUpload(
+                    "send multipart/form-data with a file field 'file', "
+                    "or JSON {name, audio_base64}"
                 )
             data = await upload.read(cap + 1)
-            filename = upload.filename or ""
+            label = name if isinstance(name, str) else None
+            return data, label or clean_name(PurePath(upload.filename or "").stem)
     except MultiPartException as exc:
-        return _error(422, f"bad multipart body: {exc.message}", "invalid_request")
+        raise _BadUpload(f"bad multipart body: {exc.message}") from None
+
+
+class _BadUpload(Exception):
+    pass
+
+
+@router.post("/api/assets/ref_audio", status_code=201, response_model=None)
+async def upload_voice(request: Request) -> JSONResponse:
+    """A voice as multipart ``file`` (WAV, MP3, OGG, WebM/Opus, M4A, FLAC) and
+    ``name``, or as the reference's JSON ``{name, audio_base64}``: stored as a
+    16 kHz mono WAV under a fresh id."""
+    limits = gateway_of(request).settings.voices
+    cap = int(limits.max_upload_mb * MB)
+    too_large = f"uploads are limited to {limits.max_upload_mb:g} MB"
+    try:
+        body = await _read_capped(request, cap * 4 // 3 + MULTIPART_MARGIN)
+    except _TooLarge:
+        return error_response(413, too_large, "payload_too_large")
+    try:
+        if request.headers.get("content-type", "").startswith("application/json"):
+            data, name = await _json_upload(body)
+        else:
+            data, name = await _multipart_upload(request, body, cap)
+    except _BadUpload as exc:
+        return error_response(422, str(exc), "invalid_request")
     if len(data) > cap:
-        return _error(413, too_large, "payload_too_large")
-    fallback = clean_name(PurePath(filename).stem)
-    label = clean_name(name if isinstance(name, str) else None, fallback)
+        return error_response(413, too_large, "payload_too_large")
     try:
         samples = await asyncio.to_thread(
             decode_bytes, data, limits.max_duration_s + 1.0, limits.decode_timeout_s
         )
     except UndecodableAudio as exc:
-        return _error(422, str(exc), "undecodable_audio")
+        return error_response(422, str(exc), "undecodable_audio")
     except DecoderUnavailable as exc:
-        return _error(503, str(exc), "audio_unavailable")
+        return error_response(503, str(exc), "audio_unavailable")
     seconds = samples.size / INPUT_RATE
     if seconds > limits.max_duration_s:
         message = f"the audio is longer than {limits.max_duration_s:g} s"
-        return _error(422, message, "audio_too_long")
+        return error_response(422, message, "audio_too_long")
     if seconds < limits.min_duration_s:
         message = f"the audio is {seconds:.2f} s; a voice needs {limits.min_duration_s:g} s"
-        return _error(422, message, "audio_too_short")
+        return error_response(422, message, "audio_too_short")
     try:
         voice = await asyncio.to_thread(
-            catalogs_of(request).voices.add, samples, label, limits.max_count
+            catalogs_of(request).voices.add, samples, clean_name(name), limits.max_count
         )
     except StoreFull as exc:
-        return _error(507, str(exc), "storage_full")
-    return JSONResponse(voice.model_dump(), status_code=201)
+        return error_response(507, str(exc), "storage_full")
+    answer = {
+        **voice.listing(),
+        "success": True,
+        "message": f"Uploaded successfully, duration={round(seconds * 1000)}ms",
+    }
+    return JSONResponse(answer, status_code=201)

@@ -8,11 +8,12 @@ import { el } from '../lib/dom.js';
 import { localized, onLangChange, t } from '../lib/i18n.js';
 
 let catalogPromise = null;
+// The listing is keyed by the reference's folder names, which differ from our
+// mode names for half-duplex only.
+const LISTING_KEY = { half_duplex: 'half_duplex_audio' };
 
 function catalog() {
-  catalogPromise ??= getOptional('/api/presets', { presets: {} })
-    .then((body) => body.presets || {})
-    .catch(() => ({}));
+  catalogPromise ??= getOptional('/api/presets', {}).catch(() => ({}));
   return catalogPromise;
 }
 
@@ -42,7 +43,7 @@ export class PresetPicker {
   /** Load the mode's presets; selects the first one (and reports it). */
   async load() {
     const all = await catalog();
-    this.presets = [...(all[this.mode] || [])].sort((a, b) => (a.order ?? 0) - (b.order ?? 0));
+    this.presets = [...(all[LISTING_KEY[this.mode] || this.mode] || [])].sort((a, b) => (a.order ?? 0) - (b.order ?? 0));
     this.root.hidden = this.presets.length === 0;
     this.draw();
     if (this.presets.length) {
@@ -71,17 +72,23 @@ export class PresetPicker {
     this.select.value = '';
   }
 
-  /** The chosen preset's audio: {system_audio: [b64...], voice_audio: b64|null}. */
+  /**
+   * The chosen preset's audio: {system_audio: [b64...], voice_audio: b64|null}, from
+   * the server's {system_content_audio: [{data}], ref_audio: {data}}.
+   */
   async audio() {
     const preset = this.selected;
-    if (!preset || !preset.has_audio) return { system_audio: [], voice_audio: null };
+    if (!preset || !(preset.has_audio || preset.ref_audio)) return { system_audio: [], voice_audio: null };
     if (!this.audioCache.has(preset.id)) {
       const path = `/api/presets/${encodeURIComponent(this.mode)}/${encodeURIComponent(preset.id)}/audio`;
       this.audioCache.set(preset.id, getJSON(path));
     }
     try {
       const body = await this.audioCache.get(preset.id);
-      return { system_audio: body.system_audio || [], voice_audio: body.voice_audio || null };
+      return {
+        system_audio: (body.system_content_audio || []).map((clip) => clip.data).filter(Boolean),
+        voice_audio: body.ref_audio?.data || null,
+      };
     } catch (error) {
       this.audioCache.delete(preset.id);
       throw error;

@@ -16,7 +16,7 @@ export class VoiceAdmin {
 
   async load() {
     const body = await getOptional('/api/assets/ref_audio', null).catch(() => null);
-    this.voices = body ? body.voices : null;
+    this.voices = body ? body.ref_audios : null;
     this.draw();
   }
 

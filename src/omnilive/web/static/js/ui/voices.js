@@ -70,7 +70,7 @@ export class VoicePicker {
     ]);
     this.defaultVoice = defaults;
     this.storage = stored !== null;
-    this.voices = stored?.voices || [];
+    this.voices = stored?.ref_audios || [];
     this.draw();
   }
 
@@ -187,13 +187,13 @@ export class VoicePicker {
       if (value.kind === 'preset') return playPcm(base64ToFloat32(value.audio), 16000);
       if (value.kind === 'default') {
         const d = this.defaultVoice || (await getJSON('/api/default_ref_audio'));
-        return playPcm(base64ToFloat32(d.audio), d.sample_rate || 16000);
+        return playPcm(base64ToFloat32(d.base64), d.sample_rate || 16000);
       }
       const response = await request('GET', `/api/assets/ref_audio/${encodeURIComponent(value.id)}/audio`);
       // The server may answer with JSON (base64 PCM) or with the audio file itself.
       if ((response.headers.get('content-type') || '').includes('json')) {
         const body = await response.json();
-        return playPcm(base64ToFloat32(body.audio), body.sample_rate || 16000);
+        return playPcm(base64ToFloat32(body.base64), body.sample_rate || 16000);
       }
       const audio = new Audio(URL.createObjectURL(await response.blob()));
       await audio.play();
