@@ -45,6 +45,16 @@ def pcm_from_b64(data: str) -> np.ndarray:
     return samples.astype(np.float32, copy=False)
 
 
+def voice_from_b64(data: str) -> np.ndarray:
+    """A reference voice as 16 kHz float32: a base64 WAV file (told by its
+    ``RIFF`` header, any rate) or base64 raw float32 PCM at 16 kHz."""
+    raw = decode_b64(data)
+    if raw.startswith(b"RIFF"):
+        samples, rate = read_wav(raw)
+        return resample(samples, rate, INPUT_RATE)
+    return pcm_from_b64(data)
+
+
 def pcm_to_b64(samples: np.ndarray) -> str:
     return encode_b64(np.ascontiguousarray(samples, dtype="<f4").tobytes())
 

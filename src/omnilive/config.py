@@ -131,6 +131,10 @@ class RealtimeSettings(_Section):
 
     video_max_s: float = Field(300.0, gt=0, description="Total life of a video session.")
     audio_max_s: float = Field(600.0, gt=0, description="Total life of an audio session.")
+    chat_max_s: float = Field(600.0, gt=0, description="Total life of a chat session.")
+    chat_idle_s: float = Field(
+        120.0, gt=0, description="A chat session that asks nothing for this long ends."
+    )
     context_tokens: int = Field(8192, gt=0, description="KV-cache size that ends a session.")
 
 

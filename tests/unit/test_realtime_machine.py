@@ -17,6 +17,7 @@ from omnilive.gateway.realtime_machine import (
     ToClient,
     ToWorker,
 )
+from omnilive.protocol.realtime import DEFAULT_INSTRUCTIONS
 from omnilive.worker.chunk_buffer import PendingChunk
 from omnilive.worker.presenters import RealtimePresenter, UnitTiming
 
@@ -31,6 +32,7 @@ def machine(state: RealtimeState = RealtimeState.QUEUED) -> RealtimeMachine:
     m = RealtimeMachine("video", "rt_1", 8192)
     if state is not RealtimeState.QUEUED:
         m.queue_event({"type": "queue_done"})
+        m.attach_worker()
     if state is RealtimeState.ACTIVE:
         m.client_frame(frame({"type": "session.update", "session": {"instructions": "hi"}}))
         m.worker_event("session.created")
@@ -54,13 +56,67 @@ def test_queue_events_are_renamed_and_queue_done_connects():
         m.queue_event({"type": "queue_done"})
 
 
-def test_anything_while_queued_is_not_ready():
+def test_appends_while_queued_are_not_ready():
     m = machine()
-    update = {"type": "session.update", "session": {"instructions": "x"}}
     append = {"type": "input_audio_buffer.append", "audio": AUDIO}
-    assert codes(m.client_frame(frame(update))) == ["not_ready"]
     assert codes(m.client_frame(frame(append))) == ["not_ready"]
+    assert codes(m.client_frame(frame({"type": "response.cancel"}))) == ["not_ready"]
     assert m.state is RealtimeState.QUEUED
+
+
+def test_an_update_sent_while_queued_is_kept_until_the_worker_is_there():
+    """The reference's page sends session.update 100 ms after connecting."""
+    m = machine()
+    first = {"type": "session.update", "session": {"instructions": "first"}}
+    latest = {"type": "session.update", "session": {"instructions": "latest"}}
+    assert m.client_frame(frame(first)) == [] and m.client_frame(frame(latest)) == []
+    m.queue_event({"type": "queue_done"})
+    [prepare] = m.attach_worker()  # the latest one wins
+    assert prepare.message["type"] == "prepare" and prepare.message["system_prompt"] == "latest"
+    assert m.attach_worker() == []  # applied once
+    m.worker_event("session.created")
+    assert m.state is RealtimeState.ACTIVE
+
+
+def test_instructions_are_optional():
+    m = machine(RealtimeState.CONNECTED)
+    [prepare] = m.client_frame(frame({"type": "session.update", "session": {}}))
+    assert prepare.message["system_prompt"] == DEFAULT_INSTRUCTIONS
+
+
+def test_a_later_update_changes_the_session():
+    m = machine(RealtimeState.ACTIVE)
+    later = {"type": "session.update", "session": {"instructions": "new", "unknown": 1}}
+    [update] = m.client_frame(frame(later))
+    assert update.message["type"] == "update" and update.message["system_prompt"] == "new"
+    assert m.state is RealtimeState.ACTIVE
+
+
+def test_an_update_during_the_first_waits_for_it():
+    m = machine(RealtimeState.CONNECTED)
+    m.client_frame(frame({"type": "session.update", "session": {"instructions": "a"}}))
+    assert m.client_frame(frame({"type": "session.update", "session": {"instructions": "b"}})) == []
+    [update] = m.worker_event("session.created")
+    assert update.message == {"type": "update", "system_prompt": "b", "ref_audio_base64": None,
+                              "tts_ref_audio_base64": None, "ref_audio_id": None,
+                              "tts_ref_audio_id": None}  # fmt: skip
+
+
+def test_response_cancel_forces_the_next_unit_to_listen():
+    m = machine(RealtimeState.ACTIVE)
+    [cancelled] = m.client_frame(frame({"type": "response.cancel"}))
+    assert cancelled.event == {"type": "response.cancelled"}
+    append = frame({"type": "input_audio_buffer.append", "audio": AUDIO})
+    assert m.client_frame(append)[0].message["force_listen"] is True
+    assert m.client_frame(append)[0].message["force_listen"] is False  # once
+
+
+def test_appends_of_any_length_are_taken():
+    """OpenAI-style clients send 20 ms; the worker assembles 1 s units."""
+    m = machine(RealtimeState.ACTIVE)
+    tiny = base64.b64encode(np.zeros(320, "<f4").tobytes()).decode()
+    [action] = m.client_frame(frame({"type": "input_audio_buffer.append", "audio": tiny}))
+    assert isinstance(action, ToWorker) and action.message["audio_base64"] == tiny
 
 
 def test_connected_accepts_only_session_update():
@@ -71,8 +127,6 @@ def test_connected_accepts_only_session_update():
     assert isinstance(action, ToWorker) and action.message["type"] == "prepare"
     assert action.message["dialect"] == "realtime" and action.message["context_limit"] == 8192
     assert action.message["mode"] == "omni_duplex"
-    again = m.client_frame(frame({"type": "session.update", "session": {"instructions": "y"}}))
-    assert codes(again) == ["invalid_payload"]
     m.worker_event("session.created")
     assert m.state is RealtimeState.ACTIVE
 
@@ -90,7 +144,6 @@ def test_failed_update_may_be_retried():
     [
         ({"type": "response.create"}, "unknown_event"),
         ({"no": "type"}, "missing_field"),
-        ({"type": "session.update", "session": {}}, "missing_field"),
         ({"type": "session.update"}, "missing_field"),
         ({"type": "session.update", "session": {"instructions": "x", "max_slice_nums": 10}},
          "invalid_payload"),
@@ -98,8 +151,8 @@ def test_failed_update_may_be_retried():
          "invalid_payload"),
         ({"type": "input_audio_buffer.append"}, "missing_field"),
         ({"type": "input_audio_buffer.append", "audio": "!!"}, "invalid_payload"),
-        ({"type": "input_audio_buffer.append",
-          "audio": base64.b64encode(np.zeros(3999, "<f4").tobytes()).decode()}, "invalid_payload"),
+        ({"type": "input_audio_buffer.append", "audio": ""}, "invalid_payload"),
+        ({"type": "input_audio_buffer.append", "audio": "AAAA"}, "invalid_payload"),  # 3 bytes
         ({"type": "input_audio_buffer.append", "audio": AUDIO, "max_slice_nums": 0},
          "invalid_payload"),
         ({"type": "input_audio_buffer.append", "audio": AUDIO, "video_frames": ["%%"]},
@@ -115,13 +168,6 @@ def test_client_errors_do_not_close(event: dict, code: str):
     assert m.state is RealtimeState.ACTIVE
 
 
-def test_exactly_4000_samples_is_enough():
-    m = machine(RealtimeState.ACTIVE)
-    audio = base64.b64encode(np.zeros(4000, "<f4").tobytes()).decode()
-    [action] = m.client_frame(frame({"type": "input_audio_buffer.append", "audio": audio}))
-    assert isinstance(action, ToWorker) and action.message["audio_base64"] == audio
-
-
 def test_append_translation_keeps_controls_and_frames_only_in_video_mode():
     event = {"type": "input_audio_buffer.append", "audio": AUDIO, "video_frames": ["AAAA"],
              "force_listen": True, "max_slice_nums": 4}  # fmt: skip
@@ -130,6 +176,7 @@ def test_append_translation_keeps_controls_and_frames_only_in_video_mode():
                              "frame_base64_list": ["AAAA"], "max_slice_nums": 4}  # fmt: skip
     audio = RealtimeMachine("audio", "rt_2", 8192)
     audio.queue_event({"type": "queue_done"})
+    audio.attach_worker()
     audio.client_frame(frame({"type": "session.update", "session": {"instructions": "x"}}))
     audio.worker_event("session.created")
     [action] = audio.client_frame(frame(event))

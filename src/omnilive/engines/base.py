@@ -189,8 +189,13 @@ class TextAudioChunk:
 
 @dataclass
 class PrefillStats:
+    """What one duplex prefill added to the model's context, in tokens by
+    modality (usage accounting), and what it cost."""
+
     vision_slices: int = 0
     vision_tokens: int = 0
+    audio_tokens: int = 0
+    text_tokens: int = 0
     cost_ms: float = 0.0
 
 
@@ -203,6 +208,9 @@ class DuplexUnit:
     audio: np.ndarray | None = None  # 24 kHz
     end_of_turn: bool = False
     kv_cache_length: int = 0
+    # Input the step added to the context outside prefill (a cascade commits
+    # the transcribed user turn when it starts answering).
+    input_text_tokens: int = 0
     n_tokens: int = 0
     n_tts_tokens: int = 0
     cost_llm_ms: float = 0.0
@@ -303,6 +311,16 @@ class DuplexSession(abc.ABC):
 
     def finalize(self) -> None:  # noqa: B027 - optional hook
         """Bookkeeping after a unit's result is sent (deferred finalize)."""
+
+    def update(self, system_prompt: str | None, tts_voice: Voice | None) -> list[str]:
+        """Change the instructions or the voice mid-session, from the next turn
+        on, where the engine can; returns what it could not change (warnings)."""
+        unchanged = []
+        if system_prompt is not None:
+            unchanged.append("this engine keeps the session's instructions until it ends")
+        if tts_voice is not None:
+            unchanged.append("this engine keeps the session's voice until it ends")
+        return unchanged
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the session's state (caches, GPU memory)."""

@@ -140,9 +140,8 @@ def _count_tokens(parts: list[Part] | tuple[Part, ...]) -> int:
 
 
 class ScriptedChat(ChatSession):
-    def __init__(self, settings: ScriptedSettings, data_dir: Path | None = None) -> None:
+    def __init__(self, settings: ScriptedSettings) -> None:
         self._settings = settings
-        self._data_dir = data_dir
         self._answer = ""
         self._knobs = _Knobs.parse("", settings)
         self._tts = True
@@ -169,9 +168,8 @@ class ScriptedChat(ChatSession):
 
 
 class ScriptedHalfDuplex(HalfDuplexSession):
-    def __init__(self, settings: ScriptedSettings, data_dir: Path | None = None) -> None:
+    def __init__(self, settings: ScriptedSettings) -> None:
         self._settings = settings
-        self._data_dir = data_dir
         self._knobs = _Knobs.parse("", settings)
         self._turns: list[float] = []  # speech seconds of each turn in context
         self._saved: list[float] = []
@@ -217,9 +215,8 @@ class ScriptedHalfDuplex(HalfDuplexSession):
 
 
 class ScriptedDuplex(DuplexSession):
-    def __init__(self, settings: ScriptedSettings, data_dir: Path | None = None) -> None:
+    def __init__(self, settings: ScriptedSettings) -> None:
         self._settings = settings
-        self._data_dir = data_dir
         self._knobs = _Knobs.parse("", settings)
         self._unit = 0
         self._cursor = 0
@@ -250,7 +247,9 @@ class ScriptedDuplex(DuplexSession):
         self._frames = len(frames)
         slices = len(frames) * (max_slice_nums or 1)
         self._kv += self._knobs.kv_per_unit + 64 * slices
-        return PrefillStats(vision_slices=slices, vision_tokens=64 * slices)
+        return PrefillStats(
+            vision_slices=slices, vision_tokens=64 * slices, audio_tokens=self._knobs.kv_per_unit
+        )
 
     def generate(self, force_listen: bool = False) -> DuplexUnit:
         unit, self._unit = self._unit, self._unit + 1
@@ -287,6 +286,14 @@ class ScriptedDuplex(DuplexSession):
         if self._knobs.finalize_latency_s:
             time.sleep(self._knobs.finalize_latency_s)
         self._unfinalized = False
+
+    def update(self, system_prompt: str | None, tts_voice: Voice | None) -> list[str]:
+        """New directives and voice apply from the next unit on."""
+        if system_prompt is not None:
+            self._knobs = _Knobs.parse(system_prompt, self._settings)
+        if tts_voice is not None:
+            self._voice = describe_voice(tts_voice)
+        return []
 
     def _skip_to_listen(self) -> None:
         """A forced listen ends the turn: move the plan to its next listen."""

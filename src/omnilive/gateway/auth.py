@@ -10,6 +10,8 @@ Credentials: ``Authorization: Bearer <API key>`` everywhere; where a client
 token is enough (opening a session, reading a recording) also
 ``Authorization: Bearer <token>``, ``?token=<token>`` or, for browsers,
 the WebSocket subprotocol ``omnilive.token.<token>`` next to ``omnilive``.
+Realtime API browser clients offer their key as ``map-api-key.<key>`` next to
+``map.realtime``; that counts as the ``Authorization`` header.
 """
 
 from __future__ import annotations
@@ -45,6 +47,10 @@ log = logging.getLogger(__name__)
 PRINCIPAL_KEY = "omnilive.principal"
 SUBPROTOCOL = "omnilive"
 TOKEN_SUBPROTOCOL = "omnilive.token."
+# The Realtime API's subprotocol, and its browser clients' way to send a key.
+REALTIME_SUBPROTOCOL = "map.realtime"
+KEY_SUBPROTOCOL = "map-api-key."
+CREDENTIAL_SUBPROTOCOLS = (TOKEN_SUBPROTOCOL, KEY_SUBPROTOCOL)
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain"})
 _DENIED_UPGRADE: ContextVar[bool] = ContextVar("omnilive_denied_upgrade", default=False)
@@ -164,13 +170,17 @@ class Gatekeeper:
         token_ok = rule.access is Access.SESSION
         scheme, _, secret = request.headers.get("authorization", "").partition(" ")
         secret = secret.strip()
+        if not (scheme.lower() == "bearer" and secret):
+            # Browser clients of the Realtime API offer the key as a subprotocol.
+            scheme, secret = "bearer", _subprotocol_secret(request.subprotocols, KEY_SUBPROTOCOL)
         try:
-            if scheme.lower() == "bearer" and secret:
+            if secret:
                 if ClientTokens.looks_like_token(secret):
                     return self._token(secret, token_ok)
                 return self.keys.check_key(secret)
             if token_ok:
-                token = request.query.get("token") or _subprotocol_token(request.subprotocols)
+                offered = _subprotocol_secret(request.subprotocols, TOKEN_SUBPROTOCOL)
+                token = request.query.get("token") or offered
                 if token:
                     return self._token(token, token_ok)
         except CredentialError as exc:
@@ -192,10 +202,8 @@ def _too_many(refusal: Refusal) -> Denied:
     return Denied(429, refusal.code, refusal.message, {"Retry-After": str(refusal.retry_after_s)})
 
 
-def _subprotocol_token(offered: tuple[str, ...]) -> str | None:
-    return next(
-        (p[len(TOKEN_SUBPROTOCOL) :] for p in offered if p.startswith(TOKEN_SUBPROTOCOL)), None
-    )
+def _subprotocol_secret(offered: tuple[str, ...], prefix: str) -> str | None:
+    return next((p[len(prefix) :] for p in offered if p.startswith(prefix)), None)
 
 
 def principal_of(connection: HTTPConnection) -> Principal:
@@ -239,12 +247,12 @@ class AuthMiddleware:
         except Denied as denied:
             await self._refuse(scope, receive, send, request, denied)
             return
+        if websocket:
+            send = _choosing_subprotocol(send, request.subprotocols)
         if principal is None:
             await self.app(scope, receive, send)
             return
         scope[PRINCIPAL_KEY] = principal
-        if websocket:
-            send = _choosing_subprotocol(send, request.subprotocols)
         limiter = self.gatekeeper.limiter
         if not rule.opens_session or self.gatekeeper.open:
             await self.app(scope, receive, send)
@@ -287,11 +295,18 @@ def install_log_filter() -> None:
         logger.addFilter(DeniedUpgradeLogFilter())
 
 
+def choose_subprotocol(offered: tuple[str, ...]) -> str | None:
+    """The subprotocol to accept with: a browser that offered some fails the
+    connection unless one is selected. ``map.realtime`` (the Realtime SDK's and
+    its browser clients'), else ``omnilive``, else a credential one itself."""
+    for known in (REALTIME_SUBPROTOCOL, SUBPROTOCOL):
+        if known in offered:
+            return known
+    return next((p for p in offered if p.startswith(CREDENTIAL_SUBPROTOCOLS)), None)
+
+
 def _choosing_subprotocol(send: Send, offered: tuple[str, ...]) -> Send:
-    """Accept with a subprotocol the browser offered (it fails the connection
-    otherwise): ``omnilive`` if offered, else the token one itself."""
-    chosen = SUBPROTOCOL if SUBPROTOCOL in offered else None
-    chosen = chosen or next((p for p in offered if p.startswith(TOKEN_SUBPROTOCOL)), None)
+    chosen = choose_subprotocol(offered)
     if chosen is None:
         return send
 

@@ -3,7 +3,9 @@
 QUEUED → CONNECTED → ACTIVE → CLOSED. Feed it client frames, queue messages
 and the types of worker events; it answers with actions: an event for the
 client, a message for the worker (the Realtime API is served by translating
-to the duplex protocol), or closing the connection.
+to the duplex protocol), or closing the connection. The newer dialect's
+machine (``realtime_v2_machine.py``) has the same shape and takes the same
+actions.
 """
 
 from __future__ import annotations
@@ -16,13 +18,16 @@ from typing import Any, Literal
 from omnilive.protocol.common import has_lone_surrogates
 from omnilive.protocol.realtime import (
     CLOSE_UNSUPPORTED_DATA,
+    DEFAULT_INSTRUCTIONS,
     QUEUE_EVENT_NAMES,
     Append,
     CloseReason,
     RealtimeError,
     RealtimeErrorCode,
+    ResponseCancel,
     SessionClose,
     SessionUpdate,
+    cancelled_event,
     closed_event,
     error_event,
     parse_event,
@@ -66,6 +71,15 @@ class IllegalTransition(Exception):
 
 
 class RealtimeMachine:
+    """The older dialect (``session.update``, ``input_audio_buffer.append``).
+
+    A ``session.update`` that comes before the session has a worker is kept
+    and applied once it has one (the reference's page sends it 100 ms after
+    connecting); one that comes while the first is being applied waits for
+    it; one that comes later updates the session (``session.updated``)."""
+
+    dialect = "realtime"
+
     def __init__(
         self, mode: Literal["video", "audio"], session_id: str, context_limit: int
     ) -> None:
@@ -73,7 +87,10 @@ class RealtimeMachine:
         self.session_id = session_id
         self.context_limit = context_limit
         self.state = RealtimeState.QUEUED
-        self._update_pending = False  # a session.update is with the worker
+        self.worker_attached = False
+        self._configuring = False  # the first session.update is with the worker
+        self._waiting: SessionUpdate | None = None  # an update to apply when possible
+        self._cancel_pending = False  # the next append forces a listen
 
     @property
     def task_type(self) -> Literal["omni_duplex", "audio_duplex"]:
@@ -84,13 +101,22 @@ class RealtimeMachine:
             raise IllegalTransition(f"{self.state} → {target} (expected {expected})")
         self.state = target
 
-    # --- the queue ---------------------------------------------------------------
+    # --- the queue and the worker -----------------------------------------------
 
     def queue_event(self, message: dict[str, Any]) -> ToClient:
         """A pool message (queued / queue_update / queue_done) as a realtime event."""
         if message["type"] == "queue_done":
             self._move(RealtimeState.QUEUED, RealtimeState.CONNECTED)
         return ToClient({**message, "type": QUEUE_EVENT_NAMES[message["type"]]})
+
+    def attach_worker(self) -> list[Action]:
+        """The worker's session socket is open: a kept update goes to it now."""
+        self.worker_attached = True
+        return self._apply_waiting()
+
+    def _apply_waiting(self) -> list[Action]:
+        waiting, self._waiting = self._waiting, None
+        return self._update(waiting) if waiting is not None else []
 
     # --- the client -----------------------------------------------------------------
 
@@ -106,16 +132,22 @@ class RealtimeMachine:
             return [self._error(RealtimeErrorCode.INVALID_PAYLOAD, "an event is a JSON object")]
         if has_lone_surrogates(raw, data):
             return [self._error(RealtimeErrorCode.INVALID_PAYLOAD, "unpaired UTF-16 surrogate")]
+        return self.client_event(data)
+
+    def client_event(self, data: dict[str, Any]) -> list[Action]:
+        """One decoded client event."""
         try:
             event = parse_event(data)
         except RealtimeError as exc:
             return [self._error(exc.code, exc.message)]
         if isinstance(event, SessionClose):
             return self._close_requested()
-        if self.state is RealtimeState.QUEUED:
-            return [self._error(RealtimeErrorCode.NOT_READY, "wait for session.queue_done")]
         if isinstance(event, SessionUpdate):
             return self._update(event)
+        if self.state is RealtimeState.QUEUED:
+            return [self._error(RealtimeErrorCode.NOT_READY, "wait for session.queue_done")]
+        if isinstance(event, ResponseCancel):
+            return self._cancel()
         return self._append(event)
 
     def _close_requested(self) -> list[Action]:
@@ -123,38 +155,61 @@ class RealtimeMachine:
         it confirms (so its recording is finalized first). Before the first
         session.update the worker still speaks the duplex dialect and has
         nothing to finalize: the session closes here."""
-        configured = self.state is RealtimeState.ACTIVE or self._update_pending
+        configured = self.state is RealtimeState.ACTIVE or self._configuring
         if not configured:
             self.state = RealtimeState.CLOSED
             return [ToClient(closed_event(CloseReason.STOPPED)), Close()]
         return [ToWorker({"type": "stop"})]
 
     def _update(self, event: SessionUpdate) -> list[Action]:
-        if self.state is RealtimeState.ACTIVE or self._update_pending:
-            return [self._error(RealtimeErrorCode.INVALID_PAYLOAD, "session is already configured")]
-        self._update_pending = True
+        if self.state is RealtimeState.ACTIVE:
+            return [ToWorker(self._update_message(event))]
+        if self.state is not RealtimeState.CONNECTED or not self.worker_attached:
+            self._waiting = event  # the latest one wins
+            return []
+        if self._configuring:
+            self._waiting = event
+            return []
+        self._configuring = True
+        return [ToWorker(self._prepare_message(event))]
+
+    def _prepare_message(self, event: SessionUpdate) -> dict[str, Any]:
         config = event.session
-        return [
-            ToWorker(
-                {
-                    "type": "prepare",
-                    "system_prompt": config.instructions,
-                    "max_slice_nums": config.max_slice_nums,
-                    "ref_audio_base64": config.ref_audio,
-                    # The TTS voice falls back to ref_audio, unless a stored one is named.
-                    "tts_ref_audio_base64": config.tts_ref_audio
-                    or (None if config.tts_ref_audio_id else config.ref_audio),
-                    "ref_audio_id": config.ref_audio_id,
-                    "tts_ref_audio_id": config.tts_ref_audio_id,
-                    "ref_audio_format": "wav",
-                    "deferred_finalize": True,
-                    "mode": self.task_type,
-                    "dialect": "realtime",
-                    "context_limit": self.context_limit,
-                    "recording": config.recording,
-                }
-            )
-        ]
+        return {
+            "type": "prepare",
+            "system_prompt": config.instructions or DEFAULT_INSTRUCTIONS,
+            "max_slice_nums": config.max_slice_nums,
+            "ref_audio_base64": config.ref_audio,
+            # The TTS voice falls back to ref_audio, unless a stored one is named.
+            "tts_ref_audio_base64": config.tts_ref_audio
+            or (None if config.tts_ref_audio_id else config.ref_audio),
+            "ref_audio_id": config.ref_audio_id,
+            "tts_ref_audio_id": config.tts_ref_audio_id,
+            "deferred_finalize": True,
+            "mode": self.task_type,
+            "dialect": self.dialect,
+            "context_limit": self.context_limit,
+            "recording": config.recording,
+        }
+
+    @staticmethod
+    def _update_message(event: SessionUpdate) -> dict[str, Any]:
+        """A later update: what it names changes, from the next turn on."""
+        config = event.session
+        return {
+            "type": "update",
+            "system_prompt": config.instructions,
+            "ref_audio_base64": config.ref_audio,
+            "tts_ref_audio_base64": config.tts_ref_audio,
+            "ref_audio_id": config.ref_audio_id,
+            "tts_ref_audio_id": config.tts_ref_audio_id,
+        }
+
+    def _cancel(self) -> list[Action]:
+        if self.state is not RealtimeState.ACTIVE:
+            return [self._error(RealtimeErrorCode.NOT_READY, "no response to cancel yet")]
+        self._cancel_pending = True
+        return [ToClient(cancelled_event())]
 
     def _append(self, event: Append) -> list[Action]:
         if self.state is not RealtimeState.ACTIVE:
@@ -162,8 +217,9 @@ class RealtimeMachine:
         message: dict[str, Any] = {
             "type": "audio_chunk",
             "audio_base64": event.audio,
-            "force_listen": event.force_listen,
+            "force_listen": event.force_listen or self._cancel_pending,
         }
+        self._cancel_pending = False
         if self.mode == "video" and event.video_frames:
             message["frame_base64_list"] = event.video_frames
         if event.max_slice_nums is not None:
@@ -178,16 +234,18 @@ class RealtimeMachine:
         ends it may announce then (``timeout``, ``stopped``) are translated."""
         return not (self.state is RealtimeState.CONNECTED and event_type in _DUPLEX_ENDS)
 
-    def worker_event(self, event_type: str) -> list[Action]:
+    def worker_event(self, event_type: str, raw: str = "") -> list[Action]:
         """Observe the type of an event the worker sent the client."""
         if self.state is RealtimeState.CONNECTED and event_type in _DUPLEX_ENDS:
             return self.end(_DUPLEX_ENDS[event_type])
         if event_type == "session.created":
             self._move(RealtimeState.CONNECTED, RealtimeState.ACTIVE)
-            self._update_pending = False
-        elif event_type == "error" and self.state is RealtimeState.CONNECTED:
-            self._update_pending = False  # the update failed; the client may send another
-        elif event_type == "session.closed":
+            self._configuring = False
+            return self._apply_waiting()
+        if event_type == "error" and self.state is RealtimeState.CONNECTED:
+            self._configuring = False  # the update failed; the client may send another
+            return self._apply_waiting()
+        if event_type == "session.closed":
             self.state = RealtimeState.CLOSED
             return [Close()]
         return []

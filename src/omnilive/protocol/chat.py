@@ -6,7 +6,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from omnilive.protocol.common import Base64Str, Float32Base64, SafeId, decoded_length
+from omnilive.protocol.common import (
+    Base64Str,
+    Float32Base64,
+    SafeId,
+    VoiceBase64,
+    decoded_length,
+)
 
 _MODEL = ConfigDict(extra="ignore", frozen=True)
 
@@ -71,7 +77,7 @@ class TTSConfig(BaseModel):
     )
     # Accepted for wire compatibility, never used: a client must not name server files.
     ref_audio_path: str | None = None
-    ref_audio_data: Base64Str | None = None
+    ref_audio_data: VoiceBase64 | None = None  # a WAV file or raw float32 PCM
     # A stored voice (``POST /api/assets/ref_audio``); ``ref_audio_data`` wins over it.
     ref_audio_id: SafeId | None = None
     language: str | None = None

@@ -76,6 +76,18 @@ Float32Base64 = Annotated[str, AfterValidator(strict_base64), AfterValidator(che
 """Strict base64 of raw little-endian float32 PCM samples."""
 
 
+def check_voice(data: str, what: str = "reference voice") -> str:
+    """A reference voice is a WAV file (its bytes start with ``RIFF``) or raw
+    float32 PCM at 16 kHz: clients of the reference send either."""
+    if binascii.a2b_base64(data[:8]).startswith(b"RIFF"):
+        return data
+    return check_float32(data, what)
+
+
+VoiceBase64 = Annotated[str, AfterValidator(strict_base64), AfterValidator(check_voice)]
+"""Strict base64 of a reference voice: a WAV file, or raw float32 PCM (16 kHz)."""
+
+
 def _check_safe_id(value: str) -> str:
     if not is_safe_id(value):
         raise ValueError("must be 1-128 of A-Z a-z 0-9 _ -")

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
-from omnilive.protocol.common import Base64Str, Float32Base64, SafeId, check_float32
+from omnilive.protocol.common import Base64Str, Float32Base64, SafeId, VoiceBase64
 
 _MODEL = ConfigDict(extra="ignore", frozen=True)
 DuplexMode = Literal["audio_duplex", "omni_duplex"]
@@ -29,8 +29,9 @@ class Prepare(BaseModel):
     type: Literal["prepare"]
     system_prompt: str = "You are a helpful assistant. Reply briefly and naturally."
     config: dict[str, Any] = Field(default_factory=dict)
-    ref_audio_base64: Base64Str | None = None
-    tts_ref_audio_base64: Base64Str | None = None
+    # Reference voices: a WAV file or raw float32 PCM (16 kHz), base64.
+    ref_audio_base64: VoiceBase64 | None = None
+    tts_ref_audio_base64: VoiceBase64 | None = None
     # Stored voices, used where the matching base64 field is absent.
     ref_audio_id: SafeId | None = None
     tts_ref_audio_id: SafeId | None = None
@@ -39,10 +40,10 @@ class Prepare(BaseModel):
     max_slice_nums: int = Field(1, ge=1, le=9)
     mode: str | None = None
     recording: bool = True
-    # Set by the gateway when it serves the Realtime API over this protocol:
-    dialect: Literal["duplex", "realtime"] = "duplex"
+    # Set by the gateway when it serves the Realtime API over this protocol
+    # (refused from clients of /ws/duplex, see INTERNAL_FIELDS):
+    dialect: Literal["duplex", "realtime", "realtime_v2"] = "duplex"
     context_limit: int | None = Field(None, ge=1)  # end the session once the KV cache is this full
-    ref_audio_format: Literal["pcm_f32", "wav"] = "pcm_f32"
 
     @model_validator(mode="after")
     def _check(self) -> Prepare:
@@ -50,11 +51,11 @@ class Prepare(BaseModel):
             raise ValueError("ref_audio_path is not accepted; send ref_audio_base64")
         if self.mode is not None and parse_mode(self.mode) is None:
             raise ValueError("mode must be audio_duplex or omni_duplex")
-        for name in ("ref_audio_base64", "tts_ref_audio_base64"):
-            value = getattr(self, name)
-            if value and self.ref_audio_format == "pcm_f32":
-                check_float32(value, name)
         return self
+
+
+# Prepare fields only the gateway sets, for the Realtime API it serves.
+INTERNAL_FIELDS = ("dialect", "context_limit")
 
 
 class AudioChunk(BaseModel):
@@ -64,6 +65,20 @@ class AudioChunk(BaseModel):
     frame_base64_list: list[Base64Str] | None = None
     force_listen: bool = False
     max_slice_nums: int | None = Field(None, ge=1, le=9)
+    input_id: str | None = Field(None, max_length=256)  # echoed on what it produces (Realtime)
+
+
+class Update(BaseModel):
+    """omnilive's extension: new instructions or voice, from the next turn on,
+    where the engine can (``updated`` says what it could not)."""
+
+    model_config = _MODEL
+    type: Literal["update"]
+    system_prompt: str | None = None
+    ref_audio_base64: VoiceBase64 | None = None
+    tts_ref_audio_base64: VoiceBase64 | None = None
+    ref_audio_id: SafeId | None = None
+    tts_ref_audio_id: SafeId | None = None
 
 
 class Pause(BaseModel):
@@ -80,10 +95,13 @@ class Resume(BaseModel):
 class Stop(BaseModel):
     model_config = _MODEL
     type: Literal["stop"]
+    reason: str | None = Field(None, max_length=64)  # echoed by the Realtime API's close
 
 
-ClientMessage = Annotated[Prepare | AudioChunk | Pause | Resume | Stop, Field(discriminator="type")]
-CLIENT_TYPES = ("prepare", "audio_chunk", "pause", "resume", "stop")
+ClientMessage = Annotated[
+    Prepare | AudioChunk | Update | Pause | Resume | Stop, Field(discriminator="type")
+]
+CLIENT_TYPES = ("prepare", "audio_chunk", "update", "pause", "resume", "stop")
 client_message = TypeAdapter(ClientMessage)
 
 
@@ -111,6 +129,10 @@ def paused_message(timeout: float) -> dict[str, Any]:
 
 def timeout_message(reason: str, elapsed_s: float) -> dict[str, Any]:
     return {"type": "timeout", "reason": reason, "elapsed_s": round(elapsed_s, 1)}
+
+
+def updated_message(applied: list[str], warnings: list[str]) -> dict[str, Any]:
+    return {"type": "updated", "applied": applied, "warnings": warnings}
 
 
 RESUMED: dict[str, Any] = {"type": "resumed"}

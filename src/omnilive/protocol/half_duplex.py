@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from omnilive.protocol.common import Float32Base64, SafeId
+from omnilive.protocol.common import Float32Base64, SafeId, VoiceBase64
 
 _MODEL = ConfigDict(extra="ignore", frozen=True)
 
@@ -68,7 +68,7 @@ class Prepare(BaseModel):
     system_prompt: str | None = None
     system_content: list[SystemItem] | None = None
     config: HalfDuplexConfig = Field(default_factory=HalfDuplexConfig)
-    ref_audio_base64: Float32Base64 | None = None
+    ref_audio_base64: VoiceBase64 | None = None  # a WAV file or raw float32 PCM
     # A stored voice; ``ref_audio_base64`` wins over it, and it over system audio.
     ref_audio_id: SafeId | None = None
     recording: bool = True

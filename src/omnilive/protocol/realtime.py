@@ -2,7 +2,12 @@
 
 Client events are validated here with the spec's error codes: a missing
 required field is ``missing_field``; any other bad value ``invalid_payload``;
-an unknown ``type`` ``unknown_event``.
+an unknown ``type`` ``unknown_event``. Unknown fields are ignored.
+
+Beyond the spec, as tolerant as the reference's clients need: ``instructions``
+is optional, voices are WAV files or raw float32 PCM, appends may be of any
+length (the worker assembles 1 s units), and ``response.cancel`` ends the
+model's turn (``response.cancelled``).
 """
 
 from __future__ import annotations
@@ -13,9 +18,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from omnilive.ids import is_safe_id
-from omnilive.protocol.common import strict_base64
+from omnilive.protocol.common import check_float32, check_voice, decoded_length, strict_base64
 
-MIN_APPEND_SAMPLES = 4000  # 250 ms at 16 kHz
 CLOSE_UNSUPPORTED_DATA = 1003  # a frame that is not JSON
 
 _MODEL = ConfigDict(extra="ignore", frozen=True)
@@ -58,11 +62,14 @@ class RealtimeError(Exception):
         self.message = message
 
 
+DEFAULT_INSTRUCTIONS = "You are a helpful assistant. Reply briefly and naturally."
+
+
 class SessionConfig(BaseModel):
     model_config = _MODEL
-    instructions: str
+    instructions: str | None = None  # the default prompt when absent
     max_slice_nums: int = Field(1, ge=1, le=9)
-    ref_audio: str | None = None  # base64 WAV, 16 kHz
+    ref_audio: str | None = None  # base64: a WAV file or raw float32 PCM, 16 kHz
     tts_ref_audio: str | None = None  # falls back to ref_audio
     # Stored voices, used where the matching audio field is absent.
     ref_audio_id: str | None = None
@@ -71,8 +78,8 @@ class SessionConfig(BaseModel):
 
     @field_validator("ref_audio", "tts_ref_audio")
     @classmethod
-    def _base64(cls, value: str | None) -> str | None:
-        return None if value is None else strict_base64(value)
+    def _voice(cls, value: str | None) -> str | None:
+        return None if value is None else check_voice(strict_base64(value))
 
     @field_validator("ref_audio_id", "tts_ref_audio_id")
     @classmethod
@@ -99,14 +106,9 @@ class Append(BaseModel):
     @field_validator("audio")
     @classmethod
     def _audio(cls, value: str) -> str:
-        strict_base64(value)
-        n_bytes = len(value) * 3 // 4 - value[-2:].count("=")
-        if n_bytes % 4:
-            raise ValueError("audio must be float32 PCM (a multiple of 4 bytes)")
-        if n_bytes // 4 < MIN_APPEND_SAMPLES:
-            raise ValueError(
-                f"audio has {n_bytes // 4} samples; at least {MIN_APPEND_SAMPLES} (250 ms)"
-            )
+        check_float32(strict_base64(value))
+        if not decoded_length(value):
+            raise ValueError("audio is empty")
         return value
 
     @field_validator("video_frames")
@@ -123,11 +125,21 @@ class SessionClose(BaseModel):
     reason: str | None = None
 
 
-ClientEvent = SessionUpdate | Append | SessionClose
+class ResponseCancel(BaseModel):
+    """End the model's current turn, as a force-listen would."""
+
+    model_config = _MODEL
+    type: Literal["response.cancel"]
+
+
+ClientEvent = SessionUpdate | Append | SessionClose | ResponseCancel
+# The events that tell this dialect from the newer one (``session.close`` is in both).
+V1_EVENT_TYPES = frozenset({"session.update", "input_audio_buffer.append", "response.cancel"})
 _EVENTS: dict[str, type[BaseModel]] = {
     "session.update": SessionUpdate,
     "input_audio_buffer.append": Append,
     "session.close": SessionClose,
+    "response.cancel": ResponseCancel,
 }
 
 
@@ -179,6 +191,15 @@ def delta_event(text: str, audio_b64: str, end_of_turn: bool, kv: int) -> dict[s
         "end_of_turn": end_of_turn,
         "kv_cache_length": kv,
     }
+
+
+def updated_event(session: dict[str, Any], warnings: list[str]) -> dict[str, Any]:
+    """A later ``session.update`` applied: what changed, and what could not."""
+    return {"type": "session.updated", "session": session, "warnings": warnings}
+
+
+def cancelled_event() -> dict[str, Any]:
+    return {"type": "response.cancelled"}
 
 
 def listen_event(kv: int) -> dict[str, Any]:

@@ -25,6 +25,7 @@ class PendingChunk:
     frames: list[bytes] = field(default_factory=list)
     force_listen: bool = False
     max_slice_nums: int | None = None
+    input_id: str | None = None
     dropped_before: int = 0  # chunks dropped since the previous processed one
 
 

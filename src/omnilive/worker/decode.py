@@ -8,7 +8,14 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from omnilive.audio import INPUT_RATE, AudioDecodeError, decode_b64, pcm_from_b64, resample
+from omnilive.audio import (
+    INPUT_RATE,
+    AudioDecodeError,
+    decode_b64,
+    pcm_from_b64,
+    resample,
+    voice_from_b64,
+)
 from omnilive.engines.base import (
     AudioPart,
     ChatMessage,
@@ -72,7 +79,7 @@ def decode_voice(
     """The request's voice: its audio, else the stored voice it names, else a name."""
     if ref_audio_b64:
         try:
-            return Voice(reference=pcm_from_b64(ref_audio_b64), name=name, language=language)
+            return Voice(reference=voice_from_b64(ref_audio_b64), name=name, language=language)
         except AudioDecodeError as exc:
             raise DecodeError(f"reference audio: {exc}") from None
     if voice_id:

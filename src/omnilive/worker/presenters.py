@@ -23,6 +23,7 @@ from omnilive.protocol.duplex import (
     paused_message,
     prepared_message,
     timeout_message,
+    updated_message,
 )
 from omnilive.protocol.realtime import (
     CloseReason,
@@ -32,6 +33,7 @@ from omnilive.protocol.realtime import (
     delta_event,
     error_event,
     listen_event,
+    updated_event,
 )
 from omnilive.worker.chunk_buffer import PendingChunk
 
@@ -44,6 +46,8 @@ class UnitTiming:
     vision_slices: int
     vision_tokens: int
     dropped_total: int
+    audio_tokens: int = 0  # input tokens the unit added, for usage accounting
+    text_tokens: int = 0
 
 
 class Presenter(Protocol):
@@ -59,7 +63,9 @@ class Presenter(Protocol):
 
     def resumed(self) -> dict[str, Any]: ...
 
-    def ended(self, reason: str, elapsed_s: float) -> dict[str, Any]: ...
+    def updated(self, applied: list[str], warnings: list[str]) -> dict[str, Any]: ...
+
+    def ended(self, reason: str, elapsed_s: float, detail: str | None = None) -> dict[str, Any]: ...
 
 
 class DuplexPresenter:
@@ -111,7 +117,10 @@ class DuplexPresenter:
     def resumed(self) -> dict[str, Any]:
         return RESUMED
 
-    def ended(self, reason: str, elapsed_s: float) -> dict[str, Any]:
+    def updated(self, applied: list[str], warnings: list[str]) -> dict[str, Any]:
+        return updated_message(applied, warnings)
+
+    def ended(self, reason: str, elapsed_s: float, detail: str | None = None) -> dict[str, Any]:
         if reason == "stopped":
             return STOPPED
         return timeout_message(reason, elapsed_s)
@@ -191,6 +200,9 @@ class RealtimePresenter:
     def resumed(self) -> dict[str, Any]:
         return error_event(RealtimeErrorCode.UNKNOWN_EVENT, "the Realtime API has no resume")
 
-    def ended(self, reason: str, elapsed_s: float) -> dict[str, Any]:
+    def updated(self, applied: list[str], warnings: list[str]) -> dict[str, Any]:
+        return updated_event({name: True for name in applied}, warnings)
+
+    def ended(self, reason: str, elapsed_s: float, detail: str | None = None) -> dict[str, Any]:
         known = {r.value for r in CloseReason}
         return closed_event(CloseReason(reason) if reason in known else CloseReason.TIMEOUT)

@@ -29,6 +29,7 @@ from omnilive.engines.base import (
     EngineError,
     GenerationOptions,
     PrefillStats,
+    Voice,
 )
 from omnilive.engines.cascade._vad import FrameVAD
 from omnilive.engines.cascade.conversation import Conversation, ConversationView
@@ -130,6 +131,16 @@ class CascadeDuplex(ConversationView, DuplexSession):
             piece = Piece(gap, [], last=piece is not None)
         return self._speak(reply, piece)
 
+    def update(self, system_prompt: str | None, tts_voice: Voice | None) -> list[str]:
+        """Both apply to the next reply: its prompt is rendered afresh each turn."""
+        notices = Notices()
+        if system_prompt is not None:
+            with self._lock:
+                self._conversation.system = spoken_system_prompt(system_prompt)
+        if tts_voice is not None:
+            self._voice = self._stack.voice(tts_voice, notices).espeak
+        return notices.items
+
     def close(self) -> None:
         self._stop_reply()
         self._executor.shutdown(wait=True, cancel_futures=True)
@@ -175,9 +186,11 @@ class CascadeDuplex(ConversationView, DuplexSession):
             reply.finish()
 
     def _speak(self, reply: Reply, piece: Piece) -> DuplexUnit:
+        heard_tokens = 0
         if reply.fit is not None and not reply.committed:
             # The first unit of the answer: the user's turn is now part of the talk.
             reply.committed = True
+            heard_tokens = max(0, reply.fit.tokens - self._context_tokens)
             with self._lock:
                 self._conversation.commit(reply.fit, reply.fit.messages[-1])
             self.last_asr_ms = reply.transcript.cost_ms if reply.transcript else 0.0
@@ -192,6 +205,7 @@ class CascadeDuplex(ConversationView, DuplexSession):
             audio=piece.audio,
             end_of_turn=piece.last,
             kv_cache_length=self._context_tokens,
+            input_text_tokens=heard_tokens,
             n_tokens=sum(s.n_tokens for s in piece.sentences),
             cost_llm_ms=sum(s.llm_ms for s in piece.sentences),
             cost_tts_ms=sum(s.tts_ms for s in piece.sentences),

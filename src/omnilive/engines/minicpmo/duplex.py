@@ -115,6 +115,7 @@ class MiniCPMoDuplex(DuplexSession):
             raise EngineError("duplex prefill before prepare")
         images = [image_of(frame) for frame in frames]
         started = time.perf_counter()
+        kv_before = self._host.duplex_kv()
         with model_errors("duplex prefill"):
             result = call(
                 self._host.duplex.streaming_prefill,
@@ -129,7 +130,17 @@ class MiniCPMoDuplex(DuplexSession):
             slices, tokens = vision_stats(schema[-1])
         if isinstance(result, dict) and "cost_all" in result:
             cost_ms = float(result["cost_all"]) * 1000
-        return PrefillStats(vision_slices=slices, vision_tokens=tokens, cost_ms=cost_ms)
+        # Usage: the model code's own counts where it reports them; otherwise
+        # every position the prefill added that is not vision counts as audio.
+        counts = result.get("usage", result) if isinstance(result, dict) else {}
+        added = max(0, self._host.duplex_kv() - kv_before)
+        return PrefillStats(
+            vision_slices=slices,
+            vision_tokens=tokens,
+            audio_tokens=int(counts.get("input_audio_tokens", max(0, added - tokens))),
+            text_tokens=int(counts.get("input_text_tokens", 0)),
+            cost_ms=cost_ms,
+        )
 
     def generate(self, force_listen: bool = False) -> DuplexUnit:
         if not self._prepared:

@@ -53,8 +53,12 @@ router = APIRouter()
 
 def validate_chat(gateway: Gateway, raw: str | bytes) -> ChatRequest:
     """Everything the gateway can check without decoding media."""
+    return check_chat(gateway, parse_json_object(raw, gateway.settings.limits.max_message_bytes))
+
+
+def check_chat(gateway: Gateway, data: dict[str, Any]) -> ChatRequest:
+    """A decoded chat request, checked as far as it can be without its media."""
     limits = gateway.settings.limits
-    data = parse_json_object(raw, limits.max_message_bytes)
     try:
         request = ChatRequest.model_validate(data)
     except ValidationError as exc:

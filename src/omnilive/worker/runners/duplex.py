@@ -17,14 +17,7 @@ from enum import StrEnum
 
 import numpy as np
 
-from omnilive.audio import (
-    INPUT_RATE,
-    AudioDecodeError,
-    decode_b64,
-    pcm_from_b64,
-    read_wav,
-    resample,
-)
+from omnilive.audio import AudioDecodeError, decode_b64, pcm_from_b64, voice_from_b64
 from omnilive.engines.base import DuplexOptions, DuplexSession, EngineError, Voice
 from omnilive.protocol.common import ErrorCode, ProtocolError, decode_client_message
 from omnilive.protocol.duplex import (
@@ -35,6 +28,7 @@ from omnilive.protocol.duplex import (
     Prepare,
     Resume,
     Stop,
+    Update,
     client_message,
     parse_mode,
 )
@@ -42,6 +36,7 @@ from omnilive.recording.duplex import DuplexRecorder
 from omnilive.recording.files import new_recording_id
 from omnilive.worker.chunk_buffer import ChunkBuffer, PendingChunk
 from omnilive.worker.decode import DecodeError, check_image, load_stored_voice
+from omnilive.worker.presenter_v2 import RealtimeV2Presenter
 from omnilive.worker.presenters import (
     DuplexPresenter,
     Presenter,
@@ -50,6 +45,7 @@ from omnilive.worker.presenters import (
 )
 from omnilive.worker.runners.streaming import StreamingRunner
 from omnilive.worker.runtime import WorkerState
+from omnilive.worker.unit_assembler import Unit, UnitAssembler
 
 log = logging.getLogger(__name__)
 
@@ -61,22 +57,19 @@ class Phase(StrEnum):
 
 
 class SessionOver(Exception):
-    """Ends the runner: stopped, pause, idle, context_full or disconnected."""
+    """Ends the runner: stopped, pause, idle, context_full or disconnected
+    (``detail``: the reason a client gave for stopping)."""
 
-    def __init__(self, reason: str, tell_client: bool = True) -> None:
+    def __init__(self, reason: str, tell_client: bool = True, detail: str | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
         self.tell_client = tell_client
+        self.detail = detail
 
 
-def decode_reference(data: str | None, fmt: str) -> np.ndarray | None:
-    """A reference voice as 16 kHz float32: raw PCM, or a WAV (Realtime API)."""
-    if not data:
-        return None
-    if fmt == "wav":
-        samples, rate = read_wav(decode_b64(data))
-        return resample(samples, rate, INPUT_RATE)
-    return pcm_from_b64(data)
+def decode_reference(data: str | None) -> np.ndarray | None:
+    """A reference voice as 16 kHz float32 (raw PCM or a WAV file), if given."""
+    return voice_from_b64(data) if data else None
 
 
 class DuplexRunner(StreamingRunner):
@@ -92,6 +85,8 @@ class DuplexRunner(StreamingRunner):
         self.max_slice_nums = 1
         self.presenter: Presenter = DuplexPresenter()
         self.context_limit: int | None = None
+        # Realtime clients send audio in pieces of any length: joined into 1 s units.
+        self.assembler: UnitAssembler | None = None
         self.recorder: DuplexRecorder | None = None
         self.started = time.monotonic()
         self.last_audio = time.monotonic()
@@ -134,7 +129,8 @@ class DuplexRunner(StreamingRunner):
                 await self.recorder.close()
         if over.tell_client:
             self.outbox.flush()  # results not yet sent are stale now
-            await self.send(self.presenter.ended(over.reason, time.monotonic() - self.started))
+            elapsed = time.monotonic() - self.started
+            await self.send(self.presenter.ended(over.reason, elapsed, over.detail))
         return over.reason
 
     # --- reading -------------------------------------------------------------
@@ -145,12 +141,14 @@ class DuplexRunner(StreamingRunner):
             try:
                 message = decode_client_message(raw, client_message, CLIENT_TYPES, max_bytes)
                 if isinstance(message, Stop):
-                    self.end(SessionOver("stopped"))
+                    self.end(SessionOver("stopped", detail=message.reason))
                     return
                 if isinstance(message, Prepare):
                     await self._prepare(message)
                 elif isinstance(message, AudioChunk):
                     await self._audio(message)
+                elif isinstance(message, Update):
+                    await self._update(message)
                 elif isinstance(message, Pause):
                     await self._pause(message)
                 elif isinstance(message, Resume):
@@ -166,16 +164,12 @@ class DuplexRunner(StreamingRunner):
         self.record.kind = self.mode
         if message.dialect == "realtime":
             self.presenter = RealtimePresenter()
+        elif message.dialect == "realtime_v2":
+            self.presenter = RealtimeV2Presenter(self.record.session_id)
+        if message.dialect != "duplex":
+            self.assembler = UnitAssembler(self.settings.limits.max_frames_per_chunk)
         self.context_limit = message.context_limit
-        try:
-            llm_ref = decode_reference(message.ref_audio_base64, message.ref_audio_format)
-            tts_ref = decode_reference(message.tts_ref_audio_base64, message.ref_audio_format)
-        except AudioDecodeError as exc:
-            raise ProtocolError(ErrorCode.INVALID_REQUEST, f"reference audio: {exc}") from None
-        if llm_ref is None and message.ref_audio_id:
-            llm_ref = await self._stored_voice(message.ref_audio_id)
-        if tts_ref is None and message.tts_ref_audio_id:
-            tts_ref = await self._stored_voice(message.tts_ref_audio_id)
+        llm_ref, tts_ref = await self._voices(message)
         tts_ref = tts_ref if tts_ref is not None else llm_ref
         options = DuplexOptions(
             llm_voice=Voice(reference=llm_ref) if llm_ref is not None else None,
@@ -192,7 +186,7 @@ class DuplexRunner(StreamingRunner):
         except EngineError as exc:
             await self.send_error(ErrorCode.INFERENCE_ERROR, f"prepare failed: {exc}")
             return
-        kind = "realtime" if message.dialect == "realtime" else self.mode
+        kind = "realtime" if message.dialect != "duplex" else self.mode
         self.recorder = DuplexRecorder.open(
             self.settings,
             kind,
@@ -213,6 +207,37 @@ class DuplexRunner(StreamingRunner):
         recording_id = self.recorder.recording_id if self.recorder else None
         session_id = self.record.session_id
         await self.send(self.presenter.prepared(session_id, prompt_length, recording_id, extra))
+
+    async def _voices(self, message: Prepare | Update) -> tuple[np.ndarray | None, ...]:
+        """The LLM and TTS reference voices a message gives: its audio, else
+        the stored voice it names, else None."""
+        try:
+            llm_ref = decode_reference(message.ref_audio_base64)
+            tts_ref = decode_reference(message.tts_ref_audio_base64)
+        except AudioDecodeError as exc:
+            raise ProtocolError(ErrorCode.INVALID_REQUEST, f"reference audio: {exc}") from None
+        if llm_ref is None and message.ref_audio_id:
+            llm_ref = await self._stored_voice(message.ref_audio_id)
+        if tts_ref is None and message.tts_ref_audio_id:
+            tts_ref = await self._stored_voice(message.tts_ref_audio_id)
+        return llm_ref, tts_ref
+
+    async def _update(self, message: Update) -> None:
+        if self.phase is Phase.WAITING_PREPARE:
+            raise ProtocolError(ErrorCode.NOT_READY, "send prepare before update")
+        llm_ref, tts_ref = await self._voices(message)
+        voice = tts_ref if tts_ref is not None else llm_ref
+        tts_voice = Voice(reference=voice) if voice is not None else None
+        try:
+            unchanged = await self.runtime.step(
+                self.session.update, message.system_prompt, tts_voice
+            )
+        except EngineError as exc:
+            await self.send_error(ErrorCode.INFERENCE_ERROR, f"update failed: {exc}")
+            return
+        applied = [name for name, value in (("instructions", message.system_prompt),
+                                            ("voice", tts_voice)) if value is not None]  # fmt: skip
+        await self.send(self.presenter.updated(applied, unchanged))
 
     async def _stored_voice(self, voice_id: str) -> np.ndarray:
         try:
@@ -237,18 +262,27 @@ class DuplexRunner(StreamingRunner):
         self.last_audio = time.monotonic()
         if self.phase is Phase.PAUSED:
             return  # a paused session hears nothing
-        self.buffer.push(
-            PendingChunk(
-                index=self._received,
-                received_at=time.monotonic(),
-                received_wall=time.time(),
-                audio=audio,
-                frames=frames if self.mode == "omni_duplex" else [],
-                force_listen=message.force_listen,
-                max_slice_nums=message.max_slice_nums,
+        frames = frames if self.mode == "omni_duplex" else []
+        if self.assembler is None:
+            units = [Unit(audio, frames, message.force_listen, message.max_slice_nums)]
+        else:
+            units = self.assembler.add(
+                audio, frames, message.force_listen, message.max_slice_nums, message.input_id
             )
-        )
-        self._received += 1
+        for unit in units:
+            self.buffer.push(
+                PendingChunk(
+                    index=self._received,
+                    received_at=time.monotonic(),
+                    received_wall=time.time(),
+                    audio=unit.audio,
+                    frames=unit.frames,
+                    force_listen=unit.force_listen,
+                    max_slice_nums=unit.max_slice_nums,
+                    input_id=unit.input_id,
+                )
+            )
+            self._received += 1
 
     async def _frames(self, encoded: list[str]) -> list[bytes]:
         limits = self.settings.limits
@@ -321,6 +355,8 @@ class DuplexRunner(StreamingRunner):
                 vision_slices=stats.vision_slices,
                 vision_tokens=stats.vision_tokens,
                 dropped_total=self.buffer.dropped_total,
+                audio_tokens=stats.audio_tokens,
+                text_tokens=stats.text_tokens + unit.input_text_tokens,
             )
             messages = self.presenter.unit(unit, chunk, timing)
             self.units += 1

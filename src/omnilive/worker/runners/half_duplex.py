@@ -16,7 +16,7 @@ from enum import StrEnum
 
 import numpy as np
 
-from omnilive.audio import INPUT_RATE, AudioDecodeError, pcm_from_b64, pcm_to_b64
+from omnilive.audio import INPUT_RATE, AudioDecodeError, pcm_from_b64, pcm_to_b64, voice_from_b64
 from omnilive.engines.base import (
     AudioPart,
     EngineError,
@@ -95,7 +95,7 @@ def system_parts(
     if not parts:
         parts.append(TextPart(prepare.system_prompt or DEFAULT_SYSTEM_PROMPT))
     if prepare.ref_audio_base64:
-        voice = Voice(reference=pcm_from_b64(prepare.ref_audio_base64))
+        voice = Voice(reference=voice_from_b64(prepare.ref_audio_base64))
     elif stored_voice is not None:
         voice = Voice(reference=stored_voice)
     tts = prepare.config.tts

@@ -1,0 +1,149 @@
+"""A Realtime API chat session (``mode=chat``): the I/O around its machine.
+
+The session holds one worker slot from ``session.queue_done`` to its end and
+serves each turn as a ``/ws/chat`` request on that worker, one at a time.
+It ends when the client closes it, after ``realtime.chat_max_s`` in all, when
+it is not initialised within ``limits.first_message_timeout_s`` of getting its
+worker, or after ``realtime.chat_idle_s`` without a question.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+from fastapi import WebSocket
+
+from omnilive.gateway.bridge import (
+    SessionEnd,
+    WorkerConnectError,
+    open_worker_session,
+    relay_to_client,
+    release_lease,
+)
+from omnilive.gateway.realtime_chat_machine import (
+    CancelTurn,
+    ChatState,
+    RealtimeChatMachine,
+    StartTurn,
+)
+from omnilive.gateway.realtime_io import RealtimeIO, SessionDone
+from omnilive.gateway.registry import ActiveSession
+from omnilive.gateway.routes.chat import check_chat
+from omnilive.gateway.scheduler import Lease
+from omnilive.gateway.state import Gateway
+from omnilive.ids import mint_realtime
+from omnilive.protocol.chat import ChatRequest
+from omnilive.protocol.common import ProtocolError
+from omnilive.protocol.realtime import CloseReason
+
+log = logging.getLogger(__name__)
+WATCH_INTERVAL_S = 0.25
+
+
+class RealtimeChatConnection(RealtimeIO):
+    def __init__(self, gateway: Gateway, ws: WebSocket) -> None:
+        super().__init__(gateway, ws)
+        self.machine = RealtimeChatMachine(mint_realtime(), self._check)
+        self.limit_s = gateway.settings.realtime.chat_max_s
+        self.lease: Lease | None = None
+        self.last_end = SessionEnd.OK
+        # Turns run one after another, each only once the previous one's
+        # worker socket is closed; the machine bounds how many wait.
+        self._turns: asyncio.Queue[StartTurn] = asyncio.Queue()
+        self._turn: asyncio.Task[None] | None = None
+        self._over = asyncio.Event()  # a turn ended the session
+        self._quiet_since = time.monotonic()
+
+    def _check(self, data: dict[str, Any]) -> ChatRequest:
+        try:
+            return check_chat(self.gateway, data)
+        except ProtocolError as exc:
+            raise ValueError(exc.message) from None
+
+    def client_frame(self, raw: str | bytes) -> list[Any]:
+        return self.machine.client_frame(raw)
+
+    async def act(self, action: Any) -> None:
+        if isinstance(action, StartTurn):
+            self._turns.put_nowait(action)
+        elif isinstance(action, CancelTurn):
+            if self._turn is not None and self._turn is not asyncio.current_task():
+                self._turn.cancel()
+        else:
+            await super().act(action)
+
+    async def serve_leased(self, session: ActiveSession, lease: Lease) -> None:
+        self.lease = lease
+        self._quiet_since = time.monotonic()
+        turns = asyncio.ensure_future(self._serve_turns())
+        try:
+            await self.while_reading(asyncio.ensure_future(self._watch()))
+        finally:
+            turns.cancel()
+            await asyncio.gather(turns, return_exceptions=True)
+            ok = self.last_end in (SessionEnd.OK, SessionEnd.FAILED)
+            release_lease(self.gateway.pool, lease, self.last_end, ok)
+
+    async def _serve_turns(self) -> None:
+        try:
+            while True:
+                start = await self._turns.get()
+                self._turn = asyncio.ensure_future(self._serve_turn(start))
+                await asyncio.gather(self._turn, return_exceptions=True)
+        finally:
+            if self._turn is not None and not self._turn.done():
+                self._turn.cancel()
+                await asyncio.gather(self._turn, return_exceptions=True)
+
+    async def _watch(self) -> None:
+        """Until a turn ends the session, or the client keeps the worker idle:
+        not initialised in time, or no question for too long."""
+        settings = self.gateway.settings
+        while not self._over.is_set():
+            quiet = time.monotonic() - self._quiet_since
+            if self.machine.state is ChatState.RESPONDING:
+                self._quiet_since = time.monotonic()
+            elif (self.machine.state is ChatState.CONNECTED and (
+                quiet > settings.limits.first_message_timeout_s
+            )) or quiet > settings.realtime.chat_idle_s:
+                await self.end(CloseReason.TIMEOUT)
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._over.wait(), WATCH_INTERVAL_S)
+
+    async def _serve_turn(self, start: StartTurn) -> None:
+        assert self.lease is not None
+        settings = self.gateway.settings
+
+        async def to_machine(raw: str) -> None:
+            await self.apply(self.machine.worker_message(raw))
+
+        try:
+            async with asyncio.timeout(settings.request_timeout_s):
+                async with open_worker_session(settings, self.lease, "chat") as worker:
+                    await worker.send(start.request.model_dump_json())
+                    self.last_end = await relay_to_client(worker, to_machine)
+            if self.machine.answering(start.serial):  # it ended without ``done``
+                why = f"worker {self.lease.worker_id} ended the answer: {self.last_end.value}"
+                await self.apply(self.machine.turn_lost(why))
+        except WorkerConnectError as exc:
+            self.last_end = SessionEnd.LOST
+            await self._finish(self.machine.turn_lost(str(exc)))
+        except TimeoutError:
+            await self._finish(self.machine.turn_lost("the answer took too long"))
+        except SessionDone:
+            self._over.set()
+        except Exception:
+            log.exception("chat turn of %s failed", self.machine.session_id)
+            await self._finish(self.machine.turn_lost("internal error"))
+        finally:
+            self._quiet_since = time.monotonic()
+
+    async def _finish(self, actions: list[Any]) -> None:
+        with contextlib.suppress(SessionDone):
+            await self.apply(actions)
+        self._over.set()
