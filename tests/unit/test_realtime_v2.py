@@ -176,7 +176,8 @@ def test_speaking_then_listening_in_the_reference_order():
     assert (text["kind"], text["text"], audio["kind"]) == ("text", "Hi", "audio")
     assert text["response_id"] == audio["response_id"] and text["input_id"] == "in-2"
     assert len(base64.b64decode(audio["audio"])) == 4 * 12000 and audio["sample_rate"] == 24000
-    assert "usage" in text and "usage" not in audio  # usage rides on the step's first delta
+    assert text["chunk_index"] == audio["chunk_index"] == 1  # every delta of the step
+    assert text["usage"] == audio["usage"]
     *_, boundary = present(p, unit(text="bye", seconds=0.2, end=True))
     assert boundary["kind"] == "listen" and boundary["response_id"] == text["response_id"]
     [next_listen] = present(p, unit(listen=True))

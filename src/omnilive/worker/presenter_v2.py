@@ -4,9 +4,11 @@ Per unit, in the reference backend's order: one ``listen`` delta if the model
 listens (carrying the id of the response that just ended, if any); otherwise
 a ``text`` delta (if any text), then an ``audio`` delta, each tagged with a
 ``response_id`` minted on the first speaking unit of a turn, and an extra
-``listen`` delta when the unit ends the turn. The first delta of every unit
-also carries the usage accounting (``chunk_index``, ``chunk_usage``, the
-cumulative ``usage``). Every error is fatal in this dialect.
+``listen`` delta when the unit ends the turn. Every delta of a unit also
+carries its usage accounting (``chunk_index``, ``chunk_usage``, the cumulative
+``usage``), as the dialect's description says: a client may read it from any
+event (the public SDK reads it from audio deltas only). Every error is fatal
+in this dialect.
 """
 
 from __future__ import annotations
@@ -77,8 +79,7 @@ class RealtimeV2Presenter:
         deltas: list[dict[str, Any]] = []
 
         def delta(kind: Any, **fields: Any) -> None:
-            first = usage if not deltas else {}
-            deltas.append(output_delta(kind, **common, **first, **fields))
+            deltas.append(output_delta(kind, **common, **usage, **fields))
 
         if unit.is_listen:
             ended, self._response_id = self._response_id, None
