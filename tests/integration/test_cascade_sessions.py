@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from openbmb_realtime import AudioDelta, RealtimeClient, TextDelta
 from websockets.asyncio.client import connect
 
 from tests.clients import open_client
@@ -133,3 +134,32 @@ async def test_realtime_spoken_question(cascade: Server):
         assert "".join(d["text"] for d in deltas).strip()
         await ws.send(json.dumps({"type": "session.close"}))
         assert (await until("session.closed"))["reason"] == "stopped"
+
+
+async def test_realtime_newer_dialect_spoken_question_through_the_sdk(cascade: Server):
+    """The public SDK, as a microphone app uses it: 100 ms pieces of speech."""
+    client = RealtimeClient(api_key="open-gateway", base_url=cascade.http)
+    session = await client.audio.connect(model="m", system_prompt="Answer in one short sentence.")
+    audio = np.concatenate([silence(1.0), speak(QUESTION), silence(8.0)]).astype("<f4")
+    events: list = []
+
+    async def microphone() -> None:
+        for start in range(0, audio.size, 1600):
+            await session.send_audio(audio[start : start + 1600].tobytes())
+            await asyncio.sleep(0.05)  # twice real time
+
+    async def listen() -> None:
+        async for event in session:
+            events.append(event)
+
+    sender = asyncio.ensure_future(microphone())
+    reader = asyncio.ensure_future(listen())
+    await asyncio.wait_for(sender, 60)
+    await asyncio.sleep(2.0)
+    await session.close()
+    await asyncio.wait_for(reader, 15)
+    answer = "".join(e.text for e in events if isinstance(e, TextDelta)).strip()
+    spoken = [np.frombuffer(e.audio, "<f4") for e in events if isinstance(e, AudioDelta)]
+    assert answer and spoken and max(np.abs(s).max() for s in spoken) > 0.05
+    usage = session.usage
+    assert usage is not None and usage.completion_tokens > 0 and usage.prompt_tokens > 0
