@@ -136,7 +136,7 @@ def test_deleting_a_stored_voice(browser, scripted_server: Server, tmp_path: Pat
         admin.once("dialog", lambda dialog: dialog.accept())
         row.locator("button").click()
         row.wait_for(state="detached")
-        listed = httpx.get(f"{scripted_server.http}/api/assets/ref_audio").json()["voices"]
+        listed = httpx.get(f"{scripted_server.http}/api/assets/ref_audio").json()["ref_audios"]
         assert voice_id not in [voice["id"] for voice in listed]
         assert problems.items == []
     finally:

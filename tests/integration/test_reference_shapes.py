@@ -44,6 +44,7 @@ async def test_status_workers_queue_and_running_tasks(server: Server):
     await holder.prepare()
     waiting = await open_client(server)
     assert (await waiting.recv())["type"] == "queued"
+    await server.wait_worker_status("busy_half_duplex")
     status = await server.get("/status")
     assert status["gateway_healthy"] is True and status["total_workers"] == 1
     for name in ("idle", "busy", "duplex", "loading", "error", "offline"):

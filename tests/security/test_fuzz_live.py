@@ -51,12 +51,17 @@ class Conversation:
     connections: int = 0
     # The last frames each way, to explain a problem.
     trail: list[str] = field(default_factory=list)
+    fatal: bool = False  # the server announced a fatal close (session.closed{backend_error})
 
     async def _read(self, ws: ClientConnection) -> None:
+        self.fatal = False
         with contextlib.suppress(ConnectionClosed):
             async for raw in ws:
                 self.trail = [*self.trail[-7:], f"< {str(raw)[:160]}"]
                 message = json.loads(raw)
+                if message.get("type") == "session.closed":
+                    # The newer Realtime dialect ends every violation so (close 1011).
+                    self.fatal = message.get("reason") == "backend_error"
                 if message.get("type") != "error":
                     continue
                 error = message["error"]
@@ -70,7 +75,8 @@ class Conversation:
             await self.ws.close()
             assert self.reader is not None
             await asyncio.wait_for(self.reader, 10)
-            if self.ws.close_code not in CLOSE_CODES:
+            fatal_close = self.realtime and self.fatal and self.ws.close_code == 1011
+            if self.ws.close_code not in CLOSE_CODES and not fatal_close:
                 self.problems.append(f"close code {self.ws.close_code} after {self.trail}")
             self.ws = None
 

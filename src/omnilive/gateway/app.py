@@ -84,7 +84,10 @@ def create_app(
                     process_exit.request(worker.code, f"no worker can serve: {worker.reason}")
 
             gateway.supervisor = Supervisor(
-                settings, lambda wid: gateway.links[wid].mark_offline(), gave_up
+                settings,
+                on_exit=lambda wid: gateway.links[wid].mark_offline(),
+                on_give_up=gave_up,
+                on_ready=lambda wid: gateway.links[wid].knock(),
             )
             for index, worker_id in enumerate(gateway.links):
                 tasks.spawn(

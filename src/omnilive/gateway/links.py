@@ -57,6 +57,7 @@ class WorkerLink:
         # channel is lost while the worker was serving (not loading): a crash or a hang.
         self.on_lost: Callable[[str, int | None], None] | None = None
         self._changed = asyncio.Event()
+        self._knock = asyncio.Event()
         pool.add_worker(worker_id, url)
 
     def _notify(self) -> None:
@@ -116,8 +117,14 @@ class WorkerLink:
                 if self.on_lost is not None and self.last_status.get("worker_status") != "loading":
                     self.on_lost(self.worker_id, self.last_status.get("pid"))
             self.mark_offline()
-            await asyncio.sleep(delay)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._knock.wait(), delay)
+            self._knock.clear()
             delay = min(delay * 2, RECONNECT_MAX_S)
+
+    def knock(self) -> None:
+        """The worker is up (its supervisor heard so): connect now, not after the backoff."""
+        self._knock.set()
 
     async def run_health(self, client: httpx.AsyncClient) -> None:
         """``GET /health`` every ``health_interval_s``; a worker that does not
@@ -134,8 +141,14 @@ class WorkerLink:
                 timeout=self.settings.health_timeout_s,
             )
             response.raise_for_status()
+            # Only a heartbeat: the worker's state comes from its control
+            # channel (its pushes carry the same statistics). A health answer
+            # sent before the latest push must not undo it, and a worker whose
+            # channel is not up yet is not ready for the pool. An answer does
+            # restore the last pushed state after a check that timed out.
             self.last_health_at = time.time()
-            self._apply(response.json())
+            if self.connected and self.last_status:
+                self._apply(self.last_status)
         except (httpx.HTTPError, ValueError):
             if self.connected:
                 log.warning("worker %s: health check failed", self.worker_id)

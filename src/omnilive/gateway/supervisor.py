@@ -81,10 +81,12 @@ class Supervisor:
         settings: Settings,
         on_exit: Callable[[str], None],
         on_give_up: Callable[[GaveUp], None],
+        on_ready: Callable[[str], None] = lambda worker_id: None,
     ) -> None:
         self.settings = settings
         self.on_exit = on_exit
         self.on_give_up = on_give_up
+        self.on_ready = on_ready
         self.processes: dict[str, asyncio.subprocess.Process] = {}
         self.restarts: dict[str, int] = {}
         self.given_up: dict[str, GaveUp] = {}
@@ -177,6 +179,7 @@ class Supervisor:
                     last.append(report)
                     if report.outcome is LoadOutcome.READY:
                         log.info("worker %s loaded its engine", worker_id)
+                        self.on_ready(worker_id)
 
         reader = asyncio.ensure_future(read_reports())
         try:
