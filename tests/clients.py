@@ -73,3 +73,25 @@ async def open_client(
 async def close_all() -> None:
     while OPENED:
         await OPENED.pop().ws.close()
+
+
+class EventSocket:
+    """A client of an event protocol (the Realtime API's dialects): every
+    event received is kept in ``events``."""
+
+    def __init__(self, ws: ClientConnection) -> None:
+        self.ws = ws
+        self.events: list[dict[str, Any]] = []
+
+    async def recv(self, timeout: float = 10) -> dict[str, Any]:
+        event = json.loads(await asyncio.wait_for(self.ws.recv(), timeout))
+        self.events.append(event)
+        return event
+
+    async def until(self, *types: str, timeout: float = 10) -> dict[str, Any]:
+        while (event := await self.recv(timeout))["type"] not in types:
+            pass
+        return event
+
+    async def send(self, event: dict[str, Any]) -> None:
+        await self.ws.send(json.dumps(event))

@@ -18,10 +18,11 @@ from typing import Any
 import numpy as np
 import pytest
 from PIL import Image
-from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.client import connect
 from websockets.asyncio.server import serve
 from websockets.exceptions import ConnectionClosed
 
+from tests.clients import EventSocket
 from tests.servers import Server, free_port
 
 SECOND = base64.b64encode((np.zeros(16000, "<f4") + 0.01).tobytes()).decode()
@@ -43,24 +44,7 @@ def wav_b64(seconds: float) -> str:
     return base64.b64encode(buffer.getvalue()).decode()
 
 
-class Rt:
-    def __init__(self, ws: ClientConnection) -> None:
-        self.ws = ws
-        self.events: list[dict[str, Any]] = []
-
-    async def recv(self, timeout: float = 10) -> dict[str, Any]:
-        event = json.loads(await asyncio.wait_for(self.ws.recv(), timeout))
-        self.events.append(event)
-        return event
-
-    async def until(self, *types: str, timeout: float = 10) -> dict[str, Any]:
-        while (event := await self.recv(timeout))["type"] not in types:
-            pass
-        return event
-
-    async def send(self, event: dict[str, Any]) -> None:
-        await self.ws.send(json.dumps(event))
-
+class Rt(EventSocket):
     async def start(self, instructions: str = "You are helpful.", **session: Any) -> dict:
         await self.until("session.queue_done")
         await self.send(

@@ -17,9 +17,10 @@ import numpy as np
 import pytest
 from openbmb_realtime import AudioDelta, RealtimeClient, SessionClosed, TextDelta, UsageEvent
 from PIL import Image
-from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
+from tests.clients import EventSocket
 from tests.servers import Server
 
 SECOND_F32 = (np.zeros(16000, "<f4") + 0.01).tobytes()
@@ -33,25 +34,8 @@ def jpeg() -> bytes:
     return buffer.getvalue()
 
 
-class V2:
+class V2(EventSocket):
     """A raw client of the newer dialect."""
-
-    def __init__(self, ws: ClientConnection) -> None:
-        self.ws = ws
-        self.events: list[dict[str, Any]] = []
-
-    async def recv(self, timeout: float = 10) -> dict[str, Any]:
-        event = json.loads(await asyncio.wait_for(self.ws.recv(), timeout))
-        self.events.append(event)
-        return event
-
-    async def until(self, *types: str, timeout: float = 10) -> dict[str, Any]:
-        while (event := await self.recv(timeout))["type"] not in types:
-            pass
-        return event
-
-    async def send(self, event: dict[str, Any]) -> None:
-        await self.ws.send(json.dumps(event))
 
     async def init(self, **payload: Any) -> dict[str, Any]:
         await self.until("session.queue_done")
@@ -82,12 +66,24 @@ async def v2(server: Server, mode: str = "audio", **kwargs: Any) -> V2:
 # --- the public SDK --------------------------------------------------------------------
 
 
+async def events_until_audio(session: Any, sending: Any, deltas: int = 2) -> list[Any]:
+    """The SDK's events while ``sending`` runs, until ``deltas`` audio deltas came."""
+    events: list[Any] = []
+    sender = asyncio.ensure_future(sending)
+    async with asyncio.timeout(20):
+        async for event in session:
+            events.append(event)
+            if sum(isinstance(e, AudioDelta) for e in events) >= deltas:
+                break
+    await sender
+    return events
+
+
 async def test_the_public_sdk_talks_audio(server: Server):
     client = RealtimeClient(api_key="any-key-on-an-open-gateway", base_url=server.http)
     session = await client.audio.connect(model="minicpm-o-4.5-realtime",
                                          system_prompt="#schedule:LSE")  # fmt: skip
     assert session.id.startswith("rt_")
-    events: list[Any] = []
 
     async def speak() -> None:
         for _ in range(4):  # 100 ms pieces, as a microphone gives them
@@ -95,13 +91,7 @@ async def test_the_public_sdk_talks_audio(server: Server):
                 await session.send_audio(SECOND_F32[start : start + 6400])
                 await asyncio.sleep(0.02)
 
-    sender = asyncio.ensure_future(speak())
-    async with asyncio.timeout(20):
-        async for event in session:
-            events.append(event)
-            if sum(isinstance(e, AudioDelta) for e in events) >= 2:
-                break
-    await sender
+    events = await events_until_audio(session, speak())
     texts = [e.text for e in events if isinstance(e, TextDelta)]
     assert texts[:2] == ["unit 1 rms 0.010 frames 0 ", "unit 2 rms 0.010 frames 0 "]
     audio = [e.audio for e in events if isinstance(e, AudioDelta)]
@@ -117,20 +107,13 @@ async def test_the_public_sdk_talks_audio(server: Server):
 async def test_the_public_sdk_talks_video(server: Server):
     client = RealtimeClient(api_key="k", base_url=f"{server.http}/v1")
     session = await client.video.connect(model="m", system_prompt="#schedule:S")
-    events: list[Any] = []
 
     async def watch() -> None:
         for _ in range(3):
             await session.send_audio_video(SECOND_F32, jpeg())
             await asyncio.sleep(0.3)
 
-    sender = asyncio.ensure_future(watch())
-    async with asyncio.timeout(20):
-        async for event in session:
-            events.append(event)
-            if sum(isinstance(e, AudioDelta) for e in events) >= 2:
-                break
-    await sender
+    events = await events_until_audio(session, watch())
     texts = [e.text for e in events if isinstance(e, TextDelta)]
     assert texts and all("frames 1" in text for text in texts)  # each unit saw its frame
     assert session.usage is not None and session.usage.vision_input_tokens
@@ -169,36 +152,22 @@ async def test_a_spoken_turn_frame_by_frame(server: Server):
 
 
 @pytest.mark.parametrize(
-    ("event", "diagnostic"),
+    ("active", "event", "diagnostic"),
     [
-        ({"type": "input.append", "input": {"audio": SECOND}}, "before session.created"),
-        ({"type": "session.init", "payload": "x"}, "payload"),
+        (False, {"type": "input.append", "input": {"audio": SECOND}}, "before session.created"),
+        (False, {"type": "session.init", "payload": "x"}, "payload"),
+        (True, {"type": "session.init", "payload": {}}, "once"),
+        (True, {"type": "input.append", "input": {"audio": "!!"}}, "audio"),
+        (True, {"type": "input.append", "input": {}}, "audio"),
+        (True, {"type": "response.create"}, "unknown event"),
     ],
 )
-async def test_violations_before_created_are_fatal(server: Server, event: dict, diagnostic: str):
+async def test_violations_are_fatal(server: Server, active: bool, event: dict, diagnostic: str):
     rt = await v2(server)
-    await rt.until("session.queue_done")
-    await rt.send(event)
-    closed, code = await rt.closed()
-    assert closed["reason"] == "backend_error" and diagnostic in closed["diagnostic"]["message"]
-    assert code == 1011
-    await server.wait_worker_status("idle")
-
-
-@pytest.mark.parametrize(
-    ("event", "diagnostic"),
-    [
-        ({"type": "session.init", "payload": {}}, "once"),
-        ({"type": "input.append", "input": {"audio": "!!"}}, "audio"),
-        ({"type": "input.append", "input": {}}, "audio"),
-        ({"type": "response.create"}, "unknown event"),
-    ],
-)
-async def test_violations_of_an_active_session_are_fatal(
-    server: Server, event: dict, diagnostic: str
-):
-    rt = await v2(server)
-    await rt.init()
+    if active:
+        await rt.init()
+    else:
+        await rt.until("session.queue_done")
     await rt.send(event)
     closed, code = await rt.closed()
     assert closed["reason"] == "backend_error" and diagnostic in closed["diagnostic"]["message"]

@@ -70,7 +70,76 @@ class IllegalTransition(Exception):
     pass
 
 
-class RealtimeMachine:
+class DuplexRealtimeMachine:
+    """What the machines of both dialects' video and audio sessions share: the
+    queue, the worker's arrival, and decoding a client frame. A configuring
+    event (``session.update`` / ``session.init``) that comes before the
+    session has its worker is kept, and applied once it has."""
+
+    dialect: str
+
+    def __init__(
+        self, mode: Literal["video", "audio"], session_id: str, context_limit: int
+    ) -> None:
+        self.mode = mode
+        self.session_id = session_id
+        self.context_limit = context_limit
+        self.state = RealtimeState.QUEUED
+        self.worker_attached = False
+        self._configuring = False  # the first configuration is with the worker
+        self._waiting: Any = None  # a configuring event to apply when possible
+
+    @property
+    def task_type(self) -> Literal["omni_duplex", "audio_duplex"]:
+        return "omni_duplex" if self.mode == "video" else "audio_duplex"
+
+    def _move(self, expected: RealtimeState, target: RealtimeState) -> None:
+        if self.state is not expected:
+            raise IllegalTransition(f"{self.state} → {target} (expected {expected})")
+        self.state = target
+
+    def queue_event(self, message: dict[str, Any]) -> ToClient:
+        """A pool message (queued / queue_update / queue_done) as a realtime event."""
+        if message["type"] == "queue_done":
+            self._move(RealtimeState.QUEUED, RealtimeState.CONNECTED)
+        return ToClient({**message, "type": QUEUE_EVENT_NAMES[message["type"]]})
+
+    def attach_worker(self) -> list[Action]:
+        """The worker's session socket is open: a kept configuration goes to it now."""
+        self.worker_attached = True
+        return self._apply_waiting()
+
+    def _apply_waiting(self) -> list[Action]:
+        waiting, self._waiting = self._waiting, None
+        return self._configure(waiting) if waiting is not None else []
+
+    def client_frame(self, raw: str | bytes) -> list[Action]:
+        if self.state is RealtimeState.CLOSED:
+            return []
+        try:
+            data = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return self._not_json()
+        if not isinstance(data, dict):
+            return self._malformed("an event is a JSON object")
+        if has_lone_surrogates(raw, data):
+            return self._malformed("unpaired UTF-16 surrogate")
+        return self.client_event(data)
+
+    def client_event(self, data: dict[str, Any]) -> list[Action]:
+        raise NotImplementedError
+
+    def _configure(self, event: Any) -> list[Action]:
+        raise NotImplementedError
+
+    def _not_json(self) -> list[Action]:
+        raise NotImplementedError
+
+    def _malformed(self, message: str) -> list[Action]:
+        raise NotImplementedError
+
+
+class RealtimeMachine(DuplexRealtimeMachine):
     """The older dialect (``session.update``, ``input_audio_buffer.append``).
 
     A ``session.update`` that comes before the session has a worker is kept
@@ -83,56 +152,15 @@ class RealtimeMachine:
     def __init__(
         self, mode: Literal["video", "audio"], session_id: str, context_limit: int
     ) -> None:
-        self.mode = mode
-        self.session_id = session_id
-        self.context_limit = context_limit
-        self.state = RealtimeState.QUEUED
-        self.worker_attached = False
-        self._configuring = False  # the first session.update is with the worker
-        self._waiting: SessionUpdate | None = None  # an update to apply when possible
+        super().__init__(mode, session_id, context_limit)
         self._cancel_pending = False  # the next append forces a listen
 
-    @property
-    def task_type(self) -> Literal["omni_duplex", "audio_duplex"]:
-        return "omni_duplex" if self.mode == "video" else "audio_duplex"
+    def _not_json(self) -> list[Action]:
+        self.state = RealtimeState.CLOSED
+        return [Close(CLOSE_UNSUPPORTED_DATA)]
 
-    def _move(self, expected: RealtimeState, target: RealtimeState) -> None:
-        if self.state is not expected:
-            raise IllegalTransition(f"{self.state} → {target} (expected {expected})")
-        self.state = target
-
-    # --- the queue and the worker -----------------------------------------------
-
-    def queue_event(self, message: dict[str, Any]) -> ToClient:
-        """A pool message (queued / queue_update / queue_done) as a realtime event."""
-        if message["type"] == "queue_done":
-            self._move(RealtimeState.QUEUED, RealtimeState.CONNECTED)
-        return ToClient({**message, "type": QUEUE_EVENT_NAMES[message["type"]]})
-
-    def attach_worker(self) -> list[Action]:
-        """The worker's session socket is open: a kept update goes to it now."""
-        self.worker_attached = True
-        return self._apply_waiting()
-
-    def _apply_waiting(self) -> list[Action]:
-        waiting, self._waiting = self._waiting, None
-        return self._update(waiting) if waiting is not None else []
-
-    # --- the client -----------------------------------------------------------------
-
-    def client_frame(self, raw: str | bytes) -> list[Action]:
-        if self.state is RealtimeState.CLOSED:
-            return []
-        try:
-            data = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            self.state = RealtimeState.CLOSED
-            return [Close(CLOSE_UNSUPPORTED_DATA)]
-        if not isinstance(data, dict):
-            return [self._error(RealtimeErrorCode.INVALID_PAYLOAD, "an event is a JSON object")]
-        if has_lone_surrogates(raw, data):
-            return [self._error(RealtimeErrorCode.INVALID_PAYLOAD, "unpaired UTF-16 surrogate")]
-        return self.client_event(data)
+    def _malformed(self, message: str) -> list[Action]:
+        return [self._error(RealtimeErrorCode.INVALID_PAYLOAD, message)]
 
     def client_event(self, data: dict[str, Any]) -> list[Action]:
         """One decoded client event."""
@@ -143,7 +171,7 @@ class RealtimeMachine:
         if isinstance(event, SessionClose):
             return self._close_requested()
         if isinstance(event, SessionUpdate):
-            return self._update(event)
+            return self._configure(event)
         if self.state is RealtimeState.QUEUED:
             return [self._error(RealtimeErrorCode.NOT_READY, "wait for session.queue_done")]
         if isinstance(event, ResponseCancel):
@@ -161,7 +189,7 @@ class RealtimeMachine:
             return [ToClient(closed_event(CloseReason.STOPPED)), Close()]
         return [ToWorker({"type": "stop"})]
 
-    def _update(self, event: SessionUpdate) -> list[Action]:
+    def _configure(self, event: SessionUpdate) -> list[Action]:
         if self.state is RealtimeState.ACTIVE:
             return [ToWorker(self._update_message(event))]
         if self.state is not RealtimeState.CONNECTED or not self.worker_attached:

@@ -13,18 +13,17 @@ dialect, which are translated here.
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Any
 
 from omnilive.gateway.realtime_machine import (
     Action,
     Close,
-    IllegalTransition,
+    DuplexRealtimeMachine,
     RealtimeState,
     ToClient,
     ToWorker,
 )
-from omnilive.protocol.common import has_lone_surrogates
-from omnilive.protocol.realtime import DEFAULT_INSTRUCTIONS, QUEUE_EVENT_NAMES, CloseReason
+from omnilive.protocol.realtime import DEFAULT_INSTRUCTIONS, CloseReason
 from omnilive.protocol.realtime_v2 import (
     CLOSE_FATAL,
     InputAppend,
@@ -46,22 +45,11 @@ _SERVER_ENDS = {
 }
 
 
-class RealtimeV2Machine:
+class RealtimeV2Machine(DuplexRealtimeMachine):
     dialect = "realtime_v2"
 
-    def __init__(
-        self, mode: Literal["video", "audio"], session_id: str, context_limit: int
-    ) -> None:
-        self.mode = mode
-        self.session_id = session_id
-        self.context_limit = context_limit
-        self.state = RealtimeState.QUEUED
-        self.worker_attached = False
-        self._configuring = False
-        self._waiting: SessionInit | None = None
-
     @classmethod
-    def taking_over(cls, older: Any) -> RealtimeV2Machine:
+    def taking_over(cls, older: DuplexRealtimeMachine) -> RealtimeV2Machine:
         """This dialect's machine for a session whose first events did not
         tell the dialect (queue events are the same in both)."""
         machine = cls(older.mode, older.session_id, older.context_limit)
@@ -69,38 +57,11 @@ class RealtimeV2Machine:
         machine.worker_attached = older.worker_attached
         return machine
 
-    @property
-    def task_type(self) -> Literal["omni_duplex", "audio_duplex"]:
-        return "omni_duplex" if self.mode == "video" else "audio_duplex"
+    def _not_json(self) -> list[Action]:
+        return self._fatal("an event is a JSON object")
 
-    # --- the queue and the worker -----------------------------------------------
-
-    def queue_event(self, message: dict[str, Any]) -> ToClient:
-        if message["type"] == "queue_done":
-            if self.state is not RealtimeState.QUEUED:
-                raise IllegalTransition(f"{self.state} → connected (expected queued)")
-            self.state = RealtimeState.CONNECTED
-        return ToClient({**message, "type": QUEUE_EVENT_NAMES[message["type"]]})
-
-    def attach_worker(self) -> list[Action]:
-        self.worker_attached = True
-        waiting, self._waiting = self._waiting, None
-        return self._init(waiting) if waiting is not None else []
-
-    # --- the client -----------------------------------------------------------------
-
-    def client_frame(self, raw: str | bytes) -> list[Action]:
-        if self.state is RealtimeState.CLOSED:
-            return []
-        try:
-            data = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return self._fatal("an event is a JSON object")
-        if not isinstance(data, dict):
-            return self._fatal("an event is a JSON object")
-        if has_lone_surrogates(raw, data):
-            return self._fatal("unpaired UTF-16 surrogate")
-        return self.client_event(data)
+    def _malformed(self, message: str) -> list[Action]:
+        return self._fatal(message)
 
     def client_event(self, data: dict[str, Any]) -> list[Action]:
         try:
@@ -108,7 +69,7 @@ class RealtimeV2Machine:
             if isinstance(event, SessionClose):
                 return self._close_requested(event.reason)
             if isinstance(event, SessionInit):
-                return self._init(event)
+                return self._configure(event)
             return self._append(event)
         except V2Error as exc:
             return self._fatal(str(exc))
@@ -120,7 +81,7 @@ class RealtimeV2Machine:
             return [ToWorker({"type": "stop", "reason": (reason or "")[:64] or None})]
         return self._closed(reason or V2Reason.CLIENT_CLOSED)
 
-    def _init(self, event: SessionInit) -> list[Action]:
+    def _configure(self, event: SessionInit) -> list[Action]:
         if self.state is RealtimeState.ACTIVE or self._configuring:
             raise V2Error("session.init is sent once")
         if self.state is not RealtimeState.CONNECTED or not self.worker_attached:
@@ -181,9 +142,7 @@ class RealtimeV2Machine:
             message = json.loads(raw).get("error") if raw else None
             return self._fatal(str(message or "the worker failed"))
         if event_type == "session.created":
-            if self.state is not RealtimeState.CONNECTED:
-                raise IllegalTransition(f"{self.state} → active (expected connected)")
-            self.state = RealtimeState.ACTIVE
+            self._move(RealtimeState.CONNECTED, RealtimeState.ACTIVE)
             self._configuring = False
         elif event_type == "session.closed":
             self.state = RealtimeState.CLOSED

@@ -29,6 +29,7 @@ from pydantic import (
 )
 
 from omnilive.protocol.common import check_float32, check_voice, decoded_length, strict_base64
+from omnilive.protocol.realtime import SessionClose  # the same in both dialects
 
 _MODEL = ConfigDict(extra="ignore", frozen=True)
 CLOSE_FATAL = 1011  # the reference closes every fatal condition with this
@@ -178,12 +179,6 @@ class InputAppend(BaseModel):
     model_config = _MODEL
     type: Literal["input.append"]
     input: dict[str, Any]
-
-
-class SessionClose(BaseModel):
-    model_config = _MODEL
-    type: Literal["session.close"]
-    reason: str | None = None
 
 
 ClientEvent = SessionInit | InputAppend | SessionClose
