@@ -17,6 +17,8 @@ from enum import StrEnum
 
 import numpy as np
 
+from omnilive.engines.steps import StepLoop
+
 
 class Modality(StrEnum):
     TEXT = "text"
@@ -357,6 +359,11 @@ class Engine(abc.ABC):
     def default_voice(self) -> Voice | None:
         """The voice used when a request names none."""
         return None
+
+    def step_loop(self) -> StepLoop:
+        """The loop that runs this engine's steps: one thread per slot. An
+        engine that batches its sessions' steps returns a loop of its own."""
+        return StepLoop(self.capabilities.slots, name=self.name)
 
     def gpu_id(self) -> int | None:
         """The GPU this engine runs on, as ``nvidia-smi`` numbers it (None: the CPU)."""

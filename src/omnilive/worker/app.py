@@ -171,7 +171,7 @@ async def _serve_chat(
         message = describe_validation_error(exc)
         await ws.send_text(json.dumps(error_message(message, ErrorCode.INVALID_REQUEST)))
         return False
-    work = run_chat(runtime, record.session_id, request, ws.send_text, settings)
+    work = run_chat(runtime, record, request, ws.send_text, settings)
     return await race(work, lambda: _until_disconnect(ws))
 
 

@@ -6,22 +6,18 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
 
 from omnilive.engines.base import Engine, EngineUnavailable
+from omnilive.engines.steps import Lane
 from omnilive.protocol.internal import LoadOutcome, LoadReport
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-# How long a cancelled session waits for its in-flight model step to finish
-# before giving up the slot anyway (a step that never returns is a hung worker).
-STEP_DRAIN_S = 120.0
 
 
 class WorkerNotReady(Exception):
@@ -53,13 +49,18 @@ class SessionRecord:
     kind: str
     started_at: float
     state: WorkerState
+    lane: Lane
     kv_cache_length: int = 0
+    # The engine session's release, run as the lane's last step (set by the runner).
+    closer: Callable[[], Any] | None = None
 
 
 class WorkerRuntime:
-    """Owns the engine. Model steps run on the engine's own threads (one per
-    slot), never on the event loop; a cancelled session still waits for its
-    step to return, so the engine is never used by two sessions of one slot."""
+    """Owns the engine. Model steps run on the engine's step loop, never on
+    the event loop: each session submits its steps to its own lane and awaits
+    them. A session that ends leaves its last step (the engine session's
+    release) to the lane; its slot is free once that has run, so the engine is
+    never used by two sessions of one slot, and the session never waits."""
 
     def __init__(self, engine: Engine, worker_id: str) -> None:
         self.engine = engine
@@ -70,9 +71,8 @@ class WorkerRuntime:
         self.total_requests = 0
         self.total_inference_s = 0.0
         self.load_progress: tuple[str, float] = ("starting", 0.0)
-        slots = engine.capabilities.slots
-        self._executor = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="engine")
-        self._slots = asyncio.Semaphore(slots)
+        self.steps = engine.step_loop()
+        self._slots = asyncio.Semaphore(engine.capabilities.slots)
         self._changed = asyncio.Event()
 
     # --- lifecycle -------------------------------------------------------------
@@ -80,15 +80,13 @@ class WorkerRuntime:
     async def load(self) -> LoadReport:
         """Load the engine; the report says whether it can serve, and if not,
         whether loading it again could help."""
-        loop = asyncio.get_running_loop()
-
         def progress(stage: str, fraction: float) -> None:
             self.load_progress = (stage, fraction)
             log.info("loading %s: %3.0f%%", stage, 100 * fraction)
 
         started = time.perf_counter()
         try:
-            await loop.run_in_executor(self._executor, self.engine.load, progress)
+            await self.steps.call(self.engine.load, progress)
         except EngineUnavailable as exc:
             # Expected (a missing checkpoint, package or CPU feature): whoever
             # started the worker says so in one line, without a traceback.
@@ -106,7 +104,7 @@ class WorkerRuntime:
         return report
 
     def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self.steps.close()
         self.engine.close()
 
     # --- sessions --------------------------------------------------------------
@@ -117,30 +115,39 @@ class WorkerRuntime:
         here only covers a previous session that is still finishing its step."""
         if self.state in (WorkerState.LOADING, WorkerState.ERROR):
             raise WorkerNotReady(f"worker is {self.state.value}")
-        async with self._slots:
-            record = SessionRecord(session_id, kind, time.time(), _BUSY_STATE[kind])
-            self.sessions[session_id] = record
+        await self._slots.acquire()
+        lane = self.steps.lane(session_id, on_finished=self._slots.release)
+        record = SessionRecord(session_id, kind, time.time(), _BUSY_STATE[kind], lane)
+        self.sessions[session_id] = record
+        self._refresh()
+        try:
+            yield record
+        finally:
+            lane.finish(record.closer)
+            self.sessions.pop(session_id, None)
+            self.total_requests += 1
             self._refresh()
-            try:
-                yield record
-            finally:
-                self.sessions.pop(session_id, None)
-                self.total_requests += 1
-                self._refresh()
 
     def set_session_state(self, record: SessionRecord, state: WorkerState) -> None:
         record.state = state
         self._refresh()
 
-    async def step(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run one model step on an engine thread."""
-        future = asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+    async def step(self, record: SessionRecord, fn: Callable[..., T], *args: Any) -> T:
+        """Run one model step of ``record``'s session."""
         started = time.perf_counter()
         try:
-            return await asyncio.shield(future)
-        except asyncio.CancelledError:
-            await asyncio.wait([future], timeout=STEP_DRAIN_S)
-            raise
+            return await record.lane.run(fn, *args)
+        finally:
+            self.total_inference_s += time.perf_counter() - started
+
+    async def stream(
+        self, record: SessionRecord, fn: Callable[..., Iterator[T]], *args: Any
+    ) -> AsyncIterator[T]:
+        """Iterate a streamed step of ``record``'s session (an answer's chunks)."""
+        started = time.perf_counter()
+        try:
+            async for item in record.lane.stream(fn, *args):
+                yield item
         finally:
             self.total_inference_s += time.perf_counter() - started
 

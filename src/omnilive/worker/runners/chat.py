@@ -11,7 +11,7 @@ import numpy as np
 
 from omnilive.audio import pcm_to_b64
 from omnilive.config import Settings
-from omnilive.engines.base import ChatMessage, EngineError, TextAudioChunk, modalities_of
+from omnilive.engines.base import ChatMessage, EngineError, modalities_of
 from omnilive.protocol.chat import ChatRequest, chunk_message, done_message, prefill_done_message
 from omnilive.protocol.common import ErrorCode, error_message
 from omnilive.recording.turns import (
@@ -21,7 +21,7 @@ from omnilive.recording.turns import (
     TurnStatus,
 )
 from omnilive.worker.decode import DecodeError, decode_chat
-from omnilive.worker.runtime import WorkerRuntime
+from omnilive.worker.runtime import SessionRecord, WorkerRuntime
 
 Send = Callable[[str], Awaitable[None]]
 TITLE_CHARS = 80
@@ -57,7 +57,7 @@ def _open_recorder(
 
 async def run_chat(
     runtime: WorkerRuntime,
-    session_id: str,
+    record: SessionRecord,
     request: ChatRequest,
     send: Send,
     settings: Settings | None = None,
@@ -74,30 +74,29 @@ async def run_chat(
     engine = runtime.engine
     try:
         data_dir = settings.data_dir if settings is not None else None
-        messages, options = await runtime.step(decode_chat, request, data_dir)
+        messages, options = await runtime.step(record, decode_chat, request, data_dir)
         engine.require(modalities_of(messages))
     except (DecodeError, EngineError) as exc:
         code = ErrorCode.UNSUPPORTED if isinstance(exc, EngineError) else ErrorCode.INVALID_REQUEST
         await send_json(error_message(str(exc), code))
         return False
 
-    recorder = _open_recorder(settings, runtime, session_id, request, messages)
+    recorder = _open_recorder(settings, runtime, record.session_id, request, messages)
     output = TurnOutput()
     timings: dict[str, float] = {}
     status: TurnStatus = "interrupted"  # until it completes or fails
     failure: str | None = None
     session = engine.open_chat()
+    record.closer = session.close  # the lane's last step
     audio_parts: list[np.ndarray] = []
     generated_tokens = 0
     warnings: list[str] = []
     try:
         try:
-            input_tokens = await runtime.step(session.prefill, messages, options)
+            input_tokens = await runtime.step(record, session.prefill, messages, options)
             timings["prefill_ms"] = round((time.perf_counter() - started) * 1000, 1)
             await send_json(prefill_done_message(input_tokens))
-            chunks = session.generate()
-            while (chunk := await runtime.step(next, chunks, None)) is not None:
-                assert isinstance(chunk, TextAudioChunk)
+            async for chunk in runtime.stream(record, session.generate):
                 timings.setdefault("first_chunk_ms", (time.perf_counter() - started) * 1000)
                 generated_tokens += chunk.n_tokens
                 if chunk.audio is not None and chunk.audio.size:
@@ -113,7 +112,6 @@ async def run_chat(
             return False
         finally:
             warnings = list(session.warnings)  # e.g. a voice it could not clone
-            session.close()
 
         total_ms = (time.perf_counter() - started) * 1000
         prefill_ms = timings["prefill_ms"]

@@ -80,6 +80,7 @@ class DuplexRunner(StreamingRunner):
         self.mode: DuplexMode = "audio_duplex" if kind == "audio_duplex" else "omni_duplex"
         self.phase = Phase.WAITING_PREPARE
         self.session: DuplexSession = self.runtime.engine.open_duplex()
+        self.record.closer = self.session.close  # the lane's last step
         self.buffer = ChunkBuffer(self.settings.duplex.max_pending_chunks)
         self.deferred_finalize = True
         self.max_slice_nums = 1
@@ -124,7 +125,6 @@ class DuplexRunner(StreamingRunner):
             if self._finalize_task is not None:
                 with contextlib.suppress(Exception):
                     await self._finalize_task
-            await self.runtime.step(self.session.close)
             if self.recorder is not None:
                 await self.recorder.close()
         if over.tell_client:
@@ -181,7 +181,7 @@ class DuplexRunner(StreamingRunner):
         self.max_slice_nums = message.max_slice_nums
         try:
             prompt_length = await self.runtime.step(
-                self.session.prepare, message.system_prompt, options
+                self.record, self.session.prepare, message.system_prompt, options
             )
         except EngineError as exc:
             await self.send_error(ErrorCode.INFERENCE_ERROR, f"prepare failed: {exc}")
@@ -230,7 +230,7 @@ class DuplexRunner(StreamingRunner):
         tts_voice = Voice(reference=voice) if voice is not None else None
         try:
             unchanged = await self.runtime.step(
-                self.session.update, message.system_prompt, tts_voice
+                self.record, self.session.update, message.system_prompt, tts_voice
             )
         except EngineError as exc:
             await self.send_error(ErrorCode.INFERENCE_ERROR, f"update failed: {exc}")
@@ -332,16 +332,18 @@ class DuplexRunner(StreamingRunner):
     # --- the unit loop ---------------------------------------------------------------
 
     async def _compute(self) -> None:
-        step = self.runtime.step
+        record = self.record
         while True:
             chunk = await self.buffer.pop()
             await self._finalized.wait()  # finalize of unit k before prefill of unit k+1
             started = time.perf_counter()
             try:
                 max_slices = chunk.max_slice_nums or self.max_slice_nums
-                stats = await step(self.session.prefill, chunk.audio, chunk.frames, max_slices)
+                stats = await self.runtime.step(
+                    record, self.session.prefill, chunk.audio, chunk.frames, max_slices
+                )
                 prefilled = time.perf_counter()
-                unit = await step(self.session.generate, chunk.force_listen)
+                unit = await self.runtime.step(record, self.session.generate, chunk.force_listen)
             except EngineError as exc:
                 log.warning("unit %d of %s failed: %s", chunk.index, self.record.session_id, exc)
                 await self.send_error(ErrorCode.INFERENCE_ERROR, f"unit failed: {exc}")
@@ -390,7 +392,7 @@ class DuplexRunner(StreamingRunner):
 
     async def _finalize(self) -> None:
         try:
-            await self.runtime.step(self.session.finalize)
+            await self.runtime.step(self.record, self.session.finalize)
         except EngineError as exc:
             await self.send_error(ErrorCode.INFERENCE_ERROR, f"finalize failed: {exc}")
         finally:

@@ -110,6 +110,7 @@ class HalfDuplexRunner(StreamingRunner):
     def _init_state(self) -> None:
         self.phase = Phase.WAITING_PREPARE
         self.session: HalfDuplexSession = self.runtime.engine.open_half_duplex()
+        self.record.closer = self.session.close  # the lane's last step
         self.vad: StreamingVad | None = None
         self.timeout_s = 0.0
         self.last_activity = time.monotonic()
@@ -135,7 +136,6 @@ class HalfDuplexRunner(StreamingRunner):
             try:
                 await self._end_turn()
                 await self._stop_hear()
-                await self.runtime.step(self.session.close)
             finally:
                 if self.recorder is not None:  # after the last turn was recorded
                     await self.recorder.close()
@@ -197,7 +197,7 @@ class HalfDuplexRunner(StreamingRunner):
         )
         self.vad = StreamingVad(await asyncio.to_thread(SileroModel), vad_config)
         try:
-            await self.runtime.step(self.session.prepare, parts, options)
+            await self.runtime.step(self.record, self.session.prepare, parts, options)
         except EngineError as exc:
             await self.send(error_message(f"prepare failed: {exc}", ErrorCode.INFERENCE_ERROR))
             return
@@ -273,7 +273,7 @@ class HalfDuplexRunner(StreamingRunner):
         """At most one ``hear`` step in flight; the newest request wins."""
         while self._hear_wanted is not None:
             (speech, paused), self._hear_wanted = self._hear_wanted, None
-            await self.runtime.step(self.session.hear, speech, paused)
+            await self.runtime.step(self.record, self.session.hear, speech, paused)
 
     async def _stop_hear(self) -> None:
         self._hear_wanted = None
@@ -286,25 +286,21 @@ class HalfDuplexRunner(StreamingRunner):
 
     async def _answer(self, speech: np.ndarray, ended_ts: float) -> None:
         await self._stop_hear()  # one model step per session at a time
-        step = self.runtime.step
+        record = self.record
         started = time.perf_counter()
         output = TurnOutput()
         timing: dict[str, float] = {}
         status: TurnStatus = "interrupted"  # until it completes or fails
         failure: str | None = None
         try:
-            await step(self.session.snapshot)
-            await step(self.session.prefill, speech)
+            await self.runtime.step(record, self.session.snapshot)
+            await self.runtime.step(record, self.session.prefill, speech)
             timing["prefill_ms"] = round((time.perf_counter() - started) * 1000, 1)
-            chunks = self.session.generate()
-            try:
-                while (chunk := await step(next, chunks, None)) is not None:
-                    timing.setdefault("first_chunk_ms", (time.perf_counter() - started) * 1000)
-                    audio = pcm_to_b64(chunk.audio) if chunk.audio is not None else None
-                    await self.send(chunk_message(chunk.text, audio))
-                    output.add(chunk.text, chunk.audio, time.time())
-            finally:
-                await step(chunks.close)
+            async for chunk in self.runtime.stream(record, self.session.generate):
+                timing.setdefault("first_chunk_ms", (time.perf_counter() - started) * 1000)
+                audio = pcm_to_b64(chunk.audio) if chunk.audio is not None else None
+                await self.send(chunk_message(chunk.text, audio))
+                output.add(chunk.text, chunk.audio, time.time())
             timing["first_chunk_ms"] = round(timing.get("first_chunk_ms", 0.0), 1)
             timing["total_ms"] = round((time.perf_counter() - started) * 1000, 1)
             timing.update(self.session.turn_timings)
@@ -315,7 +311,7 @@ class HalfDuplexRunner(StreamingRunner):
         except EngineError as exc:
             status, failure = "failed", str(exc)
             log.warning("turn %d of %s failed: %s", self.turns, self.record.session_id, exc)
-            await step(self.session.rollback)
+            await self.runtime.step(record, self.session.rollback)
             await self.send(error_message(f"turn failed: {exc}", ErrorCode.INFERENCE_ERROR))
         finally:
             if self.vad is not None:
@@ -356,7 +352,7 @@ class HalfDuplexRunner(StreamingRunner):
         turn.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await turn
-        await self.runtime.step(self.session.rollback)
+        await self.runtime.step(self.record, self.session.rollback)
 
     # --- inactivity ------------------------------------------------------------------
 
