@@ -253,3 +253,21 @@ async def test_idle_session_times_out(tmp_path):
         assert (await client.until("timeout", timeout=5))["reason"] == "idle"
     finally:
         srv.stop()
+
+
+async def test_internal_options_never_come_from_clients(server: Server):
+    """The Realtime API's options travel in the gateway's own message; a
+    client cannot send it, and a prepare naming them is a plain duplex one."""
+    client = await duplex(server)
+    await client.until("queue_done")
+    options = {"type": "internal.realtime", "dialect": "realtime", "context_limit": 5}
+    await client.send(options)
+    assert (await client.until("error"))["code"] == "unknown_type"
+    prepare = {"type": "prepare", "system_prompt": "#schedule:L", "dialect": "realtime",
+               "context_limit": 5}  # fmt: skip
+    await client.send(prepare)
+    assert (await client.until("prepared"))["type"] == "prepared"  # not session.created
+    for _ in range(3):
+        await client.chunk(SECOND)
+    got = await results(client, 3)
+    assert [r["type"] for r in got] == ["result"] * 3  # no context_full at 5 tokens

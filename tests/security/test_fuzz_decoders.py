@@ -127,9 +127,9 @@ def test_realtime_machine(state: str, raw: str | bytes):
         elif isinstance(action, ToWorker):
             # the translation always yields a valid duplex message
             message = decode_client_message(
-                json.dumps(action.message), duplex.client_message, duplex.CLIENT_TYPES, MAX_BYTES
+                json.dumps(action.message), duplex.worker_message, duplex.WORKER_TYPES, MAX_BYTES
             )
-            assert message.type in ("prepare", "audio_chunk", "update", "stop")
+            assert message.type in ("internal.realtime", "prepare", "audio_chunk", "update", "stop")
         else:
             assert isinstance(action, Close)
             assert action.code in (1000, CLOSE_UNSUPPORTED_DATA)

@@ -71,7 +71,9 @@ def test_an_update_sent_while_queued_is_kept_until_the_worker_is_there():
     latest = {"type": "session.update", "session": {"instructions": "latest"}}
     assert m.client_frame(frame(first)) == [] and m.client_frame(frame(latest)) == []
     m.queue_event({"type": "queue_done"})
-    [prepare] = m.attach_worker()  # the latest one wins
+    options, prepare = m.attach_worker()  # the latest one wins
+    assert options.message == {"type": "internal.realtime", "dialect": "realtime",
+                               "context_limit": 8192}  # fmt: skip
     assert prepare.message["type"] == "prepare" and prepare.message["system_prompt"] == "latest"
     assert m.attach_worker() == []  # applied once
     m.worker_event("session.created")
@@ -80,7 +82,7 @@ def test_an_update_sent_while_queued_is_kept_until_the_worker_is_there():
 
 def test_instructions_are_optional():
     m = machine(RealtimeState.CONNECTED)
-    [prepare] = m.client_frame(frame({"type": "session.update", "session": {}}))
+    _, prepare = m.client_frame(frame({"type": "session.update", "session": {}}))
     assert prepare.message["system_prompt"] == DEFAULT_INSTRUCTIONS
 
 
@@ -123,10 +125,12 @@ def test_connected_accepts_only_session_update():
     m = machine(RealtimeState.CONNECTED)
     append = {"type": "input_audio_buffer.append", "audio": AUDIO}
     assert codes(m.client_frame(frame(append))) == ["not_ready"]
-    [action] = m.client_frame(frame({"type": "session.update", "session": {"instructions": "x"}}))
+    options, action = m.client_frame(
+        frame({"type": "session.update", "session": {"instructions": "x"}})
+    )
+    assert options.message["dialect"] == "realtime" and options.message["context_limit"] == 8192
     assert isinstance(action, ToWorker) and action.message["type"] == "prepare"
-    assert action.message["dialect"] == "realtime" and action.message["context_limit"] == 8192
-    assert action.message["mode"] == "omni_duplex"
+    assert action.message["mode"] == "omni_duplex" and "dialect" not in action.message
     m.worker_event("session.created")
     assert m.state is RealtimeState.ACTIVE
 

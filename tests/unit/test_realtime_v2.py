@@ -66,9 +66,10 @@ def test_init_becomes_a_prepare_in_this_dialect():
     init = {"type": "session.init",
             "payload": {"instructions": "hi", "config": {"length_penalty": 1.1},
                         "voice": {"ref_audio": voice}, "surprise": True}}  # fmt: skip
-    [prepare] = m.client_frame(json.dumps(init))
-    assert prepare.message["system_prompt"] == "hi"
-    assert prepare.message["dialect"] == "realtime_v2" and prepare.message["mode"] == "omni_duplex"
+    options, prepare = m.client_frame(json.dumps(init))
+    assert options.message["type"] == "internal.realtime"
+    assert options.message["dialect"] == "realtime_v2"
+    assert prepare.message["system_prompt"] == "hi" and prepare.message["mode"] == "omni_duplex"
     assert prepare.message["ref_audio_base64"] == prepare.message["tts_ref_audio_base64"] == voice
     assert prepare.message["config"] == {"length_penalty": 1.1}
     m.worker_event("session.created")
@@ -79,7 +80,7 @@ def test_an_init_while_queued_is_kept():
     m = v2()
     assert m.client_frame(INIT) == []
     m.queue_event({"type": "queue_done"})
-    [prepare] = m.attach_worker()
+    _, prepare = m.attach_worker()
     assert prepare.message["type"] == "prepare"
 
 
@@ -147,7 +148,7 @@ def test_the_dialect_can_be_chosen_after_queueing():
     older.attach_worker()
     m = RealtimeV2Machine.taking_over(older)
     assert m.state is RealtimeState.CONNECTED and m.worker_attached
-    assert m.client_frame(INIT)[0].message["mode"] == "audio_duplex"
+    assert m.client_frame(INIT)[1].message["mode"] == "audio_duplex"
 
 
 # --- the worker's presenter ------------------------------------------------------------

@@ -126,6 +126,12 @@ class DuplexRealtimeMachine:
             return self._malformed("unpaired UTF-16 surrogate")
         return self.client_event(data)
 
+    def options_message(self) -> dict[str, Any]:
+        """The gateway's own message before the first ``prepare``: the worker
+        serves this session in the Realtime API's dialect."""
+        return {"type": "internal.realtime", "dialect": self.dialect,
+                "context_limit": self.context_limit}  # fmt: skip
+
     def client_event(self, data: dict[str, Any]) -> list[Action]:
         raise NotImplementedError
 
@@ -199,7 +205,7 @@ class RealtimeMachine(DuplexRealtimeMachine):
             self._waiting = event
             return []
         self._configuring = True
-        return [ToWorker(self._prepare_message(event))]
+        return [ToWorker(self.options_message()), ToWorker(self._prepare_message(event))]
 
     def _prepare_message(self, event: SessionUpdate) -> dict[str, Any]:
         config = event.session
@@ -215,8 +221,6 @@ class RealtimeMachine(DuplexRealtimeMachine):
             "tts_ref_audio_id": config.tts_ref_audio_id,
             "deferred_finalize": True,
             "mode": self.task_type,
-            "dialect": self.dialect,
-            "context_limit": self.context_limit,
             "recording": config.recording,
         }
 

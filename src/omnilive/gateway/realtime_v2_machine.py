@@ -92,6 +92,7 @@ class RealtimeV2Machine(DuplexRealtimeMachine):
         self._configuring = True
         payload = event.payload
         return [
+            ToWorker(self.options_message()),
             ToWorker(
                 {
                     "type": "prepare",
@@ -102,8 +103,6 @@ class RealtimeV2Machine(DuplexRealtimeMachine):
                     "tts_ref_audio_base64": payload.tts_voice,
                     "deferred_finalize": True,
                     "mode": self.task_type,
-                    "dialect": self.dialect,
-                    "context_limit": self.context_limit,
                     "recording": payload.recording,
                 }
             )

@@ -40,10 +40,6 @@ class Prepare(BaseModel):
     max_slice_nums: int = Field(1, ge=1, le=9)
     mode: str | None = None
     recording: bool = True
-    # Set by the gateway when it serves the Realtime API over this protocol
-    # (refused from clients of /ws/duplex, see INTERNAL_FIELDS):
-    dialect: Literal["duplex", "realtime", "realtime_v2"] = "duplex"
-    context_limit: int | None = Field(None, ge=1)  # end the session once the KV cache is this full
 
     @model_validator(mode="after")
     def _check(self) -> Prepare:
@@ -52,10 +48,6 @@ class Prepare(BaseModel):
         if self.mode is not None and parse_mode(self.mode) is None:
             raise ValueError("mode must be audio_duplex or omni_duplex")
         return self
-
-
-# Prepare fields only the gateway sets, for the Realtime API it serves.
-INTERNAL_FIELDS = ("dialect", "context_limit")
 
 
 class AudioChunk(BaseModel):
@@ -98,11 +90,29 @@ class Stop(BaseModel):
     reason: str | None = Field(None, max_length=64)  # echoed by the Realtime API's close
 
 
+class RealtimeOptions(BaseModel):
+    """Internal: sent by the gateway before ``prepare`` when it serves the
+    Realtime API over this protocol. Never accepted from a client: the gateway
+    validates client frames against ``CLIENT_TYPES``, which lacks it."""
+
+    model_config = _MODEL
+    type: Literal["internal.realtime"]
+    dialect: Literal["realtime", "realtime_v2"]
+    context_limit: int | None = Field(None, ge=1)  # end the session once the KV cache is this full
+
+
 ClientMessage = Annotated[
     Prepare | AudioChunk | Update | Pause | Resume | Stop, Field(discriminator="type")
 ]
 CLIENT_TYPES = ("prepare", "audio_chunk", "update", "pause", "resume", "stop")
 client_message = TypeAdapter(ClientMessage)
+# What the worker reads on its session socket: the client's messages, and the gateway's.
+WorkerMessage = Annotated[
+    Prepare | AudioChunk | Update | Pause | Resume | Stop | RealtimeOptions,
+    Field(discriminator="type"),
+]
+WORKER_TYPES = (*CLIENT_TYPES, "internal.realtime")
+worker_message = TypeAdapter(WorkerMessage)
 
 
 def prepared_message(

@@ -12,14 +12,8 @@ from omnilive.gateway.client_ws import fail
 from omnilive.gateway.registry import ActiveSession
 from omnilive.gateway.sessions import serve_session
 from omnilive.gateway.state import gateway_of
-from omnilive.protocol.common import ErrorCode, ProtocolError, decode_client_message
-from omnilive.protocol.duplex import (
-    CLIENT_TYPES,
-    INTERNAL_FIELDS,
-    Prepare,
-    client_message,
-    parse_mode,
-)
+from omnilive.protocol.common import ErrorCode, decode_client_message
+from omnilive.protocol.duplex import CLIENT_TYPES, Prepare, client_message, parse_mode
 
 router = APIRouter()
 
@@ -39,12 +33,7 @@ async def duplex_ws(ws: WebSocket, session_id: str, mode: str | None = None) -> 
     max_bytes = gateway.settings.limits.max_message_bytes
 
     def validate(raw: str | bytes) -> Any:
-        message = decode_client_message(raw, client_message, CLIENT_TYPES, max_bytes)
-        internal = isinstance(message, Prepare) and message.model_fields_set & set(INTERNAL_FIELDS)
-        if internal:
-            names = ", ".join(sorted(internal))
-            raise ProtocolError(ErrorCode.INVALID_REQUEST, f"{names}: set by the server only")
-        return message
+        return decode_client_message(raw, client_message, CLIENT_TYPES, max_bytes)
 
     def learn_mode(session: ActiveSession, message: Any) -> None:
         declared = parse_mode(message.mode) if isinstance(message, Prepare) else None

@@ -21,16 +21,17 @@ from omnilive.audio import AudioDecodeError, decode_b64, pcm_from_b64, voice_fro
 from omnilive.engines.base import DuplexOptions, DuplexSession, EngineError, Voice
 from omnilive.protocol.common import ErrorCode, ProtocolError, decode_client_message
 from omnilive.protocol.duplex import (
-    CLIENT_TYPES,
+    WORKER_TYPES,
     AudioChunk,
     DuplexMode,
     Pause,
     Prepare,
+    RealtimeOptions,
     Resume,
     Stop,
     Update,
-    client_message,
     parse_mode,
+    worker_message,
 )
 from omnilive.recording.duplex import DuplexRecorder
 from omnilive.recording.files import new_recording_id
@@ -86,8 +87,8 @@ class DuplexRunner(StreamingRunner):
         self.max_slice_nums = 1
         self.presenter: Presenter = DuplexPresenter()
         self.context_limit: int | None = None
-        # Realtime clients send audio in pieces of any length: joined into 1 s units.
-        self.assembler: UnitAssembler | None = None
+        self.dialect = "duplex"
+        self.assembler: UnitAssembler | None = None  # Realtime sessions only
         self.recorder: DuplexRecorder | None = None
         self.started = time.monotonic()
         self.last_audio = time.monotonic()
@@ -139,7 +140,7 @@ class DuplexRunner(StreamingRunner):
         max_bytes = self.settings.limits.max_message_bytes
         async for raw in self.frames:
             try:
-                message = decode_client_message(raw, client_message, CLIENT_TYPES, max_bytes)
+                message = decode_client_message(raw, worker_message, WORKER_TYPES, max_bytes)
                 if isinstance(message, Stop):
                     self.end(SessionOver("stopped", detail=message.reason))
                     return
@@ -149,6 +150,8 @@ class DuplexRunner(StreamingRunner):
                     await self._audio(message)
                 elif isinstance(message, Update):
                     await self._update(message)
+                elif isinstance(message, RealtimeOptions):
+                    self._realtime(message)
                 elif isinstance(message, Pause):
                     await self._pause(message)
                 elif isinstance(message, Resume):
@@ -162,13 +165,6 @@ class DuplexRunner(StreamingRunner):
             raise ProtocolError(ErrorCode.INVALID_REQUEST, "session is already prepared")
         self.mode = parse_mode(message.mode) or self.mode
         self.record.kind = self.mode
-        if message.dialect == "realtime":
-            self.presenter = RealtimePresenter()
-        elif message.dialect == "realtime_v2":
-            self.presenter = RealtimeV2Presenter(self.record.session_id)
-        if message.dialect != "duplex":
-            self.assembler = UnitAssembler(self.settings.limits.max_frames_per_chunk)
-        self.context_limit = message.context_limit
         llm_ref, tts_ref = await self._voices(message)
         tts_ref = tts_ref if tts_ref is not None else llm_ref
         options = DuplexOptions(
@@ -186,15 +182,18 @@ class DuplexRunner(StreamingRunner):
         except EngineError as exc:
             await self.send_error(ErrorCode.INFERENCE_ERROR, f"prepare failed: {exc}")
             return
-        kind = "realtime" if message.dialect != "duplex" else self.mode
+        kind = "realtime" if self.dialect != "duplex" else self.mode
         self.recorder = DuplexRecorder.open(
             self.settings,
             kind,
             new_recording_id(kind),
             worker_id=self.runtime.worker_id,
-            config=message.model_dump(
-                include={"system_prompt", "max_slice_nums", "deferred_finalize", "mode", "dialect"}
-            ),
+            config={
+                **message.model_dump(
+                    include={"system_prompt", "max_slice_nums", "deferred_finalize", "mode"}
+                ),
+                "dialect": self.dialect,
+            },
             opted_in=message.recording,
         )
         self.phase = Phase.ACTIVE
@@ -207,6 +206,19 @@ class DuplexRunner(StreamingRunner):
         recording_id = self.recorder.recording_id if self.recorder else None
         session_id = self.record.session_id
         await self.send(self.presenter.prepared(session_id, prompt_length, recording_id, extra))
+
+    def _realtime(self, options: RealtimeOptions) -> None:
+        """The gateway serves the Realtime API over this session."""
+        if self.phase is not Phase.WAITING_PREPARE:
+            raise ProtocolError(ErrorCode.INVALID_REQUEST, "options come before prepare")
+        self.dialect = options.dialect
+        if options.dialect == "realtime":
+            self.presenter = RealtimePresenter()
+        else:
+            self.presenter = RealtimeV2Presenter(self.record.session_id)
+        # Realtime clients send audio in pieces of any length: joined into 1 s units.
+        self.assembler = UnitAssembler(self.settings.limits.max_frames_per_chunk)
+        self.context_limit = options.context_limit
 
     async def _voices(self, message: Prepare | Update) -> tuple[np.ndarray | None, ...]:
         """The LLM and TTS reference voices a message gives: its audio, else
