@@ -32,6 +32,7 @@ from omnilive.gateway.state import Gateway
 from omnilive.protocol import duplex, half_duplex
 from omnilive.protocol.chat import ChatRequest
 from omnilive.protocol.common import ProtocolError, decode_client_message
+from omnilive.protocol.internal import Envelope
 from omnilive.protocol.realtime import CLIENT_ERRORS, CLOSE_UNSUPPORTED_DATA
 from omnilive.worker.app import _serve
 from omnilive.worker.decode import DecodeError, decode_chat
@@ -113,7 +114,7 @@ def test_realtime_machine(state: str, raw: str | bytes):
     if state != "queued":
         machine.queue_event({"type": "queue_done"})
     if state == "active":
-        machine.worker_event("session.created")
+        machine.worker_event(Envelope("session.created"))
     actions = machine.client_frame(raw)
     for action in actions:
         if isinstance(action, ToClient):
@@ -173,7 +174,10 @@ class FakeSocket:
         return message["text"]
 
     async def send_text(self, text: str) -> None:
-        self.sent.append(json.loads(text))
+        envelope, payload = Envelope.split(text)  # what the worker sends is enveloped
+        message = json.loads(payload)
+        assert envelope.type == message["type"]
+        self.sent.append(message)
 
 
 class _Failures(logging.Handler):

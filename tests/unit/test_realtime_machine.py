@@ -17,6 +17,7 @@ from omnilive.gateway.realtime_machine import (
     ToClient,
     ToWorker,
 )
+from omnilive.protocol.internal import Envelope
 from omnilive.protocol.realtime import DEFAULT_INSTRUCTIONS
 from omnilive.worker.chunk_buffer import PendingChunk
 from omnilive.worker.presenters import RealtimePresenter, UnitTiming
@@ -35,7 +36,7 @@ def machine(state: RealtimeState = RealtimeState.QUEUED) -> RealtimeMachine:
         m.attach_worker()
     if state is RealtimeState.ACTIVE:
         m.client_frame(frame({"type": "session.update", "session": {"instructions": "hi"}}))
-        m.worker_event("session.created")
+        m.worker_event(Envelope("session.created"))
     return m
 
 
@@ -76,7 +77,7 @@ def test_an_update_sent_while_queued_is_kept_until_the_worker_is_there():
                                "context_limit": 8192}  # fmt: skip
     assert prepare.message["type"] == "prepare" and prepare.message["system_prompt"] == "latest"
     assert m.attach_worker() == []  # applied once
-    m.worker_event("session.created")
+    m.worker_event(Envelope("session.created"))
     assert m.state is RealtimeState.ACTIVE
 
 
@@ -98,7 +99,7 @@ def test_an_update_during_the_first_waits_for_it():
     m = machine(RealtimeState.CONNECTED)
     m.client_frame(frame({"type": "session.update", "session": {"instructions": "a"}}))
     assert m.client_frame(frame({"type": "session.update", "session": {"instructions": "b"}})) == []
-    [update] = m.worker_event("session.created")
+    [update] = m.worker_event(Envelope("session.created"))
     assert update.message == {"type": "update", "system_prompt": "b", "ref_audio_base64": None,
                               "tts_ref_audio_base64": None, "ref_audio_id": None,
                               "tts_ref_audio_id": None}  # fmt: skip
@@ -131,7 +132,7 @@ def test_connected_accepts_only_session_update():
     assert options.message["dialect"] == "realtime" and options.message["context_limit"] == 8192
     assert isinstance(action, ToWorker) and action.message["type"] == "prepare"
     assert action.message["mode"] == "omni_duplex" and "dialect" not in action.message
-    m.worker_event("session.created")
+    m.worker_event(Envelope("session.created"))
     assert m.state is RealtimeState.ACTIVE
 
 
@@ -139,7 +140,7 @@ def test_failed_update_may_be_retried():
     m = machine(RealtimeState.CONNECTED)
     update = frame({"type": "session.update", "session": {"instructions": "x"}})
     m.client_frame(update)
-    m.worker_event("error")
+    m.worker_event(Envelope("error"))
     assert isinstance(m.client_frame(update)[0], ToWorker)
 
 
@@ -182,7 +183,7 @@ def test_append_translation_keeps_controls_and_frames_only_in_video_mode():
     audio.queue_event({"type": "queue_done"})
     audio.attach_worker()
     audio.client_frame(frame({"type": "session.update", "session": {"instructions": "x"}}))
-    audio.worker_event("session.created")
+    audio.worker_event(Envelope("session.created"))
     [action] = audio.client_frame(frame(event))
     assert "frame_base64_list" not in action.message
 
@@ -206,7 +207,7 @@ def test_close_while_queued_is_immediate_and_later_goes_through_the_worker():
     assert actions == [ToClient({"type": "session.closed", "reason": "stopped"}), Close()]
     active = machine(RealtimeState.ACTIVE)
     assert active.client_frame(frame({"type": "session.close"})) == [ToWorker({"type": "stop"})]
-    assert active.worker_event("session.closed") == [Close()]
+    assert active.worker_event(Envelope("session.closed")) == [Close()]
     assert active.state is RealtimeState.CLOSED
 
 
@@ -214,7 +215,7 @@ def test_duplex_ends_before_the_first_update_become_session_closed():
     for kind, reason in (("timeout", "timeout"), ("stopped", "stopped")):
         m = machine(RealtimeState.CONNECTED)
         assert not m.forwards(kind) and m.forwards("session.created")
-        actions = m.worker_event(kind)
+        actions = m.worker_event(Envelope(kind))
         assert actions == [ToClient({"type": "session.closed", "reason": reason}), Close()]
         assert m.state is RealtimeState.CLOSED
     active = machine(RealtimeState.ACTIVE)

@@ -21,6 +21,7 @@ from omnilive.gateway.realtime_machine import Close, RealtimeMachine, RealtimeSt
 from omnilive.gateway.realtime_machine import ToWorker as W
 from omnilive.gateway.realtime_v2_machine import RealtimeV2Machine
 from omnilive.protocol.chat import ChatRequest
+from omnilive.protocol.internal import Envelope
 from omnilive.protocol.realtime import CloseReason
 from omnilive.protocol.realtime_v2 import TokenUsage, UsageMeter
 from omnilive.worker.chunk_buffer import PendingChunk
@@ -48,7 +49,7 @@ def v2(state: RealtimeState = RealtimeState.QUEUED, mode: str = "video") -> Real
         m.attach_worker()
     if state is RealtimeState.ACTIVE:
         m.client_frame(INIT)
-        m.worker_event("session.created")
+        m.worker_event(Envelope("session.created"))
     return m
 
 
@@ -72,7 +73,7 @@ def test_init_becomes_a_prepare_in_this_dialect():
     assert prepare.message["system_prompt"] == "hi" and prepare.message["mode"] == "omni_duplex"
     assert prepare.message["ref_audio_base64"] == prepare.message["tts_ref_audio_base64"] == voice
     assert prepare.message["config"] == {"length_penalty": 1.1}
-    m.worker_event("session.created")
+    m.worker_event(Envelope("session.created"))
     assert m.state is RealtimeState.ACTIVE
 
 
@@ -122,8 +123,8 @@ def test_close_echoes_the_clients_reason_through_the_worker():
     assert m.client_frame(json.dumps({"type": "session.close", "reason": "user_stop"})) == [
         W({"type": "stop", "reason": "user_stop"})
     ]
-    closed = json.dumps({"type": "session.closed", "reason": "user_stop"})
-    assert m.worker_event("session.closed", closed) == [Close(1000)]
+    closed = Envelope("session.closed", reason="user_stop")
+    assert m.worker_event(closed) == [Close(1000)]
     early = v2(RealtimeState.CONNECTED)
     closed_event, close = early.client_frame(json.dumps({"type": "session.close"}))
     assert closed_event.event["reason"] == "client_closed" and close == Close(1000)
@@ -132,14 +133,13 @@ def test_close_echoes_the_clients_reason_through_the_worker():
 def test_worker_errors_and_server_ends():
     m = v2(RealtimeState.ACTIVE)
     assert not m.forwards("error") and m.forwards("response.output.delta")
-    error = json.dumps({"type": "error", "error": "internal error: boom"})
-    assert "boom" in fatal(m.worker_event("error", error))
+    assert "boom" in fatal(m.worker_event(Envelope("error", error="internal error: boom")))
     m = v2(RealtimeState.ACTIVE)
     closed, close = m.end(CloseReason.TIMEOUT)
     assert closed.event["reason"] == "timeout" and close == Close(1000)
     m = v2(RealtimeState.CONNECTED)  # before the worker knows the dialect
     assert not m.forwards("timeout")
-    assert m.worker_event("timeout")[0].event["reason"] == "timeout"
+    assert m.worker_event(Envelope("timeout"))[0].event["reason"] == "timeout"
 
 
 def test_the_dialect_can_be_chosen_after_queueing():

@@ -14,6 +14,7 @@ import pytest
 from omnilive.audio import tone
 from omnilive.config import Settings
 from omnilive.engines.base import AudioPart, ChatMessage, ImagePart, TextPart, VideoPart
+from omnilive.protocol.internal import Envelope
 from omnilive.recording.duplex import DuplexRecorder
 from omnilive.recording.files import new_recording_id
 from omnilive.recording.recorder import Recorder
@@ -227,13 +228,22 @@ async def test_recovery_of_a_recording_whose_writer_died(settings, opened):
 
 def test_the_gateway_notes_the_announced_recording_id():
     note = RecordingIdNote()
-    note.note(json.dumps({"type": "queue_done"}))
+    note.note(Envelope.of({"type": "queue_done"}))
     assert note.recording_id is None
-    note.note(json.dumps({"type": "prepared", "session_id": "c", "recording_session_id": "hd_a1"}))
+    note.note(Envelope.of({"type": "prepared", "session_id": "c", "recording_session_id": "hd_a1"}))
     assert note.recording_id == "hd_a1"
-    note.note(json.dumps({"type": "prepared", "recording_session_id": "hd_other"}))
+    note.note(Envelope.of({"type": "prepared", "recording_session_id": "hd_other"}))
     assert note.recording_id == "hd_a1", "the first announcement wins"
     unsafe = RecordingIdNote()
-    unsafe.note('{"recording_session_id": "../../x"}')
-    unsafe.note('{"recording_session_id": "hd_late"}')
+    unsafe.note(Envelope("prepared", recording_id="../../x"))
     assert unsafe.recording_id is None
+
+
+def test_envelopes_carry_what_the_gateway_needs_and_the_message_untouched():
+    message = {"type": "session.closed", "reason": "user_stop", "text": "a\nb", "x": [1]}
+    envelope, payload = Envelope.split(Envelope.frame(message))
+    assert envelope == Envelope("session.closed", reason="user_stop")
+    assert json.loads(payload) == message and payload == json.dumps(message)
+    error = Envelope.of({"type": "error", "error": {"code": "x", "message": "boom"}})
+    assert error.error == "boom"
+    assert Envelope.of({"type": "error", "error": "plain", "code": "c"}).error == "plain"

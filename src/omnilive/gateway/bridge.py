@@ -17,6 +17,7 @@ from omnilive.protocol.internal import (
     CLOSE_OK,
     CLOSE_SESSION_FAILED,
     CLOSE_WORKER_UNAVAILABLE,
+    Envelope,
     bearer,
     ws_url,
 )
@@ -76,12 +77,18 @@ def release_lease(pool: Pool, lease: Lease, end: SessionEnd, ok: bool) -> None:
 
 
 async def relay_to_client(
-    worker: ClientConnection, send_text: Callable[[str], Awaitable[None]]
+    worker: ClientConnection,
+    send_text: Callable[[str], Awaitable[None]],
+    observe: Callable[[Envelope], None] | None = None,
 ) -> SessionEnd:
-    """Forward every worker message verbatim until the worker closes."""
+    """Forward every worker message until the worker closes: its envelope to
+    ``observe``, the client's message, untouched, to ``send_text``."""
     try:
-        async for message in worker:
-            await send_text(message if isinstance(message, str) else message.decode())
+        async for frame in worker:
+            envelope, payload = Envelope.split(frame if isinstance(frame, str) else frame.decode())
+            if observe is not None:
+                observe(envelope)
+            await send_text(payload)
     except ConnectionClosedError:
         pass  # a close code other than 1000/1001; told apart below
     except WebSocketException:

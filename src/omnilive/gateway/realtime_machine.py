@@ -16,6 +16,7 @@ from enum import StrEnum
 from typing import Any, Literal
 
 from omnilive.protocol.common import has_lone_surrogates
+from omnilive.protocol.internal import Envelope
 from omnilive.protocol.realtime import (
     CLOSE_UNSUPPORTED_DATA,
     DEFAULT_INSTRUCTIONS,
@@ -266,8 +267,9 @@ class RealtimeMachine(DuplexRealtimeMachine):
         ends it may announce then (``timeout``, ``stopped``) are translated."""
         return not (self.state is RealtimeState.CONNECTED and event_type in _DUPLEX_ENDS)
 
-    def worker_event(self, event_type: str, raw: str = "") -> list[Action]:
-        """Observe the type of an event the worker sent the client."""
+    def worker_event(self, envelope: Envelope) -> list[Action]:
+        """Observe an event the worker sent the client (its envelope)."""
+        event_type = envelope.type
         if self.state is RealtimeState.CONNECTED and event_type in _DUPLEX_ENDS:
             return self.end(_DUPLEX_ENDS[event_type])
         if event_type == "session.created":

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 from typing import Any, Literal
 
 from fastapi import WebSocket
@@ -34,6 +33,7 @@ from omnilive.gateway.registry import ActiveSession
 from omnilive.gateway.scheduler import Lease
 from omnilive.gateway.state import Gateway
 from omnilive.ids import mint_realtime
+from omnilive.protocol.internal import Envelope
 from omnilive.protocol.realtime import (
     V1_EVENT_TYPES,
     CloseReason,
@@ -42,14 +42,6 @@ from omnilive.protocol.realtime import (
 )
 from omnilive.protocol.realtime_v2 import V2_EVENT_TYPES
 from omnilive.recording.recovery import RecordingIdNote, recover_abandoned
-
-_TYPE = re.compile(r'^\{"type": "([^"]+)"')
-
-
-def event_type(raw: str) -> str:
-    """The ``type`` of an event our worker wrote (it always comes first)."""
-    match = _TYPE.match(raw)
-    return match.group(1) if match else ""
 
 
 def event_kind(raw: str | bytes) -> str | None:
@@ -100,16 +92,19 @@ class RealtimeConnection(RealtimeIO):
                 self.worker = w
                 await self.apply(self.machine.attach_worker())
 
-                async def to_client(raw: str) -> None:
-                    recording.note(raw)
-                    kind = event_type(raw)
-                    if self.machine.forwards(kind):
-                        await self.ws.send_text(raw)
-                    # The machines read these two (small) events whole.
-                    whole = raw if kind in ("session.closed", "error") else ""
-                    await self.apply(self.machine.worker_event(kind, whole))
+                envelopes: list[Envelope] = []  # the envelope of the message in hand
 
-                relay = asyncio.ensure_future(relay_to_client(w, to_client))
+                def observe(envelope: Envelope) -> None:
+                    recording.note(envelope)
+                    envelopes[:] = [envelope]
+
+                async def to_client(payload: str) -> None:
+                    envelope = envelopes[0]
+                    if self.machine.forwards(envelope.type):
+                        await self.ws.send_text(payload)
+                    await self.apply(self.machine.worker_event(envelope))
+
+                relay = asyncio.ensure_future(relay_to_client(w, to_client, observe))
                 end = await self.while_reading(relay)
         except WorkerConnectError as exc:
             await self.refuse(RealtimeErrorCode.WORKER_CONNECT_FAILED, str(exc))

@@ -12,7 +12,6 @@ dialect, which are translated here.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from omnilive.gateway.realtime_machine import (
@@ -23,6 +22,7 @@ from omnilive.gateway.realtime_machine import (
     ToClient,
     ToWorker,
 )
+from omnilive.protocol.internal import Envelope
 from omnilive.protocol.realtime import DEFAULT_INSTRUCTIONS, CloseReason
 from omnilive.protocol.realtime_v2 import (
     CLOSE_FATAL,
@@ -134,19 +134,18 @@ class RealtimeV2Machine(DuplexRealtimeMachine):
             return False
         return not (self.state is RealtimeState.CONNECTED and event_type in _DUPLEX_ENDS)
 
-    def worker_event(self, event_type: str, raw: str = "") -> list[Action]:
+    def worker_event(self, envelope: Envelope) -> list[Action]:
+        event_type = envelope.type
         if self.state is RealtimeState.CONNECTED and event_type in _DUPLEX_ENDS:
             return self._closed(_DUPLEX_ENDS[event_type])
         if event_type == "error":  # the worker's own failure, in the duplex dialect
-            message = json.loads(raw).get("error") if raw else None
-            return self._fatal(str(message or "the worker failed"))
+            return self._fatal(envelope.error or "the worker failed")
         if event_type == "session.created":
             self._move(RealtimeState.CONNECTED, RealtimeState.ACTIVE)
             self._configuring = False
         elif event_type == "session.closed":
             self.state = RealtimeState.CLOSED
-            reason = json.loads(raw).get("reason") if raw else None
-            return [Close(CLOSE_FATAL if reason == V2Reason.BACKEND_ERROR else 1000)]
+            return [Close(CLOSE_FATAL if envelope.reason == V2Reason.BACKEND_ERROR else 1000)]
         return []
 
     def end(self, reason: CloseReason) -> list[Action]:

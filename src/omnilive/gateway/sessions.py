@@ -194,7 +194,7 @@ async def _relay(
             session.worker = worker
             for raw in early:
                 await worker.send(raw)
-            down = asyncio.ensure_future(relay_to_client(worker, recording.watching(ws.send_text)))
+            down = asyncio.ensure_future(relay_to_client(worker, ws.send_text, recording.note))
             up = asyncio.ensure_future(_forward_client(ws, worker, validate, observe))
             stop = asyncio.ensure_future(gateway.shutting_down.wait())
             try:

@@ -1,16 +1,21 @@
 """The gateway ↔ worker protocol on loopback.
 
 A session is one WebSocket, ``/internal/session/{kind}/{session_id}``,
-authenticated with the internal token. Messages on it are the client-facing
-messages of that mode, so the gateway relays them without re-encoding media.
-How a session ended is told by the close code. ``/internal/control`` pushes
-the worker's status on every change (the readiness handshake).
+authenticated with the internal token. The gateway sends the client's messages
+of that mode (plus its own ``internal.*`` ones); the worker sends each message
+for the client in an :class:`Envelope`: a header line with what the gateway
+needs to know, then the message itself, which the gateway relays without
+parsing or re-encoding it. How a session ended is told by the close code.
+``/internal/control`` pushes the worker's status on every change (the
+readiness handshake).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass
 from enum import StrEnum
+from typing import Any
 
 TOKEN_HEADER = "authorization"
 
@@ -63,3 +68,46 @@ class LoadReport:
             return cls(LoadOutcome(outcome), reason)
         except ValueError:
             return None
+
+
+# --- worker → gateway ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """What the gateway reads of a message the worker sends its client.
+
+    On the wire: this as compact JSON on one line, a newline, then the message
+    as the client gets it (JSON escapes every newline inside a string, so the
+    first newline ends the header)."""
+
+    type: str
+    recording_id: str | None = None  # the recording the session writes (once announced)
+    reason: str | None = None  # why a session ended (``session.closed``, ``timeout``)
+    error: str | None = None  # an ``error`` message's text
+
+    @classmethod
+    def of(cls, message: dict[str, Any]) -> Envelope:
+        kind = str(message.get("type", ""))
+        recording = message.get("recording_session_id")
+        error = message.get("error")
+        return cls(
+            type=kind,
+            recording_id=recording if isinstance(recording, str) else None,
+            reason=message.get("reason") if isinstance(message.get("reason"), str) else None,
+            error=str(error.get("message") if isinstance(error, dict) else error)
+            if kind == "error"
+            else None,
+        )
+
+    @staticmethod
+    def frame(message: dict[str, Any]) -> str:
+        """A message for the client, enveloped."""
+        header = {k: v for k, v in asdict(Envelope.of(message)).items() if v is not None}
+        return json.dumps(header, separators=(",", ":")) + "\n" + json.dumps(message)
+
+    @classmethod
+    def split(cls, frame: str) -> tuple[Envelope, str]:
+        """The header and the client's message of a worker frame."""
+        header, _, payload = frame.partition("\n")
+        return cls(**json.loads(header)), payload

@@ -4,55 +4,32 @@ on disk, marked ``abnormal``."""
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from omnilive.clock import iso
 from omnilive.ids import is_safe_id
+from omnilive.protocol.internal import Envelope
 from omnilive.recording.files import META, RECORDING, read_json, session_dir, write_json_atomic
 from omnilive.recording.recorder import Status
 from omnilive.recording.replay import build_replays
 
 log = logging.getLogger(__name__)
 
-_KEY = '"recording_session_id"'
-# Messages above this size are media (chunks); the id rides on small control
-# messages (``prepared``), so large ones are not even searched.
-_MAX_SCANNED = 64 * 1024
-
-
 class RecordingIdNote:
-    """Watches the worker → client messages of one session for the
-    ``recording_session_id`` the worker announces, at the cost of a substring
-    check per small message until it has been seen."""
+    """Remembers the recording id a worker announces for one session (its
+    envelopes carry it), so that a recording left open by a worker that died
+    can be closed."""
 
     def __init__(self, recording_id: str | None = None) -> None:
         self.recording_id = recording_id
-        self._seen = recording_id is not None
 
-    def note(self, text: str) -> None:
-        if self._seen or len(text) > _MAX_SCANNED or _KEY not in text:
-            return
-        try:
-            value = json.loads(text).get(_KEY.strip('"'))
-        except (ValueError, AttributeError):
-            return
-        self._seen = True
-        if isinstance(value, str) and is_safe_id(value):
-            self.recording_id = value
-
-    def watching(self, send: Callable[[str], Awaitable[None]]) -> Callable[[str], Awaitable[None]]:
-        """``send`` that notes the id on the way."""
-
-        async def send_noting(text: str) -> None:
-            self.note(text)
-            await send(text)
-
-        return send_noting
+    def note(self, envelope: Envelope) -> None:
+        announced = envelope.recording_id
+        if self.recording_id is None and announced is not None and is_safe_id(announced):
+            self.recording_id = announced
 
 
 def _last_event_ms(doc: dict[str, Any]) -> float:

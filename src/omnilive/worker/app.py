@@ -29,6 +29,7 @@ from omnilive.protocol.internal import (
     CLOSE_OK,
     CLOSE_SESSION_FAILED,
     CLOSE_WORKER_UNAVAILABLE,
+    Envelope,
     LoadReport,
 )
 from omnilive.tasks import TaskSet
@@ -129,7 +130,7 @@ def create_worker_app(
             async with runtime.session(session_id, kind) as record:
                 ok = await _serve(ws, runtime, record, settings)
         except WorkerNotReady as exc:
-            await ws.send_text(json.dumps(error_message(str(exc), ErrorCode.NO_WORKERS)))
+            await ws.send_text(Envelope.frame(error_message(str(exc), ErrorCode.NO_WORKERS)))
             await ws.close(code=CLOSE_WORKER_UNAVAILABLE)
             return
         if ws.client_state is WebSocketState.CONNECTED:
@@ -155,9 +156,8 @@ async def _serve(
         log.exception("session %s failed", record.session_id)
         if ws.client_state is WebSocketState.CONNECTED:
             with contextlib.suppress(Exception):
-                await ws.send_text(
-                    json.dumps(error_message(f"internal error: {exc}", ErrorCode.INFERENCE_ERROR))
-                )
+                failure = error_message(f"internal error: {exc}", ErrorCode.INFERENCE_ERROR)
+                await ws.send_text(Envelope.frame(failure))
         return False
 
 
@@ -169,7 +169,7 @@ async def _serve_chat(
         request = ChatRequest.model_validate_json(raw)
     except ValidationError as exc:
         message = describe_validation_error(exc)
-        await ws.send_text(json.dumps(error_message(message, ErrorCode.INVALID_REQUEST)))
+        await ws.send_text(Envelope.frame(error_message(message, ErrorCode.INVALID_REQUEST)))
         return False
     work = run_chat(runtime, record, request, ws.send_text, settings)
     return await race(work, lambda: _until_disconnect(ws))

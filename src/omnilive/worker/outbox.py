@@ -9,9 +9,10 @@ slows the producer instead of growing memory.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+from omnilive.protocol.internal import Envelope
 
 OUTBOX_SIZE = 64
 _CLOSE = object()
@@ -41,5 +42,5 @@ class Outbox:
     async def run(self) -> None:
         """The writer task."""
         while (message := await self._queue.get()) is not _CLOSE:
-            await self._send(json.dumps(message))
+            await self._send(Envelope.frame(message))
             self.sent += 1

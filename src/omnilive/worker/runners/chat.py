@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -14,6 +13,7 @@ from omnilive.config import Settings
 from omnilive.engines.base import ChatMessage, EngineError, modalities_of
 from omnilive.protocol.chat import ChatRequest, chunk_message, done_message, prefill_done_message
 from omnilive.protocol.common import ErrorCode, error_message
+from omnilive.protocol.internal import Envelope
 from omnilive.recording.turns import (
     TurnInput,
     TurnOutput,
@@ -67,7 +67,7 @@ async def run_chat(
     request opted out)."""
 
     async def send_json(message: dict[str, Any]) -> None:
-        await send(json.dumps(message))
+        await send(Envelope.frame(message))
 
     started = time.perf_counter()
     request_ts = time.time()
