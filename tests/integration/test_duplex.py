@@ -271,3 +271,27 @@ async def test_internal_options_never_come_from_clients(server: Server):
         await client.chunk(SECOND)
     got = await results(client, 3)
     assert [r["type"] for r in got] == ["result"] * 3  # no context_full at 5 tokens
+
+
+async def test_stop_during_a_slow_prepare_is_answered_at_once(server: Server):
+    """Control never waits behind a model step: a 3 s prepare does not hold a stop."""
+    client = await duplex(server)
+    await client.until("queue_done")
+    await client.send({"type": "prepare", "system_prompt": "#latency:3 #schedule:L"})
+    await asyncio.sleep(0.3)
+    sent = time.monotonic()
+    await client.send({"type": "stop"})
+    await client.until("stopped", timeout=5)
+    assert time.monotonic() - sent < 1.0
+    assert "prepared" not in client.types()
+    await server.wait_worker_status("idle", timeout=10)  # once the prepare is over
+
+
+async def test_chunks_sent_during_a_prepare_are_heard_after_it(server: Server):
+    client = await duplex(server)
+    await client.until("queue_done")
+    await client.send({"type": "prepare", "system_prompt": "#latency:0.5 #schedule:L"})
+    await client.chunk(SECOND)  # sent before prepared arrives
+    await client.until("prepared")
+    [result] = await results(client, 1)
+    assert result["unit_index"] == 0 and "error" not in client.types()

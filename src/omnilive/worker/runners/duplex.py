@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from enum import StrEnum
+from typing import Any
 
 import numpy as np
 
@@ -37,6 +37,7 @@ from omnilive.recording.duplex import DuplexRecorder
 from omnilive.recording.files import new_recording_id
 from omnilive.worker.chunk_buffer import ChunkBuffer, PendingChunk
 from omnilive.worker.decode import DecodeError, check_image, load_stored_voice
+from omnilive.worker.machines.duplex import DuplexMachine, Ended, Limits, Phase
 from omnilive.worker.presenter_v2 import RealtimeV2Presenter
 from omnilive.worker.presenters import (
     DuplexPresenter,
@@ -51,23 +52,6 @@ from omnilive.worker.unit_assembler import Unit, UnitAssembler
 log = logging.getLogger(__name__)
 
 
-class Phase(StrEnum):
-    WAITING_PREPARE = "waiting_prepare"
-    ACTIVE = "active"
-    PAUSED = "paused"
-
-
-class SessionOver(Exception):
-    """Ends the runner: stopped, pause, idle, context_full or disconnected
-    (``detail``: the reason a client gave for stopping)."""
-
-    def __init__(self, reason: str, tell_client: bool = True, detail: str | None = None) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.tell_client = tell_client
-        self.detail = detail
-
-
 def decode_reference(data: str | None) -> np.ndarray | None:
     """A reference voice as 16 kHz float32 (raw PCM or a WAV file), if given."""
     return voice_from_b64(data) if data else None
@@ -79,33 +63,37 @@ class DuplexRunner(StreamingRunner):
     def _init_state(self) -> None:
         kind = self.record.kind
         self.mode: DuplexMode = "audio_duplex" if kind == "audio_duplex" else "omni_duplex"
-        self.phase = Phase.WAITING_PREPARE
+        settings = self.settings
+        limits = Limits(
+            first_message_s=settings.limits.first_message_timeout_s,
+            idle_s=settings.duplex.idle_timeout_s,
+            pause_s=settings.duplex.pause_timeout_s,
+            max_pause_s=settings.duplex.max_pause_s,
+        )
+        self.machine = DuplexMachine(limits, time.monotonic())
         self.session: DuplexSession = self.runtime.engine.open_duplex()
         self.record.closer = self.session.close  # the lane's last step
         self.buffer = ChunkBuffer(self.settings.duplex.max_pending_chunks)
         self.deferred_finalize = True
         self.max_slice_nums = 1
         self.presenter: Presenter = DuplexPresenter()
-        self.context_limit: int | None = None
         self.dialect = "duplex"
         self.assembler: UnitAssembler | None = None  # Realtime sessions only
         self.recorder: DuplexRecorder | None = None
-        self.started = time.monotonic()
-        self.last_audio = time.monotonic()
-        self.pause_deadline: float | None = None
         self.units = 0
         self._received = 0
         self._finalized = asyncio.Event()
         self._finalized.set()
         self._finalize_task: asyncio.Task[None] | None = None
-        self._over: asyncio.Future[SessionOver] = asyncio.get_running_loop().create_future()
+        self._preparing: asyncio.Task[None] | None = None
+        self._over: asyncio.Future[Ended] = asyncio.get_running_loop().create_future()
 
     async def send_error(self, code: ErrorCode, message: str) -> None:
         await self.send(self.presenter.error(code, message))
 
-    def end(self, over: SessionOver) -> None:
-        if not self._over.done():
-            self._over.set_result(over)
+    def end(self, ended: Ended | None) -> None:
+        if ended is not None and not self._over.done():
+            self._over.set_result(ended)
 
     async def run(self) -> str:
         tasks = [
@@ -118,8 +106,10 @@ class DuplexRunner(StreamingRunner):
             for task in tasks:  # a task that failed ends the session with its error
                 if task.done() and not task.cancelled() and task.exception():
                     raise task.exception()  # type: ignore[misc]
-            over = self._over.result() if self._over.done() else SessionOver("disconnected", False)
+            over = self._over.result() if self._over.done() else self.machine.disconnected()
         finally:
+            if self._preparing is not None:
+                tasks.append(self._preparing)  # a stop does not wait for a prepare
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -130,7 +120,7 @@ class DuplexRunner(StreamingRunner):
                 await self.recorder.close()
         if over.tell_client:
             self.outbox.flush()  # results not yet sent are stale now
-            elapsed = time.monotonic() - self.started
+            elapsed = time.monotonic() - self.machine.started
             await self.send(self.presenter.ended(over.reason, elapsed, over.detail))
         return over.reason
 
@@ -141,28 +131,52 @@ class DuplexRunner(StreamingRunner):
         async for raw in self.frames:
             try:
                 message = decode_client_message(raw, worker_message, WORKER_TYPES, max_bytes)
-                if isinstance(message, Stop):
-                    self.end(SessionOver("stopped", detail=message.reason))
-                    return
-                if isinstance(message, Prepare):
-                    await self._prepare(message)
-                elif isinstance(message, AudioChunk):
-                    await self._audio(message)
-                elif isinstance(message, Update):
-                    await self._update(message)
-                elif isinstance(message, RealtimeOptions):
-                    self._realtime(message)
-                elif isinstance(message, Pause):
-                    await self._pause(message)
-                elif isinstance(message, Resume):
-                    await self._resume()
             except ProtocolError as exc:
                 await self.send_error(exc.code, exc.message)
-        self.end(SessionOver("disconnected", False))
+                continue
+            if isinstance(message, Stop):  # in every phase, a prepare in flight included
+                self.end(self.machine.stop(message.reason))
+                return
+            if not self.machine.hold(message):
+                await self._handle(message)
+        self.end(self.machine.disconnected())
+
+    async def _handle(self, message: Any) -> None:
+        try:
+            if isinstance(message, Prepare):
+                self.machine.prepare()
+                self._preparing = asyncio.ensure_future(self._prepare(message))
+            elif isinstance(message, AudioChunk):
+                await self._audio(message)
+            elif isinstance(message, Update):
+                await self._update(message)
+            elif isinstance(message, RealtimeOptions):
+                self._realtime(message)
+            elif isinstance(message, Pause):
+                await self._pause(message)
+            elif isinstance(message, Resume):
+                self.machine.resume(time.monotonic())
+                self.runtime.set_session_state(self.record, WorkerState.DUPLEX_ACTIVE)
+                await self.send(self.presenter.resumed())
+        except ProtocolError as exc:
+            await self.send_error(exc.code, exc.message)
 
     async def _prepare(self, message: Prepare) -> None:
-        if self.phase is not Phase.WAITING_PREPARE:
-            raise ProtocolError(ErrorCode.INVALID_REQUEST, "session is already prepared")
+        """The prepare, as a task of its own: the reader goes on meanwhile
+        (a stop ends the session at once), holding other messages until it is
+        done; then they are handled in order."""
+        try:
+            ready = await self._prepare_session(message)
+        except ProtocolError as exc:
+            await self.send_error(exc.code, exc.message)
+            ready = False
+        now = time.monotonic()
+        held = self.machine.prepared(now) if ready else self.machine.prepare_failed()
+        for later in held:
+            await self._handle(later)
+
+    async def _prepare_session(self, message: Prepare) -> bool:
+        """Whether the session is prepared (``prepared`` is sent)."""
         self.mode = parse_mode(message.mode) or self.mode
         self.record.kind = self.mode
         llm_ref, tts_ref = await self._voices(message)
@@ -181,7 +195,7 @@ class DuplexRunner(StreamingRunner):
             )
         except EngineError as exc:
             await self.send_error(ErrorCode.INFERENCE_ERROR, f"prepare failed: {exc}")
-            return
+            return False
         kind = "realtime" if self.dialect != "duplex" else self.mode
         self.recorder = DuplexRecorder.open(
             self.settings,
@@ -196,8 +210,6 @@ class DuplexRunner(StreamingRunner):
             },
             opted_in=message.recording,
         )
-        self.phase = Phase.ACTIVE
-        self.started = self.last_audio = time.monotonic()
         extra = {
             "mode": self.mode,
             "capabilities": self.runtime.engine.capabilities.to_dict(),
@@ -206,10 +218,11 @@ class DuplexRunner(StreamingRunner):
         recording_id = self.recorder.recording_id if self.recorder else None
         session_id = self.record.session_id
         await self.send(self.presenter.prepared(session_id, prompt_length, recording_id, extra))
+        return True
 
     def _realtime(self, options: RealtimeOptions) -> None:
         """The gateway serves the Realtime API over this session."""
-        if self.phase is not Phase.WAITING_PREPARE:
+        if self.machine.phase is not Phase.WAITING_PREPARE:
             raise ProtocolError(ErrorCode.INVALID_REQUEST, "options come before prepare")
         self.dialect = options.dialect
         if options.dialect == "realtime":
@@ -218,7 +231,7 @@ class DuplexRunner(StreamingRunner):
             self.presenter = RealtimeV2Presenter(self.record.session_id)
         # Realtime clients send audio in pieces of any length: joined into 1 s units.
         self.assembler = UnitAssembler(self.settings.limits.max_frames_per_chunk)
-        self.context_limit = options.context_limit
+        self.machine.context_limit = options.context_limit
 
     async def _voices(self, message: Prepare | Update) -> tuple[np.ndarray | None, ...]:
         """The LLM and TTS reference voices a message gives: its audio, else
@@ -235,8 +248,7 @@ class DuplexRunner(StreamingRunner):
         return llm_ref, tts_ref
 
     async def _update(self, message: Update) -> None:
-        if self.phase is Phase.WAITING_PREPARE:
-            raise ProtocolError(ErrorCode.NOT_READY, "send prepare before update")
+        self.machine.update()
         llm_ref, tts_ref = await self._voices(message)
         voice = tts_ref if tts_ref is not None else llm_ref
         tts_voice = Voice(reference=voice) if voice is not None else None
@@ -258,8 +270,7 @@ class DuplexRunner(StreamingRunner):
             raise ProtocolError(ErrorCode.INVALID_REQUEST, str(exc)) from None
 
     async def _audio(self, message: AudioChunk) -> None:
-        if self.phase is Phase.WAITING_PREPARE:
-            raise ProtocolError(ErrorCode.NOT_READY, "send prepare before audio_chunk")
+        self.machine.require_prepared("audio_chunk")  # else refused, unread
         limits = self.settings.limits
         try:
             audio = pcm_from_b64(message.audio_base64)
@@ -271,8 +282,7 @@ class DuplexRunner(StreamingRunner):
                 f"chunk of {audio.size / 16_000:.2f} s exceeds {limits.max_chunk_audio_s} s",
             )
         frames = await self._frames(message.frame_base64_list or [])
-        self.last_audio = time.monotonic()
-        if self.phase is Phase.PAUSED:
+        if not self.machine.audio(time.monotonic()):
             return  # a paused session hears nothing
         frames = frames if self.mode == "omni_duplex" else []
         if self.assembler is None:
@@ -322,24 +332,10 @@ class DuplexRunner(StreamingRunner):
         return frames
 
     async def _pause(self, message: Pause) -> None:
-        if self.phase is Phase.WAITING_PREPARE:
-            raise ProtocolError(ErrorCode.NOT_READY, "send prepare before pause")
-        duplex = self.settings.duplex
-        timeout = min(message.timeout or duplex.pause_timeout_s, duplex.max_pause_s)
-        self.phase = Phase.PAUSED
-        self.pause_deadline = time.monotonic() + timeout
+        seconds = self.machine.pause(message.timeout, time.monotonic())
         self.buffer.clear()
         self.runtime.set_session_state(self.record, WorkerState.DUPLEX_PAUSED)
-        await self.send(self.presenter.paused(timeout))
-
-    async def _resume(self) -> None:
-        if self.phase is not Phase.PAUSED:
-            raise ProtocolError(ErrorCode.INVALID_REQUEST, "session is not paused")
-        self.phase = Phase.ACTIVE
-        self.pause_deadline = None
-        self.last_audio = time.monotonic()
-        self.runtime.set_session_state(self.record, WorkerState.DUPLEX_ACTIVE)
-        await self.send(self.presenter.resumed())
+        await self.send(self.presenter.paused(seconds))
 
     # --- the unit loop ---------------------------------------------------------------
 
@@ -365,7 +361,7 @@ class DuplexRunner(StreamingRunner):
             timing = UnitTiming(
                 prefill_ms=(prefilled - started) * 1000,
                 generate_ms=(generated - prefilled) * 1000,
-                session_start=self.started,
+                session_start=self.machine.started,
                 vision_slices=stats.vision_slices,
                 vision_tokens=stats.vision_tokens,
                 dropped_total=self.buffer.dropped_total,
@@ -395,8 +391,8 @@ class DuplexRunner(StreamingRunner):
                 await self._finalize()
             for message in messages:
                 await self.send(message)
-            if self.context_limit is not None and unit.kv_cache_length >= self.context_limit:
-                self.end(SessionOver("context_full"))
+            if (ended := self.machine.unit_done(unit.kv_cache_length)) is not None:
+                self.end(ended)
                 return
             if self.deferred_finalize:
                 self._finalized.clear()
@@ -413,21 +409,10 @@ class DuplexRunner(StreamingRunner):
     # --- timeouts ----------------------------------------------------------------------
 
     async def _watchdog(self) -> None:
-        """Ends a paused session when its pause expires (releasing the worker),
-        and an active one that has sent no audio for ``idle_timeout_s``."""
-        idle = self.settings.duplex.idle_timeout_s
-        first = self.settings.limits.first_message_timeout_s
-        while True:
-            now = time.monotonic()
-            if self.phase is Phase.PAUSED and self.pause_deadline is not None:
-                if now >= self.pause_deadline:
-                    self.end(SessionOver("pause"))
-                    return
-                wait = self.pause_deadline - now
-            else:
-                limit = first if self.phase is Phase.WAITING_PREPARE else idle
-                if now - self.last_audio >= limit:
-                    self.end(SessionOver("idle"))
-                    return
-                wait = self.last_audio + limit - now
-            await asyncio.sleep(min(wait, 0.25))
+        """Ends the session at the machine's deadlines: a paused session when
+        its pause expires (releasing the worker), one not prepared in time, and
+        an active one that has sent no audio for ``idle_timeout_s``."""
+        while (ended := self.machine.tick(time.monotonic())) is None:
+            at, _ = self.machine.deadline()
+            await asyncio.sleep(min(max(at - time.monotonic(), 0.0), 0.25))
+        self.end(ended)
