@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import time
 from pathlib import Path
 
 import httpx
@@ -195,3 +196,16 @@ async def test_disconnect_releases_the_worker(server: Server):
     assert status["workers"]["slots_busy"] == 0
     again = await open_client(server)
     assert (await again.prepare())["type"] == "prepared"
+
+
+async def test_stop_during_a_slow_prepare_is_answered_at_once(server: Server):
+    """Control never waits behind a model step: a 3 s prepare does not hold a stop."""
+    client = await open_client(server)
+    await client.until("queue_done")
+    await client.send({"type": "prepare", "system_prompt": "#latency:3"})
+    await asyncio.sleep(0.3)
+    sent = time.monotonic()
+    await client.send({"type": "stop"})
+    await client.until("stopped", timeout=5)
+    assert time.monotonic() - sent < 1.0
+    assert "prepared" not in client.types()

@@ -5,14 +5,8 @@ from __future__ import annotations
 import pytest
 
 from omnilive.protocol.common import ErrorCode, ProtocolError
-from omnilive.worker.machines.duplex import (
-    MAX_HELD,
-    DuplexMachine,
-    Ended,
-    IllegalTransition,
-    Limits,
-    Phase,
-)
+from omnilive.worker.machines.duplex import DuplexMachine, Limits
+from omnilive.worker.machines.session import MAX_HELD, Ended, IllegalTransition, Phase
 
 LIMITS = Limits(first_message_s=30, idle_s=60, pause_s=60, max_pause_s=300)
 

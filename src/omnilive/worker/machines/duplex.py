@@ -5,32 +5,15 @@ WAITING_PREPARE → PREPARING → ACTIVE ⇄ PAUSED → ENDED. The runner
 step that finished, the clock) and does what it answers. Control is never
 behind data: ``stop`` ends the session in every phase, a ``prepare`` in
 flight included, and messages that arrive while the session is being
-prepared wait for it (:meth:`DuplexMachine.hold`) instead of being refused.
+prepared wait for it (``hold``) instead of being refused.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
-from enum import StrEnum
-from typing import Any
 
 from omnilive.protocol.common import ErrorCode, ProtocolError
-
-# Messages kept while a prepare is in flight; beyond it the oldest is dropped.
-MAX_HELD = 32
-
-
-class Phase(StrEnum):
-    WAITING_PREPARE = "waiting_prepare"
-    PREPARING = "preparing"
-    ACTIVE = "active"
-    PAUSED = "paused"
-    ENDED = "ended"
-
-
-class IllegalTransition(Exception):
-    """A step reported something its phase cannot follow (a bug, not a client error)."""
+from omnilive.worker.machines.session import Ended, Phase, SessionMachine
 
 
 @dataclass(frozen=True)
@@ -41,42 +24,18 @@ class Limits:
     max_pause_s: float
 
 
-@dataclass(frozen=True)
-class Ended:
-    """Why the session is over (``detail``: the reason a client gave to stop)."""
-
-    reason: str  # stopped | idle | pause | context_full | disconnected
-    tell_client: bool = True
-    detail: str | None = None
-
-
-class DuplexMachine:
+class DuplexMachine(SessionMachine):
     def __init__(self, limits: Limits, now: float) -> None:
+        super().__init__(limits.first_message_s, now)
         self.limits = limits
-        self.phase = Phase.WAITING_PREPARE
-        self.started = now
         self.last_audio = now
         self.pause_deadline: float | None = None
         self.context_limit: int | None = None
-        self.ended: Ended | None = None
-        self.held: deque[Any] = deque()
 
-    # --- the client ----------------------------------------------------------------
-
-    def prepare(self) -> None:
-        if self.phase is not Phase.WAITING_PREPARE:
-            raise ProtocolError(ErrorCode.INVALID_REQUEST, "session is already prepared")
-        self.phase = Phase.PREPARING
-
-    def hold(self, message: Any) -> bool:
-        """Keep a message that came during a prepare, for when it is done.
-        Returns False when the session is not preparing (handle it now)."""
-        if self.phase is not Phase.PREPARING:
-            return False
-        if len(self.held) >= MAX_HELD:
-            self.held.popleft()
-        self.held.append(message)
-        return True
+    def prepared(self, now: float) -> list:
+        held = super().prepared(now)
+        self.last_audio = now
+        return held
 
     def audio(self, now: float) -> bool:
         """A chunk came: whether the model hears it (a paused session does not)."""
@@ -102,67 +61,15 @@ class DuplexMachine:
     def update(self) -> None:
         self.require_prepared("update")
 
-    def stop(self, detail: str | None = None) -> Ended:
-        return self.end(Ended("stopped", detail=detail))
-
-    def disconnected(self) -> Ended:
-        return self.end(Ended("disconnected", tell_client=False))
-
-    def require_prepared(self, what: str) -> None:
-        if self.phase in (Phase.WAITING_PREPARE, Phase.PREPARING):
-            raise ProtocolError(ErrorCode.NOT_READY, f"send prepare before {what}")
-
-    # --- the engine -------------------------------------------------------------------
-
-    def prepared(self, now: float) -> list[Any]:
-        """The prepare succeeded; returns the messages held meanwhile, in order."""
-        if self.phase is Phase.ENDED:  # stopped while it was being prepared
-            return []
-        self._expect(Phase.PREPARING, "prepared")
-        self.phase = Phase.ACTIVE
-        self.started = self.last_audio = now
-        held, self.held = list(self.held), deque()
-        return held
-
-    def prepare_failed(self) -> list[Any]:
-        """The prepare failed: the client may send another. Messages held for
-        the session it would have had are given back (they get their errors)."""
-        if self.phase is Phase.ENDED:
-            return []
-        self._expect(Phase.PREPARING, "prepare failed")
-        self.phase = Phase.WAITING_PREPARE
-        held, self.held = list(self.held), deque()
-        return held
-
     def unit_done(self, kv_cache_length: int) -> Ended | None:
         """A unit's result went out: the session ends if the context is full."""
         if self.context_limit is not None and kv_cache_length >= self.context_limit:
             return self.end(Ended("context_full"))
         return None
 
-    # --- time ---------------------------------------------------------------------------
-
     def deadline(self) -> tuple[float, str]:
-        """When the session ends unless something happens first, and why."""
         if self.phase is Phase.PAUSED and self.pause_deadline is not None:
             return self.pause_deadline, "pause"
         if self.phase in (Phase.WAITING_PREPARE, Phase.PREPARING):
-            return self.started + self.limits.first_message_s, "idle"
+            return super().deadline()
         return self.last_audio + self.limits.idle_s, "idle"
-
-    def tick(self, now: float) -> Ended | None:
-        at, reason = self.deadline()
-        return self.end(Ended(reason)) if now >= at else None
-
-    # --- endings ---------------------------------------------------------------------------
-
-    def end(self, ended: Ended) -> Ended:
-        """The first ending wins; later ones are the same session's."""
-        if self.ended is None:
-            self.ended = ended
-            self.phase = Phase.ENDED
-        return self.ended
-
-    def _expect(self, phase: Phase, event: str) -> None:
-        if self.phase is not phase:
-            raise IllegalTransition(f"{event} in {self.phase}")

@@ -37,7 +37,8 @@ from omnilive.recording.duplex import DuplexRecorder
 from omnilive.recording.files import new_recording_id
 from omnilive.worker.chunk_buffer import ChunkBuffer, PendingChunk
 from omnilive.worker.decode import DecodeError, check_image, load_stored_voice
-from omnilive.worker.machines.duplex import DuplexMachine, Ended, Limits, Phase
+from omnilive.worker.machines.duplex import DuplexMachine, Limits
+from omnilive.worker.machines.session import Ended, Phase
 from omnilive.worker.presenter_v2 import RealtimeV2Presenter
 from omnilive.worker.presenters import (
     DuplexPresenter,

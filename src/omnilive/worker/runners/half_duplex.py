@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from enum import StrEnum
 
 import numpy as np
 
@@ -63,18 +62,13 @@ from omnilive.vad import (
     VadConfig,
 )
 from omnilive.worker.decode import DecodeError, load_stored_voice
+from omnilive.worker.machines.half_duplex import HalfDuplexMachine
 from omnilive.worker.runners.streaming import StreamingRunner
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant. Reply briefly and naturally."
 COLD_START_MS = 500
-
-
-class Phase(StrEnum):
-    WAITING_PREPARE = "waiting_prepare"
-    LISTENING = "listening"
-    GENERATING = "generating"
 
 
 def system_parts(
@@ -108,63 +102,94 @@ class HalfDuplexRunner(StreamingRunner):
     """One half-duplex session; :meth:`run` returns when it has ended."""
 
     def _init_state(self) -> None:
-        self.phase = Phase.WAITING_PREPARE
+        first_message_s = self.settings.limits.first_message_timeout_s
+        self.machine = HalfDuplexMachine(first_message_s, time.monotonic())
         self.session: HalfDuplexSession = self.runtime.engine.open_half_duplex()
         self.record.closer = self.session.close  # the lane's last step
         self.vad: StreamingVad | None = None
-        self.timeout_s = 0.0
-        self.last_activity = time.monotonic()
         self.turns = 0
         self.ignored_chunks = 0  # audio that arrived while answering (echo risk)
         self._turn: asyncio.Task[None] | None = None
         self._hear: asyncio.Task[None] | None = None
         self._hear_wanted: tuple[np.ndarray, bool] | None = None  # newest (speech, paused)
         self.recorder: TurnRecorder | None = None
+        self._preparing: asyncio.Task[None] | None = None
+        # An unexpected failure of a turn (a bug) ends the session with it.
+        self._failure: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     async def run(self) -> str:
         """Serve until stop, timeout or disconnect; returns which."""
         reader = asyncio.ensure_future(self._read())
         watchdog = asyncio.ensure_future(self._watchdog())
+        tasks = [reader, watchdog]
         try:
-            done, _ = await asyncio.wait([reader, watchdog], return_when="FIRST_COMPLETED")
-            first = done.pop()
-            reason = first.result()
+            done, _ = await asyncio.wait([*tasks, self._failure], return_when="FIRST_COMPLETED")
+            done.pop().result()  # a task that failed ends the session with its error
         finally:
-            for task in (reader, watchdog):
+            if self._preparing is not None:
+                tasks.append(self._preparing)  # a stop does not wait for a prepare
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(reader, watchdog, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
             try:
                 await self._end_turn()
                 await self._stop_hear()
             finally:
                 if self.recorder is not None:  # after the last turn was recorded
                     await self.recorder.close()
-        if reason == "stopped":
+        ended = self.machine.ended or self.machine.disconnected()
+        if ended.reason == "stopped":
             await self.send(STOPPED)
-        elif reason == "timeout":
-            await self.send(timeout_message(time.monotonic() - self.last_activity))
-        return reason
+        elif ended.reason in ("timeout", "idle"):
+            await self.send(timeout_message(time.monotonic() - self.machine.last_activity))
+        return ended.reason
 
     # --- reading -------------------------------------------------------------
 
-    async def _read(self) -> str:
+    async def _read(self) -> None:
         max_bytes = self.settings.limits.max_message_bytes
         async for raw in self.frames:
             try:
                 message = decode_client_message(raw, client_message, CLIENT_TYPES, max_bytes)
-                if isinstance(message, Stop):
-                    return "stopped"
-                if isinstance(message, Prepare):
-                    await self._prepare(message)
-                elif isinstance(message, AudioChunk):
-                    await self._audio(message)
             except ProtocolError as exc:
                 await self.send(error_message(exc.message, exc.code))
-        return "disconnected"
+                continue
+            if isinstance(message, Stop):  # in every phase, a prepare in flight included
+                self.machine.stop()
+                return
+            if not self.machine.hold(message):
+                await self._handle(message)
+        self.machine.disconnected()
+
+    async def _handle(self, message: Prepare | AudioChunk) -> None:
+        try:
+            if isinstance(message, Prepare):
+                self.machine.prepare()
+                self._preparing = asyncio.ensure_future(self._prepare(message))
+            else:
+                await self._audio(message)
+        except ProtocolError as exc:
+            await self.send(error_message(exc.message, exc.code))
 
     async def _prepare(self, message: Prepare) -> None:
-        if self.phase is not Phase.WAITING_PREPARE:
-            raise ProtocolError(ErrorCode.INVALID_REQUEST, "session is already prepared")
+        """The prepare, as a task of its own: the reader goes on meanwhile
+        (a stop ends the session at once), holding audio until it is done."""
+        try:
+            timeout_s = await self._prepare_session(message)
+        except ProtocolError as exc:
+            await self.send(error_message(exc.message, exc.code))
+            timeout_s = None
+        now = time.monotonic()
+        if timeout_s is None:
+            held = self.machine.prepare_failed()
+        else:
+            held = self.machine.prepared_with(timeout_s, now)
+        for later in held:
+            await self._handle(later)
+
+    async def _prepare_session(self, message: Prepare) -> float | None:
+        """The session's inactivity timeout once it is prepared (``prepared``
+        is sent), or None if the engine failed to prepare it."""
         stored_voice = None
         if message.ref_audio_id and not message.ref_audio_base64:
             data_dir, voice_id = self.settings.data_dir, message.ref_audio_id
@@ -200,16 +225,15 @@ class HalfDuplexRunner(StreamingRunner):
             await self.runtime.step(self.record, self.session.prepare, parts, options)
         except EngineError as exc:
             await self.send(error_message(f"prepare failed: {exc}", ErrorCode.INFERENCE_ERROR))
-            return
-        self.timeout_s = min(config.session.timeout_s, self.settings.limits.max_session_timeout_s)
-        self.phase = Phase.LISTENING
-        self.last_activity = time.monotonic()
+            return None
+        timeout_s = min(config.session.timeout_s, self.settings.limits.max_session_timeout_s)
         self.recorder = self._open_recorder(message)
         recording_id = self.recorder.recording_id if self.recorder is not None else None
         warnings = list(self.session.warnings)  # e.g. a voice it cannot clone
         await self.send(
-            prepared_message(self.record.session_id, self.timeout_s, recording_id, warnings)
+            prepared_message(self.record.session_id, timeout_s, recording_id, warnings)
         )
+        return timeout_s
 
     def _open_recorder(self, message: Prepare) -> TurnRecorder | None:
         """The session id is the client's choice (guessable), so the recording
@@ -235,19 +259,18 @@ class HalfDuplexRunner(StreamingRunner):
         )
 
     async def _audio(self, message: AudioChunk) -> None:
-        if self.phase is Phase.WAITING_PREPARE or self.vad is None:
-            raise ProtocolError(ErrorCode.NOT_READY, "send prepare before audio_chunk")
+        self.machine.require_prepared("audio_chunk")  # else refused, unread
         try:
             samples = pcm_from_b64(message.audio_base64)
         except AudioDecodeError as exc:
             raise ProtocolError(ErrorCode.INVALID_REQUEST, f"audio_base64: {exc}") from None
-        self.last_activity = time.monotonic()
-        if self.phase is Phase.GENERATING:
+        if not self.machine.audio(time.monotonic()):
             # The client should be silent while the answer plays (echo); such
             # audio never reaches the VAD.
             self.ignored_chunks += 1
             return
         vad = self.vad
+        assert vad is not None  # made by the prepare
         for event in vad.feed(samples):  # ~3 ms per 0.5 s of audio: fine on the loop
             if isinstance(event, SpeechStarted):
                 await self.send(vad_state_message(True))
@@ -256,8 +279,9 @@ class HalfDuplexRunner(StreamingRunner):
             elif isinstance(event, SpeechEnded):
                 await self.send(vad_state_message(False))
                 await self.send(generating_message(event.speech_ms))
-                self.phase = Phase.GENERATING
+                self.machine.speech_ended()
                 self._turn = asyncio.ensure_future(self._answer(event.segment, time.time()))
+                self._turn.add_done_callback(self._turn_over)
                 return  # audio after the end of speech belongs to no turn
         if vad.speaking:
             self._want_hear(vad.speech_so_far, vad.paused)
@@ -270,17 +294,26 @@ class HalfDuplexRunner(StreamingRunner):
             self._hear = asyncio.ensure_future(self._hear_loop())
 
     async def _hear_loop(self) -> None:
-        """At most one ``hear`` step in flight; the newest request wins."""
+        """At most one ``hear`` step in flight; the newest request wins. Early
+        work is optional: an engine error in it is logged, and the turn's
+        prefill does the work again."""
         while self._hear_wanted is not None:
             (speech, paused), self._hear_wanted = self._hear_wanted, None
-            await self.runtime.step(self.record, self.session.hear, speech, paused)
+            try:
+                await self.runtime.step(self.record, self.session.hear, speech, paused)
+            except EngineError as exc:
+                log.warning("early hearing of %s failed: %s", self.record.session_id, exc)
 
     async def _stop_hear(self) -> None:
         self._hear_wanted = None
         if self._hear is not None:
-            with contextlib.suppress(Exception):
-                await self._hear
-            self._hear = None
+            hear, self._hear = self._hear, None
+            await hear
+
+    def _turn_over(self, turn: asyncio.Task[None]) -> None:
+        failed = not turn.cancelled() and turn.exception() is not None
+        if failed and not self._failure.done():
+            self._failure.set_exception(turn.exception())  # type: ignore[arg-type]
 
     # --- the answer ----------------------------------------------------------------
 
@@ -316,8 +349,7 @@ class HalfDuplexRunner(StreamingRunner):
         finally:
             if self.vad is not None:
                 self.vad.reset()  # cheap; must happen before audio is fed again
-            self.phase = Phase.LISTENING
-            self.last_activity = time.monotonic()
+            self.machine.answered(time.monotonic())
             if self.recorder is not None:
                 timing.setdefault("total_ms", round((time.perf_counter() - started) * 1000, 1))
                 await self._record_turn(speech, ended_ts, output, timing, status, failure)
@@ -356,17 +388,9 @@ class HalfDuplexRunner(StreamingRunner):
 
     # --- inactivity ------------------------------------------------------------------
 
-    async def _watchdog(self) -> str:
-        """Ends the session after ``timeout_s`` without audio; answering counts
-        as activity (the client is told to be silent meanwhile)."""
-        first_message_timeout = self.settings.limits.first_message_timeout_s
-        while True:
-            limit = (
-                self.timeout_s if self.phase is not Phase.WAITING_PREPARE else first_message_timeout
-            )
-            if self.phase is Phase.GENERATING:
-                self.last_activity = time.monotonic()
-            left = self.last_activity + limit - time.monotonic()
-            if left <= 0:
-                return "timeout"
-            await asyncio.sleep(min(left, 0.5))
+    async def _watchdog(self) -> None:
+        """Ends the session at the machine's deadline: not prepared in time,
+        or ``timeout_s`` without audio (answering counts as activity)."""
+        while self.machine.tick(time.monotonic()) is None:
+            at, _ = self.machine.deadline()
+            await asyncio.sleep(min(max(at - time.monotonic(), 0.0), 0.5))

@@ -1,0 +1,55 @@
+"""The rules of one half-duplex session on the worker, without I/O.
+
+WAITING_PREPARE → PREPARING → ACTIVE (listening) ⇄ ANSWERING → ENDED. The VAD
+hears the end of the user's speech (the runner says so with
+:meth:`HalfDuplexMachine.speech_ended`); while the model answers, audio is not
+heard (the client should be silent then: echo) and the inactivity timeout
+does not run. As in every streaming session, ``stop`` ends it in any phase
+and messages sent during a prepare wait for it.
+"""
+
+from __future__ import annotations
+
+import math
+
+from omnilive.worker.machines.session import Phase, SessionMachine
+
+
+class HalfDuplexMachine(SessionMachine):
+    def __init__(self, first_message_s: float, now: float) -> None:
+        super().__init__(first_message_s, now)
+        self.timeout_s = math.inf  # set by the prepare
+        self.last_activity = now
+
+    def prepared_with(self, timeout_s: float, now: float) -> list:
+        """The session is prepared with its inactivity timeout; returns held messages."""
+        held = self.prepared(now)
+        self.timeout_s = timeout_s
+        self.last_activity = now
+        return held
+
+    def audio(self, now: float) -> bool:
+        """A chunk came: whether the VAD hears it (not while answering)."""
+        self.require_prepared("audio_chunk")
+        self.last_activity = now
+        return self.phase is Phase.ACTIVE
+
+    def speech_ended(self) -> None:
+        """The VAD heard the user stop: the model answers."""
+        self.expect(Phase.ACTIVE, "end of speech")
+        self.phase = Phase.ANSWERING
+
+    def answered(self, now: float) -> None:
+        """The turn is over (done, failed or cut short): listening again."""
+        if self.phase is Phase.ENDED:
+            return
+        self.expect(Phase.ANSWERING, "turn over")
+        self.phase = Phase.ACTIVE
+        self.last_activity = now
+
+    def deadline(self) -> tuple[float, str]:
+        if self.phase in (Phase.WAITING_PREPARE, Phase.PREPARING):
+            return super().deadline()
+        if self.phase is Phase.ANSWERING:
+            return math.inf, "timeout"  # answering counts as activity
+        return self.last_activity + self.timeout_s, "timeout"
