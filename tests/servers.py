@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -19,29 +20,34 @@ from websockets.asyncio.client import connect
 REPO = Path(__file__).resolve().parents[1]
 
 
-def free_port() -> int:
+# Listening ports come from below Linux's ephemeral range (32768-60999 by
+# default), where the kernel also picks the local ports of outgoing
+# connections: a port found free there can be taken by a test's own client
+# socket before the server binds it ("Address already in use").
+PORT_RANGE = (20000, 32000)
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 def free_port_run(n: int) -> int:
-    """A base port with ``n`` consecutive free ports."""
-    for _ in range(200):
-        base = free_port()
-        if base + n > 65000:
-            continue
-        ok = True
-        for port in range(base, base + n):
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", port))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
+    """A base port with ``n`` consecutive free ports, outside the ephemeral range."""
+    low, high = PORT_RANGE
+    for _ in range(500):
+        base = random.randrange(low, high - n)
+        if all(_bindable(port) for port in range(base, base + n)):
             return base
     raise RuntimeError("no free port range")
+
+
+def free_port() -> int:
+    return free_port_run(1)
 
 
 class Server:
