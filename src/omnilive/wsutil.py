@@ -48,10 +48,10 @@ async def race(work: Awaitable[T], watcher: Callable[[], Awaitable[Any]]) -> T:
     try:
         await asyncio.wait([work_task, watch_task], return_when="FIRST_COMPLETED")
     finally:
-        pending = [t for t in (work_task, watch_task) if not t.done()]
-        for task in pending:
+        for task in (work_task, watch_task):
             task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        # Also reads the outcome of a task that ended as this one was cancelled.
+        await asyncio.gather(work_task, watch_task, return_exceptions=True)
     if work_task.done() and not work_task.cancelled():
         return work_task.result()
     if watch_task.done() and not watch_task.cancelled() and watch_task.exception():

@@ -6,13 +6,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from enum import Enum
 
+from starlette.websockets import WebSocket
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosedError, InvalidHandshake, WebSocketException
 
 from omnilive.config import Settings
 from omnilive.gateway.links import CLOSE_TIMEOUT_S, PING_INTERVAL_S, PING_TIMEOUT_S
-from omnilive.gateway.pool import Pool
-from omnilive.gateway.scheduler import Lease, WorkerHealth
+from omnilive.gateway.observe import session_observer
+from omnilive.gateway.scheduler import Lease
 from omnilive.protocol.internal import (
     CLOSE_OK,
     CLOSE_SESSION_FAILED,
@@ -65,27 +66,21 @@ async def open_worker_session(
         await connection.close()
 
 
-def release_lease(pool: Pool, lease: Lease, end: SessionEnd, ok: bool) -> None:
-    """Give a slot back. After a lost session the worker is held out of
-    rotation until it shows it is alive (its next status push, which a live
-    worker sends as the session ends), so that the slot of a dead worker is
-    not handed to the next queued client before the crash is noticed."""
-    worker = pool.scheduler.workers.get(lease.worker_id)
-    if end is SessionEnd.LOST and worker is not None and worker.health is WorkerHealth.READY:
-        pool.set_worker_state(lease.worker_id, WorkerHealth.ERROR)
-    pool.release(lease, ok=ok)
-
-
 async def relay_to_client(
     worker: ClientConnection,
     send_text: Callable[[str], Awaitable[None]],
     observe: Callable[[Envelope], None] | None = None,
+    client: WebSocket | None = None,
 ) -> SessionEnd:
     """Forward every worker message until the worker closes: its envelope to
-    ``observe``, the client's message, untouched, to ``send_text``."""
+    ``observe`` and to the metrics of ``client`` (the client's socket, where
+    there is one), the client's message, untouched, to ``send_text``."""
+    metrics = session_observer(client) if client is not None else None
     try:
         async for frame in worker:
             envelope, payload = Envelope.split(frame if isinstance(frame, str) else frame.decode())
+            if metrics is not None:
+                metrics.relayed(envelope)
             if observe is not None:
                 observe(envelope)
             await send_text(payload)

@@ -8,6 +8,7 @@ from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
+from omnilive.gateway.observe import session_observer
 from omnilive.protocol.common import ErrorCode, error_message
 
 CLOSE_TRY_AGAIN = 1013  # RFC 6455 "try again later": queue full, no workers
@@ -21,7 +22,12 @@ async def until_disconnect(ws: WebSocket) -> None:
 
 
 async def send_json(ws: WebSocket, message: dict[str, Any]) -> None:
+    """Send a message of the gateway's own (not a worker's), and tell the
+    connection's metrics observer."""
     await ws.send_text(json.dumps(message))
+    observer = session_observer(ws)
+    if observer is not None:
+        observer.sent(message)
 
 
 async def fail(ws: WebSocket, message: str, code: ErrorCode, close_code: int = 1000) -> None:

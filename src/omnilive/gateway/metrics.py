@@ -150,8 +150,8 @@ class GatewayMetrics:
         )
         self.relay_latency = HistogramFamily(
             "omnilive_relay_latency_seconds",
-            "From a worker stamping a duplex result (server_send_ts) to the gateway "
-            "handing it to the client's socket.",
+            "From a worker stamping a message (server_send_ts of a duplex result or of a "
+            "Realtime event) to the gateway relaying it to the client.",
             FAST_BUCKETS,
             ("mode",),
         )

@@ -1,29 +1,30 @@
-"""An ASGI middleware that feeds :class:`GatewayMetrics` from the traffic itself.
+"""Metrics from the sessions' traffic: an ASGI middleware, and an observer per
+session connection.
 
-It watches what every session connection sends its client (the messages the
-workers produce, relayed, and the gateway's own), so no route has to report
-anything. It stays cheap on the hot path: the message type is read from the
-first bytes (every server message starts with its ``type``), errors are small
-enough to parse, and a duplex result's timing fields are read from its tail,
-after the audio.
+The middleware counts HTTP responses, accepted sessions and frames in and
+out; it reads no frame. What the frames mean the connection's
+:class:`SessionObserver` learns from typed facts, reported by the code that
+sends them: each message a worker sent for the client, as its
+:class:`~omnilive.protocol.internal.Envelope` (``bridge.relay_to_client``),
+and each message of the gateway's own (``client_ws.send_json``,
+``RealtimeIO.send``). Session code finds the observer with
+:func:`session_observer`.
 """
 
 from __future__ import annotations
 
-import json
-import re
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.websockets import WebSocket
 
 from omnilive.gateway.metrics import GatewayMetrics
+from omnilive.protocol.internal import Envelope
 
-_TYPE = re.compile(r'\{"type": ?"([^"]{1,64})"')
-_FIELD = re.compile(r'"(server_send_ts|wall_clock_ms|dropped_chunks)": ?(-?[0-9.]+)')
-# A result's fields after ``audio_data`` fit in this many characters.
-RESULT_TAIL = 1024
-ERROR_PARSE_MAX = 16_384
+# Where the observer lives: the connection's own state (``scope["state"]``).
+OBSERVER_KEY = "omnilive.session_observer"
 
 _QUEUED = frozenset({"queued", "session.queued"})
 _QUEUE_DONE = frozenset({"queue_done", "session.queue_done"})
@@ -43,43 +44,47 @@ def mode_of(path: str) -> str | None:
     return None
 
 
-def error_code(text: str) -> str:
-    """The code of an error message, in the realtime or the other protocols."""
-    if len(text) > ERROR_PARSE_MAX:
-        return "unknown"
-    try:
-        message = json.loads(text)
-    except ValueError:
-        return "unknown"
-    code = message.get("code")
-    if code is None and isinstance(message.get("error"), dict):
-        code = message["error"].get("code")
-    return str(code or "unknown")
+class SessionObserver:
+    """What one session connection has shown so far, turned into metrics.
 
+    ``clock`` (monotonic) times the queue and the turns; ``wall_clock``
+    (epoch seconds) is compared with the worker's stamp on a message."""
 
-@dataclass
-class _Connection:
-    """What one session connection has shown so far."""
+    def __init__(
+        self,
+        mode: str,
+        metrics: GatewayMetrics,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.mode = mode
+        self.metrics = metrics
+        self.clock = clock
+        self.wall_clock = wall_clock
+        self.queued_at: float | None = None
+        self.waited = False  # the queue wait was recorded
+        self.request_at: float | None = None  # chat: the request arrived
+        self.turn_at: float | None = None  # half-duplex: the answer started (end of speech)
+        self.first_audio = False
+        self.last_unit: int | None = None
 
-    mode: str
-    metrics: GatewayMetrics
-    opened: float
-    queued_at: float | None = None
-    waited: bool = False  # the queue wait was recorded
-    request_at: float | None = None  # chat: the request arrived
-    turn_at: float | None = None  # half-duplex: the answer started (end of speech)
-    first_audio: bool = False
-
-    def incoming(self, now: float) -> None:
-        self.metrics.messages.inc(self.mode, "in")
+    def received(self) -> None:
+        """A frame from the client (a chat request is its first)."""
         if self.mode == "chat" and self.request_at is None:
-            self.request_at = now
+            self.request_at = self.clock()
 
-    def outgoing(self, text: str, now: float) -> None:
-        metrics = self.metrics
-        metrics.messages.inc(self.mode, "out")
-        match = _TYPE.match(text)
-        kind = match.group(1) if match else ""
+    def relayed(self, envelope: Envelope) -> None:
+        """A message a worker sent for this client, read from its envelope."""
+        self._shown(envelope)
+        self._unit(envelope)
+
+    def sent(self, message: dict[str, Any]) -> None:
+        """A message of the gateway's own, sent to this client. Any timings in
+        it are the gateway's, not a worker's: only its type and code count."""
+        self._shown(Envelope.of(message))
+
+    def _shown(self, envelope: Envelope) -> None:
+        metrics, kind, now = self.metrics, envelope.type, self.clock()
         if kind in _QUEUED:
             self.queued_at = now
         elif not self.waited and (kind in _QUEUE_DONE or kind not in (*_QUEUE_TYPES, "error")):
@@ -88,9 +93,7 @@ class _Connection:
             metrics.queue_wait.observe(waited, self.mode)
             self.waited = True
         if kind == "error":
-            metrics.errors.inc(self.mode, error_code(text))
-        elif kind == "result":
-            self._result(text)
+            metrics.errors.inc(self.mode, envelope.code or "unknown")
         elif kind == "chunk":
             start = self.request_at if self.mode == "chat" else self.turn_at
             if start is not None and not self.first_audio:
@@ -104,20 +107,26 @@ class _Connection:
                 metrics.turn_latency.observe(now - start, self.mode, "done")
             self.turn_at = None
 
-    def _result(self, text: str) -> None:
-        fields = dict(_FIELD.findall(text, max(0, len(text) - RESULT_TAIL)))
+    def _unit(self, envelope: Envelope) -> None:
         metrics = self.metrics
-        try:
-            if "server_send_ts" in fields:
-                delay = time.time() - float(fields["server_send_ts"]) / 1000
-                metrics.relay_latency.observe(max(0.0, delay), self.mode)
-            if "wall_clock_ms" in fields:
-                metrics.unit_latency.observe(float(fields["wall_clock_ms"]) / 1000, self.mode)
-            dropped = int(float(fields.get("dropped_chunks", 0)))
-        except ValueError:
-            return
-        if dropped > 0:
-            metrics.dropped_chunks.inc(self.mode, amount=dropped)
+        if envelope.sent_at_ms is not None:
+            delay = self.wall_clock() - envelope.sent_at_ms / 1000
+            metrics.relay_latency.observe(max(0.0, delay), self.mode)
+        if envelope.unit_index is not None:
+            if envelope.unit_index == self.last_unit:
+                return  # the Realtime API's newer dialect repeats a unit's facts per delta
+            self.last_unit = envelope.unit_index
+        if envelope.wall_clock_ms is not None:
+            metrics.unit_latency.observe(envelope.wall_clock_ms / 1000, self.mode)
+        if envelope.dropped_chunks:
+            metrics.dropped_chunks.inc(self.mode, amount=envelope.dropped_chunks)
+
+
+def session_observer(connection: WebSocket) -> SessionObserver | None:
+    """The observer of a session connection; None on other routes (and
+    where the app runs without :class:`ObserveMiddleware`)."""
+    observer = connection.scope.get("state", {}).get(OBSERVER_KEY)
+    return observer if isinstance(observer, SessionObserver) else None
 
 
 class ObserveMiddleware:
@@ -135,22 +144,25 @@ class ObserveMiddleware:
         if mode is None:
             await self.app(scope, receive, send)
             return
-        connection = _Connection(mode, self.metrics, time.monotonic())
+        metrics = self.metrics
+        observer = SessionObserver(mode, metrics)
+        # The server gives each connection its own copy of the state dict.
+        scope.setdefault("state", {})[OBSERVER_KEY] = observer
 
         async def receiving() -> Message:
             message = await receive()
             if message["type"] == "websocket.receive":
-                connection.incoming(time.monotonic())
+                metrics.messages.inc(mode, "in")
+                observer.received()
             return message
 
         async def sending(message: Message) -> None:
             kind = message["type"]
             if kind == "websocket.accept":
-                self.metrics.sessions_opened.inc(mode)
+                metrics.sessions_opened.inc(mode)
             await send(message)
             if kind == "websocket.send" and message.get("text"):
-                # After the send: the relay delay includes handing it to the socket.
-                connection.outgoing(message["text"], time.monotonic())
+                metrics.messages.inc(mode, "out")
 
         await self.app(scope, receiving, sending)
 

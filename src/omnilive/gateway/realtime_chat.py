@@ -18,12 +18,9 @@ from typing import Any
 from fastapi import WebSocket
 
 from omnilive.gateway.bridge import (
-    SessionEnd,
     WorkerConnectError,
-    open_worker_session,
-    relay_to_client,
-    release_lease,
 )
+from omnilive.gateway.lifecycle import Ending
 from omnilive.gateway.realtime_chat_machine import (
     CancelTurn,
     ChatState,
@@ -31,13 +28,13 @@ from omnilive.gateway.realtime_chat_machine import (
     StartTurn,
 )
 from omnilive.gateway.realtime_io import RealtimeIO, SessionDone
-from omnilive.gateway.registry import ActiveSession
 from omnilive.gateway.routes.chat import check_chat
-from omnilive.gateway.scheduler import Lease
+from omnilive.gateway.session_link import SessionLink
 from omnilive.gateway.state import Gateway
 from omnilive.ids import mint_realtime
 from omnilive.protocol.chat import ChatRequest
 from omnilive.protocol.common import ProtocolError
+from omnilive.protocol.internal import Envelope
 from omnilive.protocol.realtime import CloseReason
 
 log = logging.getLogger(__name__)
@@ -49,8 +46,7 @@ class RealtimeChatConnection(RealtimeIO):
         super().__init__(gateway, ws)
         self.machine = RealtimeChatMachine(mint_realtime(), self._check)
         self.limit_s = gateway.settings.realtime.chat_max_s
-        self.lease: Lease | None = None
-        self.last_end = SessionEnd.OK
+        self.link: SessionLink | None = None
         # Turns run one after another, each only once the previous one's
         # worker socket is closed; the machine bounds how many wait.
         self._turns: asyncio.Queue[StartTurn] = asyncio.Queue()
@@ -76,17 +72,16 @@ class RealtimeChatConnection(RealtimeIO):
         else:
             await super().act(action)
 
-    async def serve_leased(self, session: ActiveSession, lease: Lease) -> None:
-        self.lease = lease
+    async def serve_leased(self, link: SessionLink) -> None:
+        self.link = link
         self._quiet_since = time.monotonic()
-        turns = asyncio.ensure_future(self._serve_turns())
+        name = self.machine.session_id
+        turns = asyncio.create_task(self._serve_turns(), name=f"{name}:turns")
         try:
-            await self.while_reading(asyncio.ensure_future(self._watch()))
+            await self.while_reading(asyncio.create_task(self._watch(), name=f"{name}:watch"))
         finally:
             turns.cancel()
             await asyncio.gather(turns, return_exceptions=True)
-            ok = self.last_end in (SessionEnd.OK, SessionEnd.FAILED)
-            release_lease(self.gateway.pool, lease, self.last_end, ok)
 
     async def _serve_turns(self) -> None:
         try:
@@ -107,38 +102,43 @@ class RealtimeChatConnection(RealtimeIO):
             quiet = time.monotonic() - self._quiet_since
             if self.machine.state is ChatState.RESPONDING:
                 self._quiet_since = time.monotonic()
-            elif (self.machine.state is ChatState.CONNECTED and (
-                quiet > settings.limits.first_message_timeout_s
-            )) or quiet > settings.realtime.chat_idle_s:
+            elif (
+                self.machine.state is ChatState.CONNECTED
+                and (quiet > settings.limits.first_message_timeout_s)
+            ) or quiet > settings.realtime.chat_idle_s:
                 await self.end(CloseReason.TIMEOUT)
+                if self.link is not None:
+                    self.link.end(Ending.DONE)
                 return
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._over.wait(), WATCH_INTERVAL_S)
 
     async def _serve_turn(self, start: StartTurn) -> None:
-        assert self.lease is not None
+        link = self.link
+        assert link is not None and link.lease is not None
         settings = self.gateway.settings
 
-        async def to_machine(raw: str) -> None:
+        async def to_machine(_: Envelope, raw: str) -> None:
             await self.apply(self.machine.worker_message(raw))
 
         try:
             async with asyncio.timeout(settings.request_timeout_s):
-                async with open_worker_session(settings, self.lease, "chat") as worker:
+                async with link.worker("chat") as worker:
                     await worker.send(start.request.model_dump_json())
-                    self.last_end = await relay_to_client(worker, to_machine)
+                    ending = await worker.relay(to_machine)
             if self.machine.answering(start.serial):  # it ended without ``done``
-                why = f"worker {self.lease.worker_id} ended the answer: {self.last_end.value}"
+                why = f"worker {link.lease.worker_id} ended the answer: {ending.value}"
                 await self.apply(self.machine.turn_lost(why))
         except WorkerConnectError as exc:
-            self.last_end = SessionEnd.LOST
+            link.end(Ending.WORKER_UNREACHABLE, str(exc))
             await self._finish(self.machine.turn_lost(str(exc)))
         except TimeoutError:
             await self._finish(self.machine.turn_lost("the answer took too long"))
         except SessionDone:
             self._over.set()
-        except Exception:
+        except Exception as exc:  # a bug: logged once, and the session ends
             log.exception("chat turn of %s failed", self.machine.session_id)
+            link.end(Ending.INTERNAL_ERROR, f"internal error: {exc}")
             await self._finish(self.machine.turn_lost("internal error"))
         finally:
             self._quiet_since = time.monotonic()

@@ -12,16 +12,17 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
-import json
 from typing import Any
 
 from fastapi import WebSocket
 from starlette.websockets import WebSocketDisconnect
 
-from omnilive.gateway.client_ws import CLOSE_TRY_AGAIN, close_quietly
+from omnilive.gateway.app_gate import CLOSE_POLICY_VIOLATION
+from omnilive.gateway.client_ws import CLOSE_TRY_AGAIN, close_quietly, send_json
+from omnilive.gateway.lifecycle import Ending
 from omnilive.gateway.realtime_machine import Close, ToClient
 from omnilive.gateway.registry import ActiveSession
-from omnilive.gateway.scheduler import Lease, NoWorkersError, QueueFullError
+from omnilive.gateway.session_link import ServerShutdown, SessionLink, gateway_session
 from omnilive.gateway.state import Gateway
 from omnilive.logs import bind_session
 from omnilive.protocol.realtime import CloseReason, RealtimeErrorCode, error_event
@@ -47,7 +48,7 @@ class RealtimeIO(abc.ABC):
         """The machine's actions for one client frame."""
 
     @abc.abstractmethod
-    async def serve_leased(self, session: ActiveSession, lease: Lease) -> None:
+    async def serve_leased(self, link: SessionLink) -> None:
         """The session once it has its worker."""
 
     async def act(self, action: Any) -> None:
@@ -57,7 +58,7 @@ class RealtimeIO(abc.ABC):
     # --- actions -------------------------------------------------------------------
 
     async def send(self, event: dict[str, Any]) -> None:
-        await self.ws.send_text(json.dumps(event))
+        await send_json(self.ws, event)
 
     async def apply(self, actions: list[Any]) -> None:
         for action in actions:
@@ -79,67 +80,80 @@ class RealtimeIO(abc.ABC):
         with contextlib.suppress(SessionDone, WebSocketDisconnect, OSError, RuntimeError):
             await self.apply(self.machine.end(reason))
 
+    async def tell(self, ending: Ending, detail: str) -> None:
+        """How the Realtime API tells a client that the gateway ended its session."""
+        if ending is Ending.SHUTDOWN:
+            await self.end(CloseReason.SERVER_SHUTDOWN)
+        elif ending in _REFUSALS:
+            await self.refuse(_REFUSALS[ending], detail)
+        elif ending is Ending.APP_DISABLED:
+            await self.send(error_event(RealtimeErrorCode.APP_DISABLED, detail))
+            await close_quietly(self.ws, CLOSE_POLICY_VIOLATION)
+        else:  # lost, cancelled, a bug
+            if self.machine.dialect == "realtime":  # the newer dialect has no error events
+                await self.send(error_event(RealtimeErrorCode.SERVICE_UNAVAILABLE, detail))
+            await self.end(CloseReason.ERROR)
+
     # --- the session ---------------------------------------------------------------------
 
     async def run(self) -> None:
         bind_session(self.machine.session_id)
         session = ActiveSession(self.machine.session_id, self.machine.task_type)
-        self.gateway.sessions.add(session)
-        try:
-            async with asyncio.timeout(self.limit_s):
-                await self._serve(session)
-        except TimeoutError:
-            await self.end(CloseReason.TIMEOUT)
-        except SessionDone:
-            pass
-        except (WebSocketDisconnect, OSError):
-            return
-        finally:
-            self.gateway.sessions.remove(self.machine.session_id)
+        async with gateway_session(self.gateway, session, self.tell, self.ws) as link:
+            try:
+                async with asyncio.timeout(self.limit_s):
+                    await self._serve(link)
+            except TimeoutError:
+                await self.end(CloseReason.TIMEOUT)
+                link.end(Ending.DONE)
+            except SessionDone:  # the machine closed it: the protocol's own end
+                link.end(Ending.DONE)
 
-    async def _serve(self, session: ActiveSession) -> None:
-        pool = self.gateway.pool
-        try:
-            ticket = session.ticket = pool.submit(self.machine.task_type, self.machine.session_id)
-        except QueueFullError as exc:
-            await self.refuse(RealtimeErrorCode.QUEUE_FULL, str(exc))
-            return
-        except NoWorkersError as exc:
-            await self.refuse(RealtimeErrorCode.SERVICE_UNAVAILABLE, str(exc))
+    async def _serve(self, link: SessionLink) -> None:
+        if not link.submit():
             return
 
         async def queue_to_client(message: dict[str, Any]) -> None:
             queued = self.machine.queue_event(message)
             await self.apply(queued if isinstance(queued, list) else [queued])
 
-        waiting = asyncio.ensure_future(pool.acquire(ticket, queue_to_client, always_done=True))
-        lease = await self.while_reading(waiting)
-        if lease is None:
-            return
-        session.lease = lease
-        await self.serve_leased(session, lease)
+        name = self.machine.session_id
+        waiting = asyncio.create_task(
+            link.acquire(queue_to_client, always_done=True), name=f"{name}:queue"
+        )
+        if await self.while_reading(waiting) is not None:
+            await self.serve_leased(link)
 
-    async def while_reading(self, work: asyncio.Future[Any]) -> Any:
-        """Run ``work`` while reading the client (through the machine) and
-        watching for shutdown; returns its result, or None if the session ended."""
-        reader = asyncio.ensure_future(self._read_client())
-        shutdown = asyncio.ensure_future(self.gateway.shutting_down.wait())
+    async def while_reading(self, work: asyncio.Task[Any]) -> Any:
+        """Run ``work`` while reading the client (through the machine); returns
+        its result, or None if the client left first. Raises
+        ``ServerShutdown`` when the gateway starts shutting down meanwhile."""
+        name = self.machine.session_id
+        reader = asyncio.create_task(self._read_client(), name=f"{name}:from-client")
+        shutdown = asyncio.create_task(self.gateway.shutting_down.wait(), name=f"{name}:shutdown")
         try:
-            await asyncio.wait([work, reader, shutdown], return_when="FIRST_COMPLETED")
+            done, _ = await asyncio.wait([work, reader, shutdown], return_when="FIRST_COMPLETED")
         finally:
             for task in (work, reader, shutdown):
-                if not task.done():
-                    task.cancel()
+                task.cancel()
             await asyncio.gather(work, reader, shutdown, return_exceptions=True)
-        if shutdown.done() and not shutdown.cancelled():
-            await self.end(CloseReason.SERVER_SHUTDOWN)
-            return None
-        if reader.done() and not reader.cancelled() and reader.exception():
+        if shutdown in done:
+            raise ServerShutdown()
+        if reader in done and reader.exception():
             raise reader.exception()  # type: ignore[misc]
-        if work.done() and not work.cancelled():
+        if work in done:
             return work.result()
         return None
 
     async def _read_client(self) -> None:
         async for raw in frames_of(self.ws):
             await self.apply(self.client_frame(raw))
+
+
+# Server-side refusals: an error with this code, then close 1013 (try again).
+_REFUSALS = {
+    Ending.QUEUE_FULL: RealtimeErrorCode.QUEUE_FULL,
+    Ending.NO_WORKERS: RealtimeErrorCode.SERVICE_UNAVAILABLE,
+    Ending.WORKER_BUSY: RealtimeErrorCode.WORKER_BUSY,
+    Ending.WORKER_UNREACHABLE: RealtimeErrorCode.WORKER_CONNECT_FAILED,
+}

@@ -11,37 +11,24 @@ worker's events (already in the session's dialect) come back as they are.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from typing import Any, Literal
 
 from fastapi import WebSocket
-from starlette.websockets import WebSocketDisconnect
-from websockets.asyncio.client import ClientConnection
 
-from omnilive.gateway.bridge import (
-    SessionEnd,
-    WorkerConnectError,
-    open_worker_session,
-    relay_to_client,
-    release_lease,
-)
-from omnilive.gateway.realtime_io import RealtimeIO, SessionDone
+from omnilive.gateway.lifecycle import Ending
+from omnilive.gateway.realtime_io import RealtimeIO
 from omnilive.gateway.realtime_machine import Action, RealtimeMachine, ToWorker
 from omnilive.gateway.realtime_v2_machine import RealtimeV2Machine
-from omnilive.gateway.registry import ActiveSession
-from omnilive.gateway.scheduler import Lease
+from omnilive.gateway.session_link import SessionLink, WorkerLink
 from omnilive.gateway.state import Gateway
 from omnilive.ids import mint_realtime
 from omnilive.protocol.internal import Envelope
 from omnilive.protocol.realtime import (
     V1_EVENT_TYPES,
     CloseReason,
-    RealtimeErrorCode,
-    error_event,
 )
 from omnilive.protocol.realtime_v2 import V2_EVENT_TYPES
-from omnilive.recording.recovery import RecordingIdNote, recover_abandoned
 
 
 def event_kind(raw: str | bytes) -> str | None:
@@ -65,7 +52,7 @@ class RealtimeConnection(RealtimeIO):
         )
         self.dialect_known = False
         self.limit_s = limits.video_max_s if mode == "video" else limits.audio_max_s
-        self.worker: ClientConnection | None = None
+        self.worker: WorkerLink | None = None
 
     def client_frame(self, raw: str | bytes) -> list[Action]:
         """Through the machine of the session's dialect, chosen by its first
@@ -84,47 +71,23 @@ class RealtimeConnection(RealtimeIO):
             return
         await super().act(action)
 
-    async def serve_leased(self, session: ActiveSession, lease: Lease) -> None:
-        end = SessionEnd.LOST
-        recording = RecordingIdNote()  # announced in session.created
-        try:
-            async with open_worker_session(self.gateway.settings, lease, lease.request_type) as w:
-                self.worker = w
+    async def serve_leased(self, link: SessionLink) -> None:
+        async with link.worker() as worker:
+            self.worker = worker
+            try:
                 await self.apply(self.machine.attach_worker())
 
-                envelopes: list[Envelope] = []  # the envelope of the message in hand
-
-                def observe(envelope: Envelope) -> None:
-                    recording.note(envelope)
-                    envelopes[:] = [envelope]
-
-                async def to_client(payload: str) -> None:
-                    envelope = envelopes[0]
+                async def to_client(envelope: Envelope, payload: str) -> None:
                     if self.machine.forwards(envelope.type):
                         await self.ws.send_text(payload)
                     await self.apply(self.machine.worker_event(envelope))
 
-                relay = asyncio.ensure_future(relay_to_client(w, to_client, observe))
-                end = await self.while_reading(relay)
-        except WorkerConnectError as exc:
-            await self.refuse(RealtimeErrorCode.WORKER_CONNECT_FAILED, str(exc))
-        except SessionDone:
-            end = SessionEnd.OK
-            raise
-        finally:
-            self.worker = None
-            ok = end in (SessionEnd.OK, SessionEnd.FAILED)
-            release_lease(self.gateway.pool, lease, end, ok)
-        if end is SessionEnd.REFUSED:
-            await self.refuse(RealtimeErrorCode.WORKER_BUSY, f"worker {lease.worker_id} is busy")
-        elif end is SessionEnd.LOST:
-            if self.machine.dialect == "realtime":  # the newer dialect has no error events
-                with contextlib.suppress(WebSocketDisconnect, OSError, RuntimeError):
-                    message = f"worker {lease.worker_id} failed during the session"
-                    await self.send(error_event(RealtimeErrorCode.SERVICE_UNAVAILABLE, message))
-            await self.end(CloseReason.ERROR)
-            if recording.recording_id is not None:  # its writer died with the worker
-                data_dir = self.gateway.settings.data_dir
-                await asyncio.to_thread(recover_abandoned, data_dir, recording.recording_id)
-        elif end is SessionEnd.FAILED:
-            await self.end(CloseReason.ERROR)
+                name = f"{self.machine.session_id}:from-worker"
+                relay = asyncio.create_task(worker.relay(to_client), name=name)
+                ending = await self.while_reading(relay)
+            finally:
+                self.worker = None
+        if ending is not None:  # else the client left
+            link.end(ending)
+            if ending is Ending.FAILED:  # the worker told the client why
+                await self.end(CloseReason.ERROR)

@@ -9,60 +9,64 @@ A graceful shutdown ends each session with ``error{code: server_shutdown}``
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
 
-from starlette.websockets import WebSocket, WebSocketDisconnect
-from websockets.asyncio.client import ClientConnection
+from starlette.websockets import WebSocket
 
 from omnilive.apps import app_of
 from omnilive.config import RequestType
-from omnilive.gateway.app_gate import AppDisabled, refuse, require_enabled
+from omnilive.gateway.app_gate import CLOSE_POLICY_VIOLATION, require_enabled
 from omnilive.gateway.auth import principal_of
-from omnilive.gateway.bridge import (
-    SessionEnd,
-    WorkerConnectError,
-    open_worker_session,
-    relay_to_client,
-    release_lease,
-)
 from omnilive.gateway.client_ws import CLOSE_TRY_AGAIN, close_quietly, fail, send_json
+from omnilive.gateway.lifecycle import Ending
 from omnilive.gateway.limits import check_message
 from omnilive.gateway.registry import ActiveSession
-from omnilive.gateway.scheduler import NoWorkersError, QueueFullError
+from omnilive.gateway.session_link import (
+    SessionLink,
+    Tell,
+    WorkerLink,
+    gateway_session,
+    until_shutdown,
+)
 from omnilive.gateway.state import Gateway
 from omnilive.ids import is_safe_id
 from omnilive.logs import bind_session
 from omnilive.protocol.common import ErrorCode, ProtocolError, error_message
-from omnilive.recording.recovery import RecordingIdNote, recover_abandoned
-from omnilive.wsutil import PeerGone, frames_of, race
+from omnilive.wsutil import frames_of, race
 
 # Validates one client frame; returns the typed message (it has a ``type``).
 Validator = Callable[[str | bytes], Any]
 # Sees every valid client message, e.g. to learn the session's mode from prepare;
 # it may raise AppDisabled to end the session (the message is not forwarded).
 MessageHook = Callable[[ActiveSession, Any], None]
-T = TypeVar("T")
 CLOSE_GOING_AWAY = 1001
-SHUTDOWN_MESSAGE = "the server is shutting down; reconnect shortly"
+
+# How the chat, half-duplex and duplex protocols tell a client that the
+# gateway ended its session: an ``error`` with this code, then this close code.
+_TOLD = {
+    Ending.QUEUE_FULL: (ErrorCode.QUEUE_FULL, CLOSE_TRY_AGAIN),
+    Ending.NO_WORKERS: (ErrorCode.NO_WORKERS, CLOSE_TRY_AGAIN),
+    Ending.CANCELLED: (ErrorCode.CANCELLED, 1000),
+    Ending.APP_DISABLED: (ErrorCode.APP_DISABLED, CLOSE_POLICY_VIOLATION),
+    Ending.SHUTDOWN: (ErrorCode.SERVER_SHUTDOWN, CLOSE_GOING_AWAY),
+    Ending.WORKER_UNREACHABLE: (ErrorCode.WORKER_FAILED, 1000),
+    Ending.WORKER_LOST: (ErrorCode.WORKER_FAILED, 1000),
+    Ending.INTERNAL_ERROR: (ErrorCode.WORKER_FAILED, 1000),
+}
 
 
-class ServerShutdown(Exception):
-    """The gateway began a graceful shutdown while the session was open."""
+def tell_plain(ws: WebSocket) -> Tell:
+    """``tell`` for the chat, half-duplex and duplex protocols. A busy worker
+    already sent the client its error; the socket just closes."""
 
+    async def tell(ending: Ending, detail: str) -> None:
+        if ending in _TOLD:
+            code, close_code = _TOLD[ending]
+            await fail(ws, detail, code, close_code)
+        await close_quietly(ws)
 
-async def until_shutdown(gateway: Gateway, work: Awaitable[T]) -> T:
-    """``work``'s result, or :class:`ServerShutdown` if the gateway starts
-    shutting down first (``work`` is then cancelled)."""
-    try:
-        return await race(work, gateway.shutting_down.wait)
-    except PeerGone:
-        raise ServerShutdown() from None
-
-
-async def tell_shutdown(ws: WebSocket) -> None:
-    await fail(ws, SHUTDOWN_MESSAGE, ErrorCode.SERVER_SHUTDOWN, CLOSE_GOING_AWAY)
+    return tell
 
 
 async def serve_session(
@@ -87,54 +91,45 @@ async def serve_session(
         check_message(message, limits)
         return message
 
-    try:
-        require_enabled(ws, app_of(kind))
-    except AppDisabled as exc:
-        await refuse(ws, exc)
-        return
     session = ActiveSession(session_id, kind, owner=principal_of(ws).key_id)
+
+    def observe(message: Any) -> None:
+        if on_message is not None:
+            on_message(session, message)
+
     try:
-        gateway.sessions.add(session)
-    except ProtocolError as exc:
+        async with gateway_session(gateway, session, tell_plain(ws), ws) as link:
+            require_enabled(ws, app_of(kind))
+            if link.submit():
+                await _serve(link, ws, checked, observe, early_types)
+    except ProtocolError as exc:  # the session id is in use
         await fail(ws, exc.message, exc.code)
         return
-    try:
+    await close_quietly(ws)
 
-        def observe(message: Any) -> None:
-            if on_message is not None:
-                on_message(session, message)
 
-        try:
-            ticket = session.ticket = gateway.pool.submit(kind, session_id)
-        except (QueueFullError, NoWorkersError) as exc:
-            code = ErrorCode.QUEUE_FULL if isinstance(exc, QueueFullError) else ErrorCode.NO_WORKERS
-            await fail(ws, str(exc), code, CLOSE_TRY_AGAIN)
-            return
-        early: list[str | bytes] = []
-        try:
-            lease = await race(
-                gateway.pool.acquire(ticket, lambda m: send_json(ws, m), always_done=True),
-                lambda: until_shutdown(
-                    gateway, _hold_while_queued(ws, checked, observe, early, early_types)
-                ),
-            )
-        except (PeerGone, WebSocketDisconnect, OSError):
-            return
-        except ServerShutdown:
-            await tell_shutdown(ws)
-            return
-        except LookupError:
-            await fail(ws, "removed from the queue by an administrator", ErrorCode.CANCELLED)
-            return
-        except AppDisabled as exc:
-            await refuse(ws, exc)
-            return
-        session.lease = lease
-        if lease.request_type != session.kind:  # a prepare while queued changed it
-            gateway.pool.retype(None, lease, session.kind)
-        await _relay(gateway, ws, session, lease, early, checked, observe)
-    finally:
-        gateway.sessions.remove(session_id)
+async def _serve(
+    link: SessionLink,
+    ws: WebSocket,
+    validate: Validator,
+    observe: Callable[[Any], None],
+    early_types: tuple[str, ...],
+) -> None:
+    early = _Early(early_types)
+
+    async def queue_to_client(message: dict[str, Any]) -> None:
+        early.served = message["type"] == "queue_done"
+        await send_json(ws, message)
+
+    gateway = link.gateway
+    await race(
+        link.acquire(queue_to_client, always_done=True),
+        lambda: until_shutdown(gateway, _hold_while_queued(ws, validate, observe, early)),
+    )
+    async with link.worker() as worker:
+        for raw in early:
+            await worker.send(raw)
+        link.end(await _relay(link, ws, worker, validate, observe))
 
 
 async def _valid_messages(
@@ -152,90 +147,80 @@ async def _valid_messages(
         yield raw, message
 
 
+# Messages kept for the worker between ``queue_done`` and its socket being open.
+MAX_EARLY = 32
+
+
+class _Early:
+    """What a session's client sent before its worker socket was open: the
+    newest early-allowed message (a prepare) while queued, and everything
+    once ``queue_done`` went out (a client may send at once, before the
+    socket to its worker is up)."""
+
+    def __init__(self, types: tuple[str, ...]) -> None:
+        self.types = types
+        self.served = False
+        self.frames: list[str | bytes] = []
+
+    def __iter__(self) -> Iterator[str | bytes]:
+        return iter(self.frames)
+
+
 async def _hold_while_queued(
-    ws: WebSocket,
-    validate: Validator,
-    observe: Callable[[Any], None],
-    early: list[str | bytes],
-    early_types: tuple[str, ...],
+    ws: WebSocket, validate: Validator, observe: Callable[[Any], None], early: _Early
 ) -> None:
-    """While queued: keep the newest early message (a prepare sent before
-    ``queue_done``) for the worker; refuse everything else with ``not_ready``."""
+    """While queued: keep the newest early message for the worker and refuse
+    everything else with ``not_ready``; once served, keep everything."""
     async for raw, message in _valid_messages(ws, validate):
-        if message.type in early_types:
+        if early.served:
             observe(message)
-            early[:] = [raw]
+            early.frames = [*early.frames, raw][-MAX_EARLY:]
+        elif message.type in early.types:
+            observe(message)
+            early.frames = [raw]
         else:
             await send_json(ws, error_message("wait for queue_done", ErrorCode.NOT_READY))
 
 
 async def _forward_client(
-    ws: WebSocket, worker: ClientConnection, validate: Validator, observe: Callable[[Any], None]
+    ws: WebSocket, worker: WorkerLink, validate: Validator, observe: Callable[[Any], None]
 ) -> None:
     async for raw, message in _valid_messages(ws, validate):
-        observe(message)
+        observe(message)  # may raise AppDisabled: the session ends
         await worker.send(raw)
 
 
 async def _relay(
-    gateway: Gateway,
+    link: SessionLink,
     ws: WebSocket,
-    session: ActiveSession,
-    lease: Any,
-    early: list[str | bytes],
+    worker: WorkerLink,
     validate: Validator,
     observe: Callable[[Any], None],
-) -> None:
-    end = SessionEnd.LOST
-    refused: AppDisabled | None = None
-    recording = RecordingIdNote()  # the worker announces the id in ``prepared``
+) -> Ending:
+    """Both ways until the worker ends the session (how it did), the client
+    leaves, or the server shuts down (both end it here, and the worker,
+    seeing its socket close, finalizes its recording)."""
+
+    async def to_client(_: Any, payload: str) -> None:
+        await ws.send_text(payload)
+
+    async def from_client() -> Ending:
+        await until_shutdown(link.gateway, _forward_client(ws, worker, validate, observe))
+        return Ending.CLIENT_LEFT
+
+    name = link.session.session_id
+    down = asyncio.create_task(worker.relay(to_client), name=f"{name}:from-worker")
+    up = asyncio.create_task(from_client(), name=f"{name}:from-client")
     try:
-        async with open_worker_session(gateway.settings, lease, session.kind) as worker:
-            session.worker = worker
-            for raw in early:
-                await worker.send(raw)
-            down = asyncio.ensure_future(relay_to_client(worker, ws.send_text, recording.note))
-            up = asyncio.ensure_future(_forward_client(ws, worker, validate, observe))
-            stop = asyncio.ensure_future(gateway.shutting_down.wait())
-            try:
-                await asyncio.wait([down, up, stop], return_when="FIRST_COMPLETED")
-            finally:
-                up.cancel()
-                stop.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await up
-                with contextlib.suppress(asyncio.CancelledError):
-                    await stop
-            if up.done() and not up.cancelled() and isinstance(up.exception(), AppDisabled):
-                refused = up.exception()  # type: ignore[assignment]
-            if not down.done():
-                # The client left, or the server is going away: closing the
-                # worker socket ends its runner, which finalizes the recording.
-                if gateway.shutting_down.is_set():
-                    await tell_shutdown(ws)
-                await worker.close()
-                down.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await down
-                end = SessionEnd.OK
-            else:
-                end = down.result()
-    except WorkerConnectError as exc:
-        await fail(ws, str(exc), ErrorCode.WORKER_FAILED)
-    except (WebSocketDisconnect, OSError):
-        end = SessionEnd.OK
+        done, _ = await asyncio.wait([down, up], return_when="FIRST_COMPLETED")
     finally:
-        session.worker = None
-        release_lease(gateway.pool, lease, end, ok=end is not SessionEnd.LOST)
-    if end is SessionEnd.LOST:
-        await fail(
-            ws, f"worker {lease.worker_id} failed during the session", ErrorCode.WORKER_FAILED
-        )
-        if recording.recording_id is not None:  # its writer died with the worker
-            await asyncio.to_thread(
-                recover_abandoned, gateway.settings.data_dir, recording.recording_id
-            )
-    elif refused is not None:
-        await refuse(ws, refused)
-    else:
-        await close_quietly(ws)
+        for task in (up, down):
+            task.cancel()
+        await asyncio.gather(up, down, return_exceptions=True)
+    if down in done:
+        return down.result()
+    # The client left, or its side ended the session (AppDisabled,
+    # ServerShutdown, raised here); closing the socket tells the worker,
+    # which then finalizes its recording.
+    await worker.close()
+    return up.result()

@@ -77,27 +77,45 @@ class LoadReport:
 class Envelope:
     """What the gateway reads of a message the worker sends its client.
 
-    On the wire: this as compact JSON on one line, a newline, then the message
-    as the client gets it (JSON escapes every newline inside a string, so the
-    first newline ends the header)."""
+    On the wire: this as compact JSON on one line (fields that are None left
+    out), a newline, then the message as the client gets it (JSON escapes
+    every newline inside a string, so the first newline ends the header).
+
+    A duplex unit's facts are read wherever the message's dialect keeps them:
+    a ``/ws/duplex`` ``result`` at its top level; the Realtime API's older
+    dialect has only ``end_of_turn``, on its audio deltas; the newer one keeps
+    them under ``metrics``, stamps every event in seconds, repeats a unit's
+    facts on each of its deltas and ends a turn with a ``listen`` delta that
+    names the response."""
 
     type: str
     recording_id: str | None = None  # the recording the session writes (once announced)
     reason: str | None = None  # why a session ended (``session.closed``, ``timeout``)
     error: str | None = None  # an ``error`` message's text
+    code: str | None = None  # an ``error`` message's code
+    sent_at_ms: float | None = None  # the worker's clock as it sent the message (epoch ms)
+    wall_clock_ms: float | None = None  # a unit's time from its chunk arriving to being sent
+    dropped_chunks: int | None = None  # input chunks dropped before the unit's
+    unit_index: int | None = None  # the unit the facts above are of
+    end_of_turn: bool | None = None  # the model's turn ended with this message
 
     @classmethod
     def of(cls, message: dict[str, Any]) -> Envelope:
         kind = str(message.get("type", ""))
-        recording = message.get("recording_session_id")
-        error = message.get("error")
+        text: str | None = None
+        code: Any = None
+        if kind == "error":  # the Realtime API nests what the other protocols do not
+            error = message.get("error")
+            nested = isinstance(error, dict)
+            text = str(error.get("message") if nested else error)
+            code = message.get("code") or (error.get("code") if nested else None)
         return cls(
             type=kind,
-            recording_id=recording if isinstance(recording, str) else None,
-            reason=message.get("reason") if isinstance(message.get("reason"), str) else None,
-            error=str(error.get("message") if isinstance(error, dict) else error)
-            if kind == "error"
-            else None,
+            recording_id=_text(message.get("recording_session_id")),
+            reason=_text(message.get("reason")),
+            error=text,
+            code=str(code) if code else None,
+            **_unit_facts(kind, message),
         )
 
     @staticmethod
@@ -111,3 +129,39 @@ class Envelope:
         """The header and the client's message of a worker frame."""
         header, _, payload = frame.partition("\n")
         return cls(**json.loads(header)), payload
+
+
+def _unit_facts(kind: str, message: dict[str, Any]) -> dict[str, Any]:
+    """The unit fields of :class:`Envelope`, as each dialect writes them."""
+    if kind == "result":  # /ws/duplex
+        sent = _number(message.get("server_send_ts"))  # already in ms
+        facts, unit = message, message.get("unit_index")
+    else:  # the Realtime API
+        seconds = _number(message.get("server_send_ts"))
+        sent = round(seconds * 1000, 1) if seconds is not None else None
+        metrics = message.get("metrics")
+        facts, unit = metrics if isinstance(metrics, dict) else {}, message.get("chunk_index")
+    end = message.get("end_of_turn")
+    if kind == "response.output.delta" and message.get("kind") == "listen":
+        end = message.get("response_id") is not None
+    return {
+        "sent_at_ms": sent,
+        "wall_clock_ms": _number(facts.get("wall_clock_ms")),
+        "dropped_chunks": _count(facts.get("dropped_chunks")),
+        "unit_index": _count(unit),
+        "end_of_turn": end if isinstance(end, bool) else None,
+    }
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return value
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

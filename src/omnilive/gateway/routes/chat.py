@@ -3,38 +3,28 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
-from collections.abc import Iterator
 from typing import Any
 
 from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
-from starlette.background import BackgroundTask
 from starlette.websockets import WebSocketDisconnect
 
 from omnilive.audio import OUTPUT_RATE
 from omnilive.gateway.app_gate import AppDisabled, refuse, require_enabled
-from omnilive.gateway.bridge import (
-    SessionEnd,
-    WorkerConnectError,
-    open_worker_session,
-    relay_to_client,
-    release_lease,
-)
 from omnilive.gateway.client_ws import (
-    CLOSE_TRY_AGAIN,
     close_quietly,
     fail,
     send_json,
     until_disconnect,
 )
 from omnilive.gateway.http_errors import error_body
+from omnilive.gateway.lifecycle import Ending
 from omnilive.gateway.registry import ActiveSession
-from omnilive.gateway.scheduler import NoWorkersError, QueueFullError, Ticket
-from omnilive.gateway.sessions import ServerShutdown, tell_shutdown, until_shutdown
+from omnilive.gateway.session_link import SessionLink, gateway_session, until_shutdown
+from omnilive.gateway.sessions import tell_plain
 from omnilive.gateway.state import Gateway, gateway_of
 from omnilive.ids import mint
 from omnilive.logs import bind_session
@@ -45,8 +35,8 @@ from omnilive.protocol.common import (
     describe_validation_error,
     parse_json_object,
 )
-from omnilive.recording.recovery import recover_abandoned
-from omnilive.wsutil import PeerGone, race, receive_frame
+from omnilive.protocol.internal import Envelope
+from omnilive.wsutil import race, receive_frame
 
 router = APIRouter()
 
@@ -93,27 +83,12 @@ def check_chat(gateway: Gateway, data: dict[str, Any]) -> ChatRequest:
     return request
 
 
-def submit(gateway: Gateway, session_id: str) -> Ticket:
-    """Queue a chat request; raises ProtocolError when it cannot even wait."""
-    try:
-        return gateway.pool.submit("chat", session_id)
-    except QueueFullError as exc:
-        raise ProtocolError(ErrorCode.QUEUE_FULL, str(exc)) from None
-    except NoWorkersError as exc:
-        raise ProtocolError(ErrorCode.NO_WORKERS, str(exc)) from None
-
-
-@contextlib.contextmanager
-def _registered_chat(gateway: Gateway) -> Iterator[str]:
-    """A new chat id, registered like every session while the request lasts:
-    shutdown waits for it, metrics count it."""
+def _chat_session(connection: Request | WebSocket) -> ActiveSession:
+    """A new chat id, as a session: shutdown waits for it, metrics count it.
+    It doubles as the recording id (``recording_session_id`` of ``done``)."""
     session_id = mint("chat")
     bind_session(session_id)
-    gateway.sessions.add(ActiveSession(session_id, "chat"))
-    try:
-        yield session_id
-    finally:
-        gateway.sessions.remove(session_id)
+    return ActiveSession(session_id, "chat")
 
 
 @router.websocket("/ws/chat")
@@ -134,53 +109,30 @@ async def chat_ws(ws: WebSocket) -> None:
         return
     except WebSocketDisconnect:
         return
-    with _registered_chat(gateway) as session_id:
-        try:
-            request = validate_chat(gateway, raw)
-            ticket = submit(gateway, session_id)
-        except ProtocolError as exc:
-            full = exc.code in (ErrorCode.QUEUE_FULL, ErrorCode.NO_WORKERS)
-            await fail(ws, exc.message, exc.code, CLOSE_TRY_AGAIN if full else 1000)
-            return
-        try:
+    try:
+        request = validate_chat(gateway, raw)
+    except ProtocolError as exc:
+        await fail(ws, exc.message, exc.code)
+        return
+    session = _chat_session(ws)
+    async with gateway_session(gateway, session, tell_plain(ws), ws) as link:
+        link.lifecycle.note_recording(session.session_id)
+        if link.submit():
             await race(
-                _serve_chat_ws(gateway, ws, ticket, request),
+                _serve_chat_ws(link, ws, request),
                 lambda: until_shutdown(gateway, until_disconnect(ws)),
             )
-        except (PeerGone, WebSocketDisconnect, OSError):
-            return  # the client left; the ticket or lease was given back on the way out
-        except ServerShutdown:
-            await tell_shutdown(ws)  # the worker keeps what was generated (interrupted)
-            return
-        except LookupError:
-            await fail(ws, "removed from the queue by an administrator", ErrorCode.CANCELLED)
-            return
-        await close_quietly(ws)
+    await close_quietly(ws)
 
 
-async def _serve_chat_ws(
-    gateway: Gateway, ws: WebSocket, ticket: Ticket, request: ChatRequest
-) -> None:
-    lease = await gateway.pool.acquire(ticket, lambda m: send_json(ws, m))
-    end = SessionEnd.LOST
-    try:
-        async with open_worker_session(gateway.settings, lease, "chat") as worker:
-            await worker.send(request.model_dump_json())
-            end = await relay_to_client(worker, ws.send_text)
-    except WorkerConnectError as exc:
-        await fail(ws, str(exc), ErrorCode.WORKER_FAILED)
-    except asyncio.CancelledError:
-        end = SessionEnd.FAILED  # the client left: not a sign of a dead worker
-        raise
-    finally:
-        release_lease(gateway.pool, lease, end, ok=end is SessionEnd.OK)
-    if end is SessionEnd.LOST:
-        # The chat id is the recording id; its writer died with the worker. Closed
-        # before the client is told: once it leaves, this task is cancelled.
-        await asyncio.to_thread(recover_abandoned, gateway.settings.data_dir, lease.session_id)
-        await fail(
-            ws, f"worker {lease.worker_id} failed during the request", ErrorCode.WORKER_FAILED
-        )
+async def _serve_chat_ws(link: SessionLink, ws: WebSocket, request: ChatRequest) -> None:
+    async def to_client(_: Envelope, payload: str) -> None:
+        await ws.send_text(payload)
+
+    await link.acquire(lambda m: send_json(ws, m))
+    async with link.worker() as worker:
+        await worker.send(request.model_dump_json())
+        link.end(await worker.relay(to_client))
 
 
 def _error_response(status: int, message: str, code: ErrorCode | str) -> JSONResponse:
@@ -216,6 +168,28 @@ async def _until_http_disconnect(request: Request) -> None:
         pass
 
 
+# The HTTP status of a chat request the gateway ended.
+_HTTP_STATUS = {
+    Ending.QUEUE_FULL: 503,
+    Ending.NO_WORKERS: 503,
+    Ending.SHUTDOWN: 503,
+    Ending.CANCELLED: 409,
+    Ending.APP_DISABLED: 403,
+    Ending.WORKER_BUSY: 502,
+    Ending.WORKER_UNREACHABLE: 502,
+    Ending.WORKER_LOST: 502,
+    Ending.INTERNAL_ERROR: 502,
+}
+# Its error code where it is not the ending's own name.
+_HTTP_CODE = {
+    Ending.SHUTDOWN: ErrorCode.SERVER_SHUTDOWN,
+    Ending.WORKER_BUSY: ErrorCode.WORKER_FAILED,
+    Ending.WORKER_UNREACHABLE: ErrorCode.WORKER_FAILED,
+    Ending.WORKER_LOST: ErrorCode.WORKER_FAILED,
+    Ending.INTERNAL_ERROR: ErrorCode.WORKER_FAILED,
+}
+
+
 @router.post("/api/chat")
 async def chat_http(request: Request) -> JSONResponse:
     """Non-streaming chat: waits in the queue, answers with the whole result."""
@@ -228,28 +202,28 @@ async def chat_http(request: Request) -> JSONResponse:
     body = await _read_capped(request, limit)
     if body is None:
         return _error_response(413, f"body exceeds {limit} bytes", "payload_too_large")
-    with _registered_chat(gateway) as session_id:
-        try:
-            chat = validate_chat(gateway, body)
-            ticket = submit(gateway, session_id)
-        except ProtocolError as exc:
-            status = {
-                ErrorCode.QUEUE_FULL: 503,
-                ErrorCode.NO_WORKERS: 503,
-                ErrorCode.PAYLOAD_TOO_LARGE: 413,
-            }.get(exc.code, 400)
-            return _error_response(status, exc.message, exc.code)
-        try:
-            work = _serve_chat_http(gateway, ticket, chat)
-            return await race(
-                work, lambda: until_shutdown(gateway, _until_http_disconnect(request))
+    try:
+        chat = validate_chat(gateway, body)
+    except ProtocolError as exc:
+        status = 413 if exc.code is ErrorCode.PAYLOAD_TOO_LARGE else 400
+        return _error_response(status, exc.message, exc.code)
+    answer: list[JSONResponse] = []
+
+    async def tell(ending: Ending, detail: str) -> None:
+        code = _HTTP_CODE.get(ending, ending.value)
+        answer.append(_error_response(_HTTP_STATUS[ending], detail, code))
+
+    session = _chat_session(request)
+    async with gateway_session(gateway, session, tell) as link:
+        link.lifecycle.note_recording(session.session_id)
+        if link.submit():
+            work = _serve_chat_http(link, chat)
+            answer.append(
+                await race(work, lambda: until_shutdown(gateway, _until_http_disconnect(request)))
             )
-        except PeerGone:
-            return _error_response(499, "client disconnected", "client_closed")
-        except ServerShutdown:
-            return _error_response(503, "the server is shutting down", ErrorCode.SERVER_SHUTDOWN)
-        except LookupError:
-            return _error_response(409, "removed from the queue by an administrator", "cancelled")
+    if link.ending is Ending.CLIENT_LEFT and not answer:
+        return _error_response(499, "client disconnected", "client_closed")
+    return answer[0]
 
 
 async def _read_capped(request: Request, limit: int) -> bytes | None:
@@ -267,40 +241,31 @@ async def _read_capped(request: Request, limit: int) -> bytes | None:
     return b"".join(parts)
 
 
-async def _serve_chat_http(gateway: Gateway, ticket: Ticket, chat: ChatRequest) -> JSONResponse:
+async def _serve_chat_http(link: SessionLink, chat: ChatRequest) -> JSONResponse:
     queued_at = time.perf_counter()
 
     async def ignore(_: dict[str, Any]) -> None:
         return None
 
-    estimated_wait_s = gateway.pool.scheduler.estimates().get(ticket.ticket_id, 0.0)
-    lease = await gateway.pool.acquire(ticket, ignore)
+    assert link.ticket is not None
+    estimated_wait_s = link.gateway.pool.scheduler.estimates().get(link.ticket.ticket_id, 0.0)
+    await link.acquire(ignore)
     queue_wait_ms = (time.perf_counter() - queued_at) * 1000
     messages: list[dict[str, Any]] = []
 
-    async def collect(text: str) -> None:
+    async def collect(_: Envelope, text: str) -> None:
         messages.append(json.loads(text))
 
-    end = SessionEnd.LOST
-    try:
-        async with open_worker_session(gateway.settings, lease, "chat") as worker:
-            await worker.send(chat.model_copy(update={"streaming": False}).model_dump_json())
-            end = await relay_to_client(worker, collect)
-    except WorkerConnectError as exc:
-        return _error_response(502, str(exc), ErrorCode.WORKER_FAILED)
-    except asyncio.CancelledError:
-        end = SessionEnd.FAILED  # the client left: not a sign of a dead worker
-        raise
-    finally:
-        release_lease(gateway.pool, lease, end, ok=end is SessionEnd.OK)
+    async with link.worker() as worker:
+        await worker.send(chat.model_copy(update={"streaming": False}).model_dump_json())
+        ending = await worker.relay(collect)
+    link.end(ending)
     final = messages[-1] if messages else {}
-    if end is SessionEnd.OK and final.get("type") == "done":
+    if ending is Ending.DONE and final.get("type") == "done":
         return JSONResponse(_answer(final, queue_wait_ms, estimated_wait_s))
     if final.get("type") == "error":
         status = 422 if final.get("code") in ("unsupported_capability", "invalid_request") else 502
         return _error_response(status, final["error"], final.get("code", "inference_error"))
-    response = _error_response(502, f"worker {lease.worker_id} failed", ErrorCode.WORKER_FAILED)
-    if end is SessionEnd.LOST:  # close the dead worker's recording once the client has its answer
-        data_dir = gateway.settings.data_dir
-        response.background = BackgroundTask(recover_abandoned, data_dir, lease.session_id)
-    return response
+    # Lost: the gateway's answer (its tell) says so; anything else is the worker's failure.
+    worker_id = link.lease.worker_id if link.lease is not None else "?"
+    return _error_response(502, f"worker {worker_id} failed", ErrorCode.WORKER_FAILED)

@@ -7,12 +7,10 @@ the rules in their machines.
 
 from __future__ import annotations
 
-import json
-
 from fastapi import APIRouter, WebSocket
 
 from omnilive.gateway.app_gate import CLOSE_POLICY_VIOLATION, AppDisabled, require_enabled
-from omnilive.gateway.client_ws import close_quietly
+from omnilive.gateway.client_ws import close_quietly, send_json
 from omnilive.gateway.realtime_chat import RealtimeChatConnection
 from omnilive.gateway.realtime_session import RealtimeConnection
 from omnilive.gateway.state import gateway_of
@@ -28,13 +26,13 @@ async def realtime_ws(ws: WebSocket, mode: str = "video") -> None:
     await ws.accept()
     if mode not in ("video", "audio", "chat"):
         message = "mode must be video, audio or chat"
-        await ws.send_text(json.dumps(error_event(RealtimeErrorCode.INVALID_PAYLOAD, message)))
+        await send_json(ws, error_event(RealtimeErrorCode.INVALID_PAYLOAD, message))
         await close_quietly(ws, 1008)
         return
     try:
         require_enabled(ws, "realtime")
     except AppDisabled as exc:
-        await ws.send_text(json.dumps(error_event(RealtimeErrorCode.APP_DISABLED, exc.message)))
+        await send_json(ws, error_event(RealtimeErrorCode.APP_DISABLED, exc.message))
         await close_quietly(ws, CLOSE_POLICY_VIOLATION)
         return
     if mode == "chat":
