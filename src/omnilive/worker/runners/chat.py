@@ -1,30 +1,31 @@
-"""Turn-based chat on the worker: prefill all messages, stream the answer."""
+"""Turn-based chat on the worker: prefill all messages, stream the answer.
+
+The rules are :class:`~omnilive.worker.machines.chat.ChatMachine`'s; this
+runner does the I/O: the decode and the engine's steps (their results, and
+their failures, become the machine's events), the sends and the recording.
+"""
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
+from dataclasses import dataclass, field
 
-import numpy as np
-
-from omnilive.audio import pcm_to_b64
 from omnilive.config import Settings
 from omnilive.engines.base import ChatMessage, EngineError, modalities_of
-from omnilive.protocol.chat import ChatRequest, chunk_message, done_message, prefill_done_message
-from omnilive.protocol.common import ErrorCode, error_message
+from omnilive.protocol.chat import ChatRequest
 from omnilive.protocol.internal import Envelope
-from omnilive.recording.turns import (
-    TurnInput,
-    TurnOutput,
-    TurnRecorder,
-    TurnStatus,
-)
+from omnilive.recording.turns import TurnInput, TurnRecorder
 from omnilive.worker.decode import DecodeError, decode_chat
+from omnilive.worker.machines import chat as rules
 from omnilive.worker.runtime import SessionRecord, WorkerRuntime
 
 Send = Callable[[str], Awaitable[None]]
 TITLE_CHARS = 80
+
+log = logging.getLogger(__name__)
 
 
 def _title(messages: list[ChatMessage]) -> str:
@@ -65,79 +66,108 @@ async def run_chat(
     """Serve one chat request; returns True when it completed with ``done``.
     With ``settings`` the request is recorded (unless recording is off or the
     request opted out)."""
-
-    async def send_json(message: dict[str, Any]) -> None:
-        await send(Envelope.frame(message))
-
-    started = time.perf_counter()
-    request_ts = time.time()
-    engine = runtime.engine
+    run = _ChatRun(runtime, record, request, send, settings)
     try:
-        data_dir = settings.data_dir if settings is not None else None
-        messages, options = await runtime.step(record, decode_chat, request, data_dir)
-        engine.require(modalities_of(messages))
-    except (DecodeError, EngineError) as exc:
-        code = ErrorCode.UNSUPPORTED if isinstance(exc, EngineError) else ErrorCode.INVALID_REQUEST
-        await send_json(error_message(str(exc), code))
-        return False
-
-    recorder = _open_recorder(settings, runtime, record.session_id, request, messages)
-    output = TurnOutput()
-    timings: dict[str, float] = {}
-    status: TurnStatus = "interrupted"  # until it completes or fails
-    failure: str | None = None
-    session = engine.open_chat()
-    record.closer = session.close  # the lane's last step
-    audio_parts: list[np.ndarray] = []
-    generated_tokens = 0
-    warnings: list[str] = []
-    try:
-        try:
-            input_tokens = await runtime.step(record, session.prefill, messages, options)
-            timings["prefill_ms"] = round((time.perf_counter() - started) * 1000, 1)
-            await send_json(prefill_done_message(input_tokens))
-            async for chunk in runtime.stream(record, session.generate):
-                timings.setdefault("first_chunk_ms", (time.perf_counter() - started) * 1000)
-                generated_tokens += chunk.n_tokens
-                if chunk.audio is not None and chunk.audio.size:
-                    audio_parts.append(chunk.audio)
-                if request.streaming:
-                    audio = pcm_to_b64(chunk.audio) if chunk.audio is not None else None
-                    await send_json(chunk_message(chunk.text, audio))
-                # Non-streaming audio reaches the client with ``done``, below.
-                output.add(chunk.text, chunk.audio if request.streaming else None, time.time())
-        except EngineError as exc:
-            status, failure = "failed", str(exc)
-            await send_json(error_message(f"inference failed: {exc}", ErrorCode.INFERENCE_ERROR))
-            return False
-        finally:
-            warnings = list(session.warnings)  # e.g. a voice it could not clone
-
-        total_ms = (time.perf_counter() - started) * 1000
-        prefill_ms = timings["prefill_ms"]
-        timings.update(
-            first_chunk_ms=round(timings.get("first_chunk_ms", total_ms), 1),
-            generate_ms=round(total_ms - prefill_ms, 1),
-            total_ms=round(total_ms, 1),
-        )
-        # Streaming clients already received every audio segment in the chunks.
-        full_audio = None
-        if not request.streaming and audio_parts:
-            joined = np.concatenate(audio_parts)
-            full_audio = pcm_to_b64(joined)
-            output.audio.append((time.time(), joined))
-        text = "".join(output.text)
-        recording_id = recorder.recording_id if recorder is not None else None
-        await send_json(
-            done_message(
-                text, generated_tokens, input_tokens, full_audio, recording_id, timings, warnings
-            )
-        )
-        status = "done"
-        return True
+        await run.serve()
     finally:
-        if recorder is not None:
-            # Also on cancellation (client gone): what was produced is kept.
-            source = TurnInput(messages=messages)
-            await recorder.turn(request_ts, source, output, timings, status, failure)
-            await recorder.close()
+        if run.recorder is not None:
+            await run.recorder.close()
+    return run.machine.state is rules.ChatState.DONE
+
+
+@dataclass
+class _ChatRun:
+    """One request's I/O around its machine."""
+
+    runtime: WorkerRuntime
+    record: SessionRecord
+    request: ChatRequest
+    send: Send
+    settings: Settings | None
+    machine: rules.ChatMachine = field(init=False)
+    messages: list[ChatMessage] = field(default_factory=list)
+    recorder: TurnRecorder | None = None
+
+    def __post_init__(self) -> None:
+        started, request_ts = time.perf_counter(), time.time()
+        self.machine = rules.ChatMachine(self.request.streaming, started, request_ts)
+
+    async def serve(self) -> None:
+        machine = self.machine
+        try:
+            async with aclosing(self._events()) as events:
+                async for event in events:
+                    await self._do(machine.handle(event))
+            if machine.state is rules.ChatState.FINISHING:
+                await self._do(machine.handle(rules.DoneSent()))
+        except BaseException:
+            # Cancelled (the client left) or a send failed: what was produced
+            # is recorded as interrupted. (So is a bug outside the engine's
+            # steps, which the worker's session handler reports.)
+            if not machine.ended:
+                await self._do(machine.handle(rules.ClientGone()))
+            raise
+
+    async def _events(self) -> AsyncIterator[rules.Event]:
+        """What the decode and the engine's steps produce, as the machine's
+        events. Their failures are events too, so what raises out of here is
+        cancellation alone."""
+        runtime, record, request = self.runtime, self.record, self.request
+        try:
+            data_dir = self.settings.data_dir if self.settings is not None else None
+            messages, options = await runtime.step(record, decode_chat, request, data_dir)
+            runtime.engine.require(modalities_of(messages))
+        except DecodeError as exc:
+            yield rules.DecodeFailed(str(exc))
+            return
+        except EngineError as exc:
+            yield rules.Unsupported(str(exc))
+            return
+        except Exception as exc:
+            yield self._unexpected(exc)
+            return
+        self.messages = messages
+        yield rules.Decoded()
+        recorder = _open_recorder(self.settings, runtime, record.session_id, request, messages)
+        self.recorder = recorder
+        yield rules.PrefillStarted(recorder.recording_id if recorder is not None else None)
+        try:
+            session = runtime.engine.open_chat()
+            record.closer = session.close  # the lane's last step
+            input_tokens = await runtime.step(record, session.prefill, messages, options)
+            yield rules.Prefilled(input_tokens, time.perf_counter())
+            # Closed when the run leaves early, so the engine stops producing.
+            async with aclosing(runtime.stream(record, session.generate)) as chunks:
+                async for chunk in chunks:
+                    now, wall = time.perf_counter(), time.time()
+                    yield rules.Chunk(chunk.text, chunk.audio, chunk.n_tokens, now, wall)
+            yield rules.Generated(session.warnings, time.perf_counter(), time.time())
+        except EngineError as exc:
+            yield rules.GenerationFailed(str(exc))
+        except Exception as exc:
+            yield self._unexpected(exc)
+
+    def _unexpected(self, exc: Exception) -> rules.UnexpectedError:
+        # Logged here, once: the client gets an ``error`` and the worker goes on.
+        log.exception("chat %s failed", self.record.session_id)
+        return rules.UnexpectedError(str(exc))
+
+    async def _do(self, actions: list[rules.Action]) -> None:
+        """Send what goes to the client, in order. The recording gets its turn
+        even when a send fails (the client is gone): what it saw is kept."""
+        try:
+            for action in actions:
+                if isinstance(action, rules.ToClient):
+                    await self.send(Envelope.frame(action.message))
+        finally:
+            for action in actions:
+                if isinstance(action, rules.Record) and self.recorder is not None:
+                    source = TurnInput(messages=self.messages)
+                    await self.recorder.turn(
+                        action.request_ts,
+                        source,
+                        action.output,
+                        action.timings,
+                        action.status,
+                        action.error,
+                    )
