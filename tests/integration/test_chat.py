@@ -104,7 +104,9 @@ async def test_client_that_disconnects_while_queued_is_removed(server: Server):
                 break
             await asyncio.sleep(0.05)
         assert (await server.get("/api/queue"))["queue_length"] == 0
-    # the worker is free again and serves the next client at once
+    # the worker is free again (once the gateway saw the busy client leave)
+    # and serves the next client at once
+    await server.wait_ready(timeout=10, workers=1)
     messages = await chat_once(server, user("next"))
     assert messages[0]["type"] == "prefill_done"
 
