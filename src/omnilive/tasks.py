@@ -34,3 +34,11 @@ class TaskSet:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def leaf_errors(error: BaseException) -> list[BaseException]:
+    """The errors inside an exception group (a TaskGroup raises one), nested
+    groups flattened, first to last; a lone error is its own leaf."""
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in leaf_errors(inner)]
+    return [error]

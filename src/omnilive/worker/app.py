@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import secrets
 from collections.abc import AsyncIterator, Callable
@@ -32,7 +31,7 @@ from omnilive.protocol.internal import (
     Envelope,
     LoadReport,
 )
-from omnilive.tasks import TaskSet
+from omnilive.tasks import TaskSet, leaf_errors
 from omnilive.worker.outbox import Outbox
 from omnilive.worker.runners.chat import run_chat
 from omnilive.worker.runners.duplex import DuplexRunner
@@ -41,6 +40,12 @@ from omnilive.worker.runtime import SESSION_KINDS, SessionRecord, WorkerNotReady
 from omnilive.wsutil import PeerGone, frames_of, race
 
 log = logging.getLogger(__name__)
+
+DRAIN_S = 5.0
+# A peer that left: not a failure of the session.
+_PEER_GONE = (WebSocketDisconnect, PeerGone)
+# What sending on a socket raises once the peer left or it was closed.
+_SOCKET_GONE = (WebSocketDisconnect, RuntimeError, OSError)
 
 
 def _authorized(headers: Any, token: str) -> bool:
@@ -96,7 +101,7 @@ def create_worker_app(
 
     @app.get("/health")
     async def health(request: Request) -> dict[str, Any]:
-        return request.app.state.runtime.status()
+        return request.app.state.runtime.status().model_dump()
 
     @app.websocket("/internal/control")
     async def control(ws: WebSocket) -> None:
@@ -108,9 +113,9 @@ def create_worker_app(
 
         async def push() -> bool:
             while True:
-                changed = asyncio.ensure_future(runtime.wait_changed())
-                await ws.send_text(json.dumps(runtime.status()))
-                await changed
+                changed = runtime.next_change()
+                await ws.send_text(runtime.status().model_dump_json())
+                await changed.wait()
 
         with contextlib.suppress(WebSocketDisconnect, PeerGone):
             await race(push(), lambda: _until_disconnect(ws))
@@ -135,7 +140,7 @@ def create_worker_app(
             return
         if ws.client_state is WebSocketState.CONNECTED:
             # The gateway may have closed first (its client left): nothing to tell.
-            with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
+            with contextlib.suppress(*_SOCKET_GONE):
                 await ws.close(code=CLOSE_OK if ok else CLOSE_SESSION_FAILED)
 
     return app
@@ -144,19 +149,21 @@ def create_worker_app(
 async def _serve(
     ws: WebSocket, runtime: WorkerRuntime, record: SessionRecord, settings: Settings
 ) -> bool:
-    """Run the session's runner; any unexpected failure becomes an ``error``
-    message for the client, with the traceback in the worker's log."""
+    """Run the session; whether it ended normally. An unexpected failure in
+    any of its tasks ends it: the traceback is logged once, here, and the
+    client gets an ``error`` (``inference_error``) before the socket closes."""
     try:
         if record.kind == "chat":
             return await _serve_chat(ws, runtime, record, settings)
         return await _serve_streaming(ws, runtime, record, settings)
-    except (WebSocketDisconnect, PeerGone):
-        return False
-    except Exception as exc:
+    except Exception as exc:  # the session's boundary: every task's error ends up here
+        failures = [e for e in leaf_errors(exc) if not isinstance(e, _PEER_GONE)]
+        if not failures:
+            return False
         log.exception("session %s failed", record.session_id)
         if ws.client_state is WebSocketState.CONNECTED:
-            with contextlib.suppress(Exception):
-                failure = error_message(f"internal error: {exc}", ErrorCode.INFERENCE_ERROR)
+            failure = error_message(f"internal error: {failures[0]}", ErrorCode.INFERENCE_ERROR)
+            with contextlib.suppress(*_SOCKET_GONE):
                 await ws.send_text(Envelope.frame(failure))
         return False
 
@@ -178,16 +185,29 @@ async def _serve_chat(
 async def _serve_streaming(
     ws: WebSocket, runtime: WorkerRuntime, record: SessionRecord, settings: Settings
 ) -> bool:
-    """A long-lived session: its runner reads frames, one writer sends."""
+    """A long-lived session: its runner reads frames, one writer sends. The
+    two share a TaskGroup, so that a writer that fails ends the session; the
+    writer outlives the runner to send what it queued last."""
     outbox = Outbox(ws.send_text)
-    writer = asyncio.ensure_future(outbox.run())
-    try:
-        runner_class = HalfDuplexRunner if record.kind == "half_duplex" else DuplexRunner
-        runner = runner_class(runtime, record, settings, frames_of(ws), outbox)
-        await runner.run()
-    finally:
-        await outbox.close()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(writer, 5)
-        writer.cancel()
+    runner_class = HalfDuplexRunner if record.kind == "half_duplex" else DuplexRunner
+    runner = runner_class(runtime, record, settings, frames_of(ws), outbox)
+    async with asyncio.TaskGroup() as group:
+        writer = group.create_task(outbox.run(), name=f"{record.session_id}:writer")
+        try:
+            await runner.run()
+        finally:
+            await _drain(outbox, writer)
     return True  # however it ended (stop, timeout, disconnect), the session ended normally
+
+
+async def _drain(outbox: Outbox, writer: asyncio.Task[None]) -> None:
+    """Let the writer send what is queued, then end it; a peer that does not
+    take it within ``DRAIN_S`` loses the rest."""
+    if writer.done():  # failed: the group raises its error
+        return
+    try:
+        async with asyncio.timeout(DRAIN_S):
+            await outbox.close()
+            await asyncio.wait([writer])
+    except TimeoutError:
+        writer.cancel()

@@ -14,7 +14,13 @@ from typing import Any, TypeVar
 
 from omnilive.engines.base import Engine, EngineUnavailable
 from omnilive.engines.steps import Lane
-from omnilive.protocol.internal import LoadOutcome, LoadReport
+from omnilive.protocol.internal import (
+    LoadOutcome,
+    LoadProgress,
+    LoadReport,
+    SessionState,
+    WorkerStatus,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -80,6 +86,7 @@ class WorkerRuntime:
     async def load(self) -> LoadReport:
         """Load the engine; the report says whether it can serve, and if not,
         whether loading it again could help."""
+
         def progress(stage: str, fraction: float) -> None:
             self.load_progress = (stage, fraction)
             log.info("loading %s: %3.0f%%", stage, 100 * fraction)
@@ -92,6 +99,8 @@ class WorkerRuntime:
             # started the worker says so in one line, without a traceback.
             return self._failed(LoadReport(LoadOutcome.UNAVAILABLE, str(exc)))
         except Exception as exc:
+            # A bug (the engine's or ours): logged once with its traceback and
+            # reported, so that the worker exits instead of serving half-loaded.
             log.exception("engine %s failed to load", self.engine.name)
             return self._failed(LoadReport(LoadOutcome.FAILED, f"{type(exc).__name__}: {exc}"))
         log.info("engine %s ready in %.2f s", self.engine.name, time.perf_counter() - started)
@@ -167,30 +176,30 @@ class WorkerRuntime:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    async def wait_changed(self) -> None:
-        await self._changed.wait()
+    def next_change(self) -> asyncio.Event:
+        """The event the next change of state sets: take it before reading
+        the state, and a change made meanwhile is not missed."""
+        return self._changed
 
-    def status(self) -> dict[str, Any]:
-        current = next(iter(self.sessions), None)
+    def status(self) -> WorkerStatus:
         calls = max(1, self.total_requests)
-        return {
-            "status": "healthy",
-            "worker_id": self.worker_id,
-            "worker_status": self.state.value,
-            "engine": self.engine.name,
-            "model_loaded": self.state not in (WorkerState.LOADING, WorkerState.ERROR),
-            "load_progress": {"stage": self.load_progress[0], "fraction": self.load_progress[1]},
-            "error": self.error,
-            "gpu_id": self.engine.gpu_id(),
-            "pid": os.getpid(),
-            "slots": self.engine.capabilities.slots,
-            "capabilities": self.engine.capabilities.to_dict(),
-            "current_session_id": current,
-            "sessions": [
-                {"session_id": r.session_id, "kind": r.kind, "state": r.state.value}
+        return WorkerStatus(
+            worker_id=self.worker_id,
+            worker_status=self.state.value,
+            engine=self.engine.name,
+            model_loaded=self.state not in (WorkerState.LOADING, WorkerState.ERROR),
+            load_progress=LoadProgress(stage=self.load_progress[0], fraction=self.load_progress[1]),
+            error=self.error,
+            gpu_id=self.engine.gpu_id(),
+            pid=os.getpid(),
+            slots=self.engine.capabilities.slots,
+            capabilities=self.engine.capabilities.to_dict(),
+            current_session_id=next(iter(self.sessions), None),
+            sessions=[
+                SessionState(session_id=r.session_id, kind=r.kind, state=r.state.value)
                 for r in self.sessions.values()
             ],
-            "total_requests": self.total_requests,
-            "avg_inference_time_ms": round(1000 * self.total_inference_s / calls, 1),
-            "kv_cache_length": max((r.kv_cache_length for r in self.sessions.values()), default=0),
-        }
+            total_requests=self.total_requests,
+            avg_inference_time_ms=round(1000 * self.total_inference_s / calls, 1),
+            kv_cache_length=max((r.kv_cache_length for r in self.sessions.values()), default=0),
+        )

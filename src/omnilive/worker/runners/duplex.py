@@ -10,7 +10,6 @@ finalize: the client hears sooner and the model's state stays consistent.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from typing import Any
@@ -46,7 +45,7 @@ from omnilive.worker.presenters import (
     RealtimePresenter,
     UnitTiming,
 )
-from omnilive.worker.runners.streaming import StreamingRunner
+from omnilive.worker.runners.streaming import StreamingRunner, Work
 from omnilive.worker.runtime import WorkerState
 from omnilive.worker.unit_assembler import Unit, UnitAssembler
 
@@ -60,6 +59,8 @@ def decode_reference(data: str | None) -> np.ndarray | None:
 
 class DuplexRunner(StreamingRunner):
     """One audio or omni duplex session; :meth:`run` returns when it ends."""
+
+    machine: DuplexMachine
 
     def _init_state(self) -> None:
         kind = self.record.kind
@@ -86,44 +87,28 @@ class DuplexRunner(StreamingRunner):
         self._finalized = asyncio.Event()
         self._finalized.set()
         self._finalize_task: asyncio.Task[None] | None = None
-        self._preparing: asyncio.Task[None] | None = None
-        self._over: asyncio.Future[Ended] = asyncio.get_running_loop().create_future()
 
     async def send_error(self, code: ErrorCode, message: str) -> None:
         await self.send(self.presenter.error(code, message))
 
-    def end(self, ended: Ended | None) -> None:
-        if ended is not None and not self._over.done():
-            self._over.set_result(ended)
+    # --- the session's tasks ----------------------------------------------------
 
-    async def run(self) -> str:
-        tasks = [
-            asyncio.ensure_future(self._read()),
-            asyncio.ensure_future(self._compute()),
-            asyncio.ensure_future(self._watchdog()),
-        ]
+    def _main_tasks(self) -> dict[str, Work]:
+        return {"reader": self._read, "compute": self._compute, "watchdog": self._watchdog}
+
+    async def _wind_down(self) -> None:
         try:
-            await asyncio.wait([self._over, *tasks], return_when="FIRST_COMPLETED")
-            for task in tasks:  # a task that failed ends the session with its error
-                if task.done() and not task.cancelled() and task.exception():
-                    raise task.exception()  # type: ignore[misc]
-            over = self._over.result() if self._over.done() else self.machine.disconnected()
+            if self._finalize_task is not None:  # the last unit's finalize runs to its end
+                await asyncio.wait([self._finalize_task])
         finally:
-            if self._preparing is not None:
-                tasks.append(self._preparing)  # a stop does not wait for a prepare
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            if self._finalize_task is not None:
-                with contextlib.suppress(Exception):
-                    await self._finalize_task
             if self.recorder is not None:
                 await self.recorder.close()
-        if over.tell_client:
+
+    async def _goodbye(self, ended: Ended) -> None:
+        if ended.tell_client:
             self.outbox.flush()  # results not yet sent are stale now
             elapsed = time.monotonic() - self.machine.started
-            await self.send(self.presenter.ended(over.reason, elapsed, over.detail))
-        return over.reason
+            await self.send(self.presenter.ended(ended.reason, elapsed, ended.detail))
 
     # --- reading -------------------------------------------------------------
 
@@ -136,17 +121,17 @@ class DuplexRunner(StreamingRunner):
                 await self.send_error(exc.code, exc.message)
                 continue
             if isinstance(message, Stop):  # in every phase, a prepare in flight included
-                self.end(self.machine.stop(message.reason))
+                self.machine.stop(message.reason)
                 return
             if not self.machine.hold(message):
                 await self._handle(message)
-        self.end(self.machine.disconnected())
+        self.machine.disconnected()
 
     async def _handle(self, message: Any) -> None:
         try:
             if isinstance(message, Prepare):
                 self.machine.prepare()
-                self._preparing = asyncio.ensure_future(self._prepare(message))
+                self._preparing = self.spawn("prepare", self._prepare(message))
             elif isinstance(message, AudioChunk):
                 await self._audio(message)
             elif isinstance(message, Update):
@@ -392,12 +377,11 @@ class DuplexRunner(StreamingRunner):
                 await self._finalize()
             for message in messages:
                 await self.send(message)
-            if (ended := self.machine.unit_done(unit.kv_cache_length)) is not None:
-                self.end(ended)
+            if self.machine.unit_done(unit.kv_cache_length) is not None:
                 return
             if self.deferred_finalize:
                 self._finalized.clear()
-                self._finalize_task = asyncio.ensure_future(self._finalize())
+                self._finalize_task = self.spawn("finalize", self._finalize())
 
     async def _finalize(self) -> None:
         try:
@@ -413,7 +397,6 @@ class DuplexRunner(StreamingRunner):
         """Ends the session at the machine's deadlines: a paused session when
         its pause expires (releasing the worker), one not prepared in time, and
         an active one that has sent no audio for ``idle_timeout_s``."""
-        while (ended := self.machine.tick(time.monotonic())) is None:
+        while self.machine.tick(time.monotonic()) is None:
             at, _ = self.machine.deadline()
             await asyncio.sleep(min(max(at - time.monotonic(), 0.0), 0.25))
-        self.end(ended)

@@ -9,7 +9,6 @@ The VAD belongs to this runner, not to the engine, so every engine gets it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 
@@ -63,7 +62,8 @@ from omnilive.vad import (
 )
 from omnilive.worker.decode import DecodeError, load_stored_voice
 from omnilive.worker.machines.half_duplex import HalfDuplexMachine
-from omnilive.worker.runners.streaming import StreamingRunner
+from omnilive.worker.machines.session import Ended
+from omnilive.worker.runners.streaming import StreamingRunner, Work
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +101,8 @@ def system_parts(
 class HalfDuplexRunner(StreamingRunner):
     """One half-duplex session; :meth:`run` returns when it has ended."""
 
+    machine: HalfDuplexMachine
+
     def _init_state(self) -> None:
         first_message_s = self.settings.limits.first_message_timeout_s
         self.machine = HalfDuplexMachine(first_message_s, time.monotonic())
@@ -113,36 +115,25 @@ class HalfDuplexRunner(StreamingRunner):
         self._hear: asyncio.Task[None] | None = None
         self._hear_wanted: tuple[np.ndarray, bool] | None = None  # newest (speech, paused)
         self.recorder: TurnRecorder | None = None
-        self._preparing: asyncio.Task[None] | None = None
-        # An unexpected failure of a turn (a bug) ends the session with it.
-        self._failure: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-    async def run(self) -> str:
-        """Serve until stop, timeout or disconnect; returns which."""
-        reader = asyncio.ensure_future(self._read())
-        watchdog = asyncio.ensure_future(self._watchdog())
-        tasks = [reader, watchdog]
+    # --- the session's tasks ----------------------------------------------------
+
+    def _main_tasks(self) -> dict[str, Work]:
+        return {"reader": self._read, "watchdog": self._watchdog}
+
+    async def _wind_down(self) -> None:
         try:
-            done, _ = await asyncio.wait([*tasks, self._failure], return_when="FIRST_COMPLETED")
-            done.pop().result()  # a task that failed ends the session with its error
+            await self._end_turn()
+            await self._stop_hear()
         finally:
-            if self._preparing is not None:
-                tasks.append(self._preparing)  # a stop does not wait for a prepare
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            try:
-                await self._end_turn()
-                await self._stop_hear()
-            finally:
-                if self.recorder is not None:  # after the last turn was recorded
-                    await self.recorder.close()
-        ended = self.machine.ended or self.machine.disconnected()
+            if self.recorder is not None:  # after the last turn was recorded
+                await self.recorder.close()
+
+    async def _goodbye(self, ended: Ended) -> None:
         if ended.reason == "stopped":
             await self.send(STOPPED)
         elif ended.reason in ("timeout", "idle"):
             await self.send(timeout_message(time.monotonic() - self.machine.last_activity))
-        return ended.reason
 
     # --- reading -------------------------------------------------------------
 
@@ -165,7 +156,7 @@ class HalfDuplexRunner(StreamingRunner):
         try:
             if isinstance(message, Prepare):
                 self.machine.prepare()
-                self._preparing = asyncio.ensure_future(self._prepare(message))
+                self._preparing = self.spawn("prepare", self._prepare(message))
             else:
                 await self._audio(message)
         except ProtocolError as exc:
@@ -230,9 +221,7 @@ class HalfDuplexRunner(StreamingRunner):
         self.recorder = self._open_recorder(message)
         recording_id = self.recorder.recording_id if self.recorder is not None else None
         warnings = list(self.session.warnings)  # e.g. a voice it cannot clone
-        await self.send(
-            prepared_message(self.record.session_id, timeout_s, recording_id, warnings)
-        )
+        await self.send(prepared_message(self.record.session_id, timeout_s, recording_id, warnings))
         return timeout_s
 
     def _open_recorder(self, message: Prepare) -> TurnRecorder | None:
@@ -280,8 +269,7 @@ class HalfDuplexRunner(StreamingRunner):
                 await self.send(vad_state_message(False))
                 await self.send(generating_message(event.speech_ms))
                 self.machine.speech_ended()
-                self._turn = asyncio.ensure_future(self._answer(event.segment, time.time()))
-                self._turn.add_done_callback(self._turn_over)
+                self._turn = self.spawn("turn", self._answer(event.segment, time.time()))
                 return  # audio after the end of speech belongs to no turn
         if vad.speaking:
             self._want_hear(vad.speech_so_far, vad.paused)
@@ -290,8 +278,8 @@ class HalfDuplexRunner(StreamingRunner):
 
     def _want_hear(self, speech: np.ndarray, paused: bool) -> None:
         self._hear_wanted = (speech, paused)
-        if self._hear is None or self._hear.done():
-            self._hear = asyncio.ensure_future(self._hear_loop())
+        if self._hear is None or self._hear.done():  # a failed one has ended the session
+            self._hear = self.spawn("hear", self._hear_loop())
 
     async def _hear_loop(self) -> None:
         """At most one ``hear`` step in flight; the newest request wins. Early
@@ -308,12 +296,7 @@ class HalfDuplexRunner(StreamingRunner):
         self._hear_wanted = None
         if self._hear is not None:
             hear, self._hear = self._hear, None
-            await hear
-
-    def _turn_over(self, turn: asyncio.Task[None]) -> None:
-        failed = not turn.cancelled() and turn.exception() is not None
-        if failed and not self._failure.done():
-            self._failure.set_exception(turn.exception())  # type: ignore[arg-type]
+            await asyncio.wait([hear])  # the step in flight finishes; its error is the group's
 
     # --- the answer ----------------------------------------------------------------
 
@@ -382,8 +365,7 @@ class HalfDuplexRunner(StreamingRunner):
             return
         self.outbox.flush()
         turn.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await turn
+        await asyncio.wait([turn])  # how it ended is the group's to read
         await self.runtime.step(self.record, self.session.rollback)
 
     # --- inactivity ------------------------------------------------------------------
