@@ -43,8 +43,8 @@ async def race(work: Awaitable[T], watcher: Callable[[], Awaitable[Any]]) -> T:
     :class:`PeerGone` is raised. Both tasks are always awaited: nothing is left
     running behind the caller.
     """
-    work_task = asyncio.ensure_future(work)
-    watch_task = asyncio.ensure_future(watcher())
+    work_task = asyncio.ensure_future(work)  # a task already, or a coroutine made one
+    watch_task = asyncio.create_task(watcher(), name=f"{work_task.get_name()}:watcher")
     try:
         await asyncio.wait([work_task, watch_task], return_when="FIRST_COMPLETED")
     finally:

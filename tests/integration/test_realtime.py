@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
-import json
 import os
 import re
 import signal
@@ -22,6 +21,7 @@ from websockets.asyncio.client import connect
 from websockets.asyncio.server import serve
 from websockets.exceptions import ConnectionClosed
 
+from omnilive.protocol.internal import WorkerStatus
 from tests.clients import EventSocket
 from tests.servers import Server, free_port
 
@@ -433,10 +433,12 @@ class FakeWorker:
 
     async def handler(self, ws: Any) -> None:
         if ws.request.path == "/internal/control":
-            status = {"worker_status": "idle", "slots": 1, "engine": "fake", "capabilities": {
-                "input_modalities": ["audio", "text"], "audio_output": True,
-                "voice_cloning": False, "context_length": 8192, "slots": 1}}  # fmt: skip
-            await ws.send(json.dumps(status))
+            capabilities = {"input_modalities": ["audio", "text"], "audio_output": True,
+                            "voice_cloning": False, "context_length": 8192, "slots": 1}  # fmt: skip
+            status = WorkerStatus(
+                worker_id="w0", worker_status="idle", engine="fake", capabilities=capabilities
+            )
+            await ws.send(status.model_dump_json())
             await ws.wait_closed()
         else:
             await ws.close(4503, "busy")

@@ -137,3 +137,17 @@ async def test_a_stream_raises_what_its_iterator_raised(steps: StepLoop):
         async for n in lane.stream(failing):
             got.append(n)
     assert got == [1]
+
+
+async def test_a_stream_whose_function_fails_before_any_item_raises_it(steps: StepLoop):
+    """A plain function (not a generator) that raises when called: the reader
+    gets its error instead of waiting forever."""
+
+    def not_a_generator() -> Iterator[int]:
+        raise ValueError("failed at the call")
+
+    async def read() -> list[int]:
+        return [item async for item in steps.lane("s1").stream(not_a_generator)]
+
+    with pytest.raises(ValueError, match="failed at the call"):
+        await asyncio.wait_for(read(), 5)

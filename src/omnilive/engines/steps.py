@@ -84,8 +84,9 @@ class Lane:
                 loop.call_soon_threadsafe(items.put_nowait, (item, error))
 
         def produce() -> None:
-            iterator = fn(*args)
+            iterator: Iterator[T] | None = None
             try:
+                iterator = fn(*args)  # a plain function may fail here, before any item
                 for item in iterator:
                     while not room.acquire(timeout=0.1):
                         if stop.is_set():

@@ -6,20 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidHandshake, WebSocketException
 
 from omnilive.config import Settings
 from omnilive.gateway.pool import Pool
 from omnilive.gateway.scheduler import WorkerHealth
-from omnilive.protocol.internal import bearer, ws_url
+from omnilive.protocol.internal import WorkerStatus, bearer, ws_url
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class WorkerLink:
         self.url = url
         self.settings = settings
         self.pool = pool
-        self.last_status: dict[str, Any] = {}
+        self.last_status: WorkerStatus | None = None
         self.last_health_at: float | None = None
         self.connected = False
         self.failure: str | None = None  # why the supervisor gave this worker up
@@ -67,18 +67,26 @@ class WorkerLink:
     async def wait_settled(self) -> None:
         """Until the worker holds no session (or is gone): it has finished
         its sessions' recordings, so it can be stopped without losing them."""
-        while self.connected and self.last_status.get("sessions"):
+        while self.connected and self.last_status is not None and self.last_status.sessions:
             await self._changed.wait()
 
-    def _apply(self, status: dict[str, Any]) -> None:
+    def _apply(self, status: WorkerStatus) -> None:
         self.last_status = status
         self._notify()
         self.pool.set_worker_state(
             self.worker_id,
-            health_of(status.get("worker_status", "error")),
-            slots=int(status.get("slots", 1)),
-            capabilities=status.get("capabilities") or {},
+            health_of(status.worker_status),
+            slots=status.slots,
+            capabilities=status.capabilities,
         )
+
+    def _receive(self, raw: str | bytes) -> None:
+        try:
+            status = WorkerStatus.model_validate_json(raw)
+        except ValidationError as exc:  # a worker of another version, or a bug
+            log.error("worker %s: unreadable status: %s", self.worker_id, exc)
+            return
+        self._apply(status)
 
     def mark_offline(self) -> None:
         self.connected = False
@@ -109,13 +117,15 @@ class WorkerLink:
                     delay = RECONNECT_MIN_S
                     log.info("worker %s: control channel up", self.worker_id)
                     async for raw in ws:
-                        self._apply(json.loads(raw))
+                        self._receive(raw)
             except (OSError, TimeoutError, InvalidHandshake, WebSocketException):
                 pass
             if self.connected:
                 log.warning("worker %s: control channel lost", self.worker_id)
-                if self.on_lost is not None and self.last_status.get("worker_status") != "loading":
-                    self.on_lost(self.worker_id, self.last_status.get("pid"))
+                last = self.last_status
+                serving = last is not None and last.worker_status != "loading"
+                if self.on_lost is not None and serving:
+                    self.on_lost(self.worker_id, last.pid if last else None)
             self.mark_offline()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._knock.wait(), delay)
@@ -147,7 +157,7 @@ class WorkerLink:
             # channel is not up yet is not ready for the pool. An answer does
             # restore the last pushed state after a check that timed out.
             self.last_health_at = time.time()
-            if self.connected and self.last_status:
+            if self.connected and self.last_status is not None:
                 self._apply(self.last_status)
         except (httpx.HTTPError, ValueError):
             if self.connected:
@@ -159,19 +169,20 @@ class WorkerLink:
             return "error"
         if health is WorkerHealth.OFFLINE:
             return "offline"
-        return self.last_status.get("worker_status", "offline")
+        return self.last_status.worker_status if self.last_status else "offline"
 
     def describe(self) -> dict[str, Any]:
         record = self.pool.scheduler.workers[self.worker_id]
         status = self.last_status
         current = next(iter(record.leases.values()), None)
+        progress = status.load_progress.model_dump() if status else None
         return {
             "worker_id": self.worker_id,
             "url": self.url,
             "status": self._status_name(record.health),
             "health": record.health.value,
-            "engine": status.get("engine"),
-            "pid": status.get("pid"),
+            "engine": status.engine if status else None,
+            "pid": status.pid if status else None,
             "slots": record.slots,
             "slots_busy": len(record.leases),
             "capabilities": record.capabilities,
@@ -179,11 +190,11 @@ class WorkerLink:
             "current_request_type": current.request_type if current else None,
             "task_started_at": current.started_at if current else None,
             "total_requests": record.total_requests,
-            "avg_inference_time_ms": status.get("avg_inference_time_ms"),
-            "kv_cache_length": status.get("kv_cache_length"),
-            "load_progress": status.get("load_progress"),
-            "error": self.failure or status.get("error"),
-            "gpu_id": status.get("gpu_id"),
+            "avg_inference_time_ms": status.avg_inference_time_ms if status else None,
+            "kv_cache_length": status.kv_cache_length if status else None,
+            "load_progress": progress,
+            "error": self.failure or (status.error if status else None),
+            "gpu_id": status.gpu_id if status else None,
             "last_heartbeat": self.last_health_at,
         }
 

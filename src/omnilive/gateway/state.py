@@ -48,7 +48,8 @@ class Gateway:
         return None
 
     def engine_name(self) -> str | None:
-        return next((link.last_status.get("engine") for link in self.links.values()), None)
+        statuses = (link.last_status for link in self.links.values())
+        return next((status.engine for status in statuses if status is not None), None)
 
 
 def gateway_of(connection: Request | WebSocket) -> Gateway:

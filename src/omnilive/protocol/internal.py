@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
 
+from pydantic import BaseModel, Field
+
 TOKEN_HEADER = "authorization"
 
 CLOSE_OK = 1000
@@ -165,3 +167,40 @@ def _number(value: Any) -> float | None:
 
 def _count(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+# --- worker state ---------------------------------------------------------------------
+
+
+class LoadProgress(BaseModel):
+    stage: str = ""
+    fraction: float = 0.0
+
+
+class SessionState(BaseModel):
+    session_id: str
+    kind: str
+    state: str
+
+
+class WorkerStatus(BaseModel):
+    """What a worker pushes on ``/internal/control`` at every change (and
+    answers to ``GET /health``). Unknown fields are ignored: a newer worker
+    may say more."""
+
+    status: str = "healthy"
+    worker_id: str
+    worker_status: str  # loading | idle | busy | duplex_active | ... | error
+    engine: str | None = None
+    model_loaded: bool = False
+    load_progress: LoadProgress = Field(default_factory=LoadProgress)
+    error: str | None = None
+    gpu_id: int | None = None
+    pid: int | None = None
+    slots: int = 1
+    capabilities: dict[str, Any] = Field(default_factory=dict)
+    current_session_id: str | None = None
+    sessions: list[SessionState] = Field(default_factory=list)
+    total_requests: int = 0
+    avg_inference_time_ms: float = 0.0
+    kv_cache_length: int = 0
