@@ -88,7 +88,7 @@ class Pool:
         future = self._futures.get(ticket.ticket_id)
         if future is None:
             raise LookupError("ticket cancelled")
-        changed = asyncio.ensure_future(self._changed.wait())
+        changed = asyncio.create_task(self._changed.wait(), name=f"{ticket.ticket_id}:queue-change")
         try:
             await asyncio.wait([future, changed], timeout=timeout, return_when="FIRST_COMPLETED")
         finally:

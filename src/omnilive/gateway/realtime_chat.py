@@ -87,8 +87,10 @@ class RealtimeChatConnection(RealtimeIO):
         try:
             while True:
                 start = await self._turns.get()
-                self._turn = asyncio.ensure_future(self._serve_turn(start))
-                await asyncio.gather(self._turn, return_exceptions=True)
+                name = f"{self.machine.session_id}:turn-{start.serial}"
+                self._turn = asyncio.create_task(self._serve_turn(start), name=name)
+                # Its failures are handled inside it (logged once, the session ends).
+                await asyncio.wait([self._turn])
         finally:
             if self._turn is not None and not self._turn.done():
                 self._turn.cancel()

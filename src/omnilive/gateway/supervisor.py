@@ -109,10 +109,10 @@ class Supervisor:
         """The exit code of ``process``, killing it if it is reported lost
         and does not exit within ``LOST_GRACE_S``."""
         lost = self._lost[worker_id] = asyncio.Event()
-        exited = asyncio.ensure_future(process.wait())
+        exited = asyncio.create_task(process.wait(), name=f"{worker_id}:exit")
         try:
             while True:
-                signalled = asyncio.ensure_future(lost.wait())
+                signalled = asyncio.create_task(lost.wait(), name=f"{worker_id}:lost")
                 try:
                     await asyncio.wait([exited, signalled], return_when="FIRST_COMPLETED")
                 finally:
@@ -181,7 +181,7 @@ class Supervisor:
                         log.info("worker %s loaded its engine", worker_id)
                         self.on_ready(worker_id)
 
-        reader = asyncio.ensure_future(read_reports())
+        reader = asyncio.create_task(read_reports(), name=f"{worker_id}:load-reports")
         try:
             code = await self._watch(worker_id, process)
             # The pipe ends with the process; what it wrote last is still in it.
