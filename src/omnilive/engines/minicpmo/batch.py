@@ -1,0 +1,372 @@
+"""Per-slot KV memory and batched steps of one transformers decoder, for many
+sessions on one loaded model.
+
+A live session owns a *slot*: a row of preallocated K/V buffers (every layer,
+``capacity`` positions) and its own length. :class:`BatchedSteps` runs the new
+positions of any subset of the live slots as one forward of the stock model
+(e.g. ``Qwen3Model``): the rows are padded to the longest request, and three
+per-row tensors make the batch equal to each session running alone:
+
+- *positions*: row ``b``'s new positions are ``length[b] + i`` (RoPE ids), so
+  each session keeps its own timeline whatever the others hold;
+- *write index*: :meth:`SlotCache.update` scatters each row's new keys and
+  values into its own slot at those positions; padding positions go to a
+  scratch column past every slot's capacity, so they never touch a slot;
+- *mask*: a 4D additive mask over the columns a step reads lets query ``i`` of
+  row ``b`` see columns ``<= length[b] + min(i, count[b] - 1)``: its slot's
+  cached positions and its own causal new ones. Leftovers past a slot's length
+  (a released or cropped session's, the scratch column) are never visible.
+
+Attention reads only the first *width* columns of the buffers: what the step's
+longest row needs, rounded up to the cache's width bucket. It runs through
+:func:`slot_attention` (registered with transformers as ``SLOT_ATTENTION``),
+which hands the buffers' views to SDPA without transformers' ``repeat_kv`` and
+``contiguous`` copies.
+
+Nothing here is CUDA specific: the CPU tests hold it to transformers' eager
+path. On a GPU the same :meth:`BatchedSteps.run` can be captured as one CUDA
+graph per batch-size bucket, step length and width bucket, because every
+per-step value lives in the :class:`StepPlan` tensors (copied into static ones
+before a replay) and a plan's shapes depend only on those three.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+from torch.nn.utils.rnn import pad_sequence
+from transformers.cache_utils import Cache
+
+from omnilive.engines.minicpmo.slot_attention import (
+    SLOT_ATTENTION,
+    attention_named,
+    register_attention,
+)
+
+# Buffer widths and width buckets are multiples of this many columns: aligned
+# masks for SDPA's fused kernels (the memory-efficient one pads others by copying).
+ALIGN = 16
+
+
+class SlotError(RuntimeError):
+    """A slot used against its lifecycle (not live, released twice, none free)."""
+
+
+class SlotOverflow(SlotError):
+    """A step would write past a slot's capacity."""
+
+
+class StepRequest(NamedTuple):
+    """New positions for one live slot: token ids ``[n]`` or embeddings ``[n, hidden]``."""
+
+    slot: int
+    inputs: torch.Tensor
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """The last new position's hidden state ``[hidden]`` (after the final
+    norm) and, with a head, its logits ``[vocab]``."""
+
+    slot: int
+    hidden: torch.Tensor
+    logits: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """Where one batched step reads and writes: host values for checks and
+    bookkeeping, device tensors for the forward (the inputs of a CUDA graph)."""
+
+    slots: tuple[int, ...]
+    counts: tuple[int, ...]
+    width: int  # buffer columns the step's attention reads (a width bucket or wider)
+    rows: torch.Tensor  # [B] slot of each row
+    positions: torch.Tensor  # [B, L] RoPE position ids
+    write: torch.Tensor  # [B, L] buffer column of each new position
+    mask: torch.Tensor  # [B, 1, L, width] additive: 0 visible, dtype min hidden
+    last: torch.Tensor  # [B] index of each row's last real position
+
+
+class SlotCache(Cache):
+    """Static K/V buffers ``[slots, kv_heads, columns, head_dim]`` per layer.
+
+    A transformers ``Cache``, so the model's own attention writes through
+    :meth:`update`; which rows and columns a step touches comes from the
+    :class:`StepPlan` bound by :class:`BatchedSteps` for that forward.
+
+    A step reads the first :meth:`width_for` columns: its longest row's needs
+    rounded up to a multiple of ``bucket`` (at most every column), so the cost
+    of attention follows the live sessions' lengths, not the capacity, while
+    :attr:`widths` stays a short list (one CUDA graph each)."""
+
+    def __init__(
+        self,
+        config: Any,
+        slots: int,
+        capacity: int,
+        *,
+        bucket: int = 512,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        super().__init__()
+        if slots < 1 or capacity < 1:
+            raise ValueError("a slot cache needs at least one slot and one position")
+        if bucket < 1 or bucket % ALIGN:
+            raise ValueError(f"a width bucket is a positive multiple of {ALIGN} columns")
+        heads = config.num_key_value_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        self.slots = slots
+        self.capacity = capacity
+        # One more column than a slot can fill: padding positions are written there.
+        self.columns = _round_up(capacity + 1, ALIGN)
+        self.scratch = self.columns - 1
+        self.bucket = bucket
+        shape = (slots, heads, self.columns, head_dim)
+        layers = config.num_hidden_layers
+        self.key_cache = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(layers)]
+        self.value_cache = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(layers)]
+        self.lengths = [0] * slots
+        self._free = set(range(slots))
+        self._plan: StepPlan | None = None
+
+    # --- the slots' lifecycle --------------------------------------------------------
+
+    def acquire(self) -> int:
+        """A free slot for a new session (the lowest: batches of neighbouring
+        slots read the buffers without a gather)."""
+        if not self._free:
+            raise SlotError(f"all {self.slots} slots are live")
+        slot = min(self._free)
+        self._free.remove(slot)
+        return slot
+
+    def release(self, slot: int) -> None:
+        """End a session: its slot is emptied, so the next owner inherits nothing."""
+        self._check_live(slot)
+        for buffer in (*self.key_cache, *self.value_cache):
+            buffer[slot].zero_()
+        self.lengths[slot] = 0
+        self._free.add(slot)
+
+    def crop(self, slot: int, length: int) -> None:
+        """Keep the first ``length`` positions (a rolled-back turn); the rest
+        is masked from now on and overwritten by the slot's next steps."""
+        self._check_live(slot)
+        if not 0 <= length <= self.lengths[slot]:
+            raise ValueError(f"slot {slot} holds {self.lengths[slot]} positions, not {length}")
+        self.lengths[slot] = length
+
+    def is_live(self, slot: int) -> bool:
+        return 0 <= slot < self.slots and slot not in self._free
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        """Every width :meth:`width_for` answers, ascending."""
+        return (*range(self.bucket, self.columns, self.bucket), self.columns)
+
+    def width_for(self, needed: int) -> int:
+        """The columns a step reads when its longest row needs ``needed``."""
+        return min(_round_up(needed, self.bucket), self.columns)
+
+    @property
+    def nbytes_per_slot(self) -> int:
+        return sum(buffer[0].nbytes for buffer in (*self.key_cache, *self.value_cache))
+
+    def _check_live(self, slot: int) -> None:
+        if not self.is_live(slot):
+            raise SlotError(f"slot {slot} is not live")
+
+    # --- one step ----------------------------------------------------------------------
+
+    def check(self, slots: Sequence[int], counts: Sequence[int]) -> None:
+        """Refuse a step before anything runs: nothing is written or counted."""
+        if len(set(slots)) != len(slots):
+            raise SlotError(f"a slot appears twice in one step: {list(slots)}")
+        for slot, count in zip(slots, counts, strict=True):
+            self._check_live(slot)
+            if count < 1:
+                raise ValueError(f"slot {slot}: a step needs at least one new position")
+            if self.lengths[slot] + count > self.capacity:
+                raise SlotOverflow(
+                    f"slot {slot} holds {self.lengths[slot]} positions: {count} more would "
+                    f"pass its capacity of {self.capacity}"
+                )
+
+    def bind(self, plan: StepPlan | None) -> None:
+        self._plan = plan
+
+    def commit(self, plan: StepPlan) -> None:
+        """After the forward: each slot grows by its real positions only."""
+        for slot, count in zip(plan.slots, plan.counts, strict=True):
+            self.lengths[slot] += count
+
+    def update(
+        self,
+        key_states: torch.Tensor,
+        value_states: torch.Tensor,
+        layer_idx: int,
+        cache_kwargs: dict[str, Any] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Scatter row ``b``'s new states ``[B, heads, L, dim]`` to its slot's
+        columns ``plan.write[b]``; return the batch's view of the buffers
+        ``[B, heads, plan.width, dim]``, which the plan's mask matches."""
+        plan = self._plan
+        if plan is None:
+            raise SlotError("a SlotCache is written only inside BatchedSteps.run")
+        keys, values = self.key_cache[layer_idx], self.value_cache[layer_idx]
+        # Advanced indices on dims 0 and 2 put the [B, L] index dims first.
+        index = (plan.rows[:, None], slice(None), plan.write)
+        keys[index] = key_states.transpose(1, 2).to(keys.dtype)
+        values[index] = value_states.transpose(1, 2).to(values.dtype)
+        return _rows_view(keys, plan), _rows_view(values, plan)
+
+    def get_seq_length(self, layer_idx: int | None = 0) -> int:
+        # Only a fallback for callers without explicit positions: the longest slot.
+        return max(self.lengths)
+
+    def get_max_cache_shape(self) -> int:
+        return self.capacity
+
+
+def _rows_view(buffer: torch.Tensor, plan: StepPlan) -> torch.Tensor:
+    first = plan.slots[0]
+    if plan.slots == tuple(range(first, first + len(plan.slots))):
+        # A view, no copy (strided when the width is under the buffer's: SDPA's
+        # kernels need only the last dimension dense).
+        return buffer[first : first + len(plan.slots), :, : plan.width]
+    return buffer[:, :, : plan.width].index_select(0, plan.rows)
+
+
+class BatchedSteps:
+    """Batched forwards of ``backbone`` (a transformers base decoder such as
+    ``Qwen3Model``) over the slots of ``cache``; ``head`` (optional, e.g. the
+    LM head) maps each row's last hidden state to logits.
+
+    ``attention`` names the attention function of these forwards:
+    :data:`SLOT_ATTENTION`, :data:`GQA_SLOT_ATTENTION`, or ``None`` for the
+    model's own (for comparisons: transformers' copies included)."""
+
+    def __init__(
+        self,
+        backbone: Any,
+        cache: SlotCache,
+        head: Any = None,
+        *,
+        attention: str | None = SLOT_ATTENTION,
+    ) -> None:
+        register_attention()
+        self.backbone = backbone
+        self.cache = cache
+        self.head = head
+        self.attention = attention
+        param = next(backbone.parameters())
+        self.device, self.dtype = param.device, param.dtype
+
+    def step(self, requests: Iterable[tuple[int, torch.Tensor]]) -> list[StepResult]:
+        """One forward over every request's new positions, in request order.
+        Slots not named are neither read nor written."""
+        requests = [StepRequest(*request) for request in requests]
+        if not requests:
+            return []
+        plan = self.plan(requests)
+        hidden, logits = self.run(self.embed(requests), plan)
+        self.cache.commit(plan)
+        return [
+            StepResult(slot, hidden[b], None if logits is None else logits[b])
+            for b, slot in enumerate(plan.slots)
+        ]
+
+    def plan(self, requests: Sequence[StepRequest], *, width: int | None = None) -> StepPlan:
+        """The step's tensors, after the cache accepted it. Attention reads
+        ``width`` columns: by default the width bucket of the longest row's
+        needs; a wider one (a CUDA graph's) reads more masked columns."""
+        slots = tuple(int(request.slot) for request in requests)
+        counts = tuple(int(request.inputs.shape[0]) for request in requests)
+        self.cache.check(slots, counts)
+        held = [self.cache.lengths[slot] for slot in slots]
+        longest = max(counts)
+        # Every row's last new position is column needed - 1 or before: a
+        # narrower read would hide it (needed <= capacity < columns).
+        needed = max(n + c for n, c in zip(held, counts, strict=True))
+        if width is None:
+            width = self.cache.width_for(needed)
+        elif not needed <= width <= self.cache.columns:
+            raise ValueError(
+                f"a step needing {needed} columns cannot read {width} "
+                f"(the buffers hold {self.cache.columns})"
+            )
+        device = self.device
+        lengths = torch.tensor(held, device=device)[:, None]
+        real = torch.tensor(counts, device=device)[:, None]
+        offsets = torch.arange(longest, device=device)[None, :]
+        positions = lengths + offsets
+        write = torch.where(offsets < real, positions, self.cache.scratch)
+        # A padding query sees what the row's last real one sees: never a
+        # fully masked row (fused SDPA kernels mishandle those), never padding.
+        limit = lengths + torch.minimum(offsets, real - 1)
+        visible = torch.arange(width, device=device)[None, None, :] <= limit[:, :, None]
+        mask = torch.zeros(visible.shape, dtype=self.dtype, device=device)
+        mask = mask.masked_fill(~visible, torch.finfo(self.dtype).min)[:, None]
+        return StepPlan(
+            slots=slots,
+            counts=counts,
+            width=width,
+            rows=torch.tensor(slots, device=device),
+            positions=positions,
+            write=write,
+            mask=mask,
+            last=real[:, 0] - 1,
+        )
+
+    def embed(self, requests: Sequence[StepRequest]) -> torch.Tensor:
+        """``[B, L, hidden]``: token ids through the model's embedding table,
+        embeddings as given, zero padding after each row's real positions."""
+        table = self.backbone.get_input_embeddings()
+        with torch.no_grad():  # inputs, never differentiated: no history to keep
+            rows = [
+                table(request.inputs.to(self.device))
+                if not request.inputs.is_floating_point()
+                else request.inputs.to(self.device, self.dtype)
+                for request in requests
+            ]
+        return pad_sequence(rows, batch_first=True)
+
+    def run(self, embeds: torch.Tensor, plan: StepPlan) -> tuple[torch.Tensor, Any]:
+        """The forward alone: each row's last real hidden state ``[B, hidden]``
+        and, with a head, its logits. Writes the new positions into the slots
+        but does not count them (:meth:`SlotCache.commit` does).
+
+        This is what a CUDA graph per batch-size bucket, step length and width
+        bucket would capture, over a plan whose tensors are copied in before
+        each replay (``benchmarks/gpu_batch_steps.py`` does so for fixed
+        batches). A bucket larger than the request needs rows that write only
+        to the scratch column; the gather of non-neighbouring slots
+        (``index_select`` in :meth:`SlotCache.update`) is captured as it is."""
+        # No autograd history: the buffers are written in place every step.
+        with torch.no_grad(), attention_named(self.backbone.config, self.attention):
+            self.cache.bind(plan)
+            try:
+                out = self.backbone(
+                    inputs_embeds=embeds,
+                    attention_mask=plan.mask,
+                    position_ids=plan.positions,
+                    past_key_values=self.cache,
+                    # Only handed to cache.update, which places rows by plan.write.
+                    cache_position=torch.arange(embeds.shape[1], device=embeds.device),
+                    use_cache=True,
+                    return_dict=True,
+                )
+            finally:
+                self.cache.bind(None)
+            rows = torch.arange(embeds.shape[0], device=embeds.device)
+            hidden = out.last_hidden_state[rows, plan.last]
+            return hidden, (self.head(hidden) if self.head is not None else None)
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
