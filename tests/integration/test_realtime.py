@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 from PIL import Image
@@ -147,6 +148,24 @@ async def test_queue_events_not_ready_and_a_kept_update_while_queued(server: Ser
     await waiting.append()
     [delta] = await waiting.outputs(1)
     assert delta["type"] == "response.output_audio.delta"  # the kept instructions apply
+
+
+async def test_an_administrator_removing_a_queued_session_closes_it(server: Server):
+    """The queue's DELETE ends a waiting Realtime session in its protocol
+    (error, then session.closed{error}), and the server serves on."""
+    holder = await realtime(server)
+    await holder.start()
+    waiting = await realtime(server)
+    queued = await waiting.until("session.queued")
+    async with httpx.AsyncClient() as client:
+        removed = await client.delete(f"{server.http}/api/queue/{queued['ticket_id']}")
+    assert removed.status_code == 200
+    error = await waiting.until("error")
+    assert error["error"]["code"] == "service_unavailable"
+    assert await waiting.closed() == ("error", 1000)
+    await holder.append()
+    assert len(await holder.outputs(1)) == 1  # the session holding the worker goes on
+    assert (await server.get("/api/queue"))["queue_length"] == 0
 
 
 async def test_connected_allows_only_session_update(server: Server):
