@@ -85,8 +85,13 @@ async def test_eta_config_in_the_reference_names(server: Server):
                              "ema_alpha": 0.3}  # fmt: skip
     assert eta["ema_alpha"] == 0.3 and eta["ema_chat_s"] is None and eta["ema_chat_samples"] == 0
     async with httpx.AsyncClient() as client:
-        body = {"eta_chat_s": 20, "eta_half_duplex_s": 100, "eta_audio_duplex_s": 60,
-                "eta_omni_duplex_s": 50, "ema_alpha": None}  # the reference page's PUT
+        body = {
+            "eta_chat_s": 20,
+            "eta_half_duplex_s": 100,
+            "eta_audio_duplex_s": 60,
+            "eta_omni_duplex_s": 50,
+            "ema_alpha": None,
+        }  # the reference page's PUT
         changed = (await client.put(f"{server.http}/api/config/eta", json=body)).json()
     assert changed["config"]["eta_chat_s"] == 20 and changed["config"]["eta_omni_duplex_s"] == 50
     assert changed["ema_alpha"] == 0.3  # None: unchanged

@@ -105,7 +105,7 @@ class RealtimeV2Machine(DuplexRealtimeMachine):
                     "mode": self.task_type,
                     "recording": payload.recording,
                 }
-            )
+            ),
         ]
 
     def _append(self, event: InputAppend) -> list[Action]:

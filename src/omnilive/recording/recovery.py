@@ -18,6 +18,7 @@ from omnilive.recording.replay import build_replays
 
 log = logging.getLogger(__name__)
 
+
 class RecordingIdNote:
     """Remembers the recording id a worker announces for one session (its
     envelopes carry it), so that a recording left open by a worker that died

@@ -42,7 +42,6 @@ class _TooLarge(Exception):
     pass
 
 
-
 def _audio_body(samples: Any) -> dict[str, Any]:
     """Audio as the reference's pages read it, plus its exact duration."""
     return {
