@@ -295,3 +295,17 @@ async def test_chunks_sent_during_a_prepare_are_heard_after_it(server: Server):
     await client.until("prepared")
     [result] = await results(client, 1)
     assert result["unit_index"] == 0 and "error" not in client.types()
+
+
+async def test_workers_list_the_sessions_holding_their_slots(server: Server):
+    client = await duplex(server, session_id="slot_holder")
+    await client.prepare("#schedule:L")
+    [worker] = (await server.get("/workers"))["workers"]
+    assert [(s["session_id"], s["request_type"]) for s in worker["sessions"]] == [
+        ("slot_holder", "audio_duplex")
+    ]
+    assert worker["slots_busy"] == 1
+    await client.send({"type": "stop"})
+    await client.until("stopped")
+    await server.wait_worker_status("idle", timeout=10)
+    assert (await server.get("/workers"))["workers"][0]["sessions"] == []

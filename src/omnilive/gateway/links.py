@@ -18,7 +18,7 @@ from websockets.exceptions import InvalidHandshake, WebSocketException
 
 from omnilive.config import Settings
 from omnilive.gateway.pool import Pool
-from omnilive.gateway.scheduler import WorkerHealth
+from omnilive.gateway.scheduler import Lease, WorkerHealth
 from omnilive.protocol.internal import WorkerStatus, bearer, ws_url
 
 log = logging.getLogger(__name__)
@@ -187,6 +187,8 @@ class WorkerLink:
             "slots_busy": len(record.leases),
             "capabilities": record.capabilities,
             "current_session_id": current.session_id if current else None,
+            # Every session holding one of its slots (a batching engine holds several).
+            "sessions": [_lease_info(lease) for lease in record.leases.values()],
             "current_request_type": current.request_type if current else None,
             "task_started_at": current.started_at if current else None,
             "total_requests": record.total_requests,
@@ -197,6 +199,14 @@ class WorkerLink:
             "gpu_id": status.gpu_id if status else None,
             "last_heartbeat": self.last_health_at,
         }
+
+
+def _lease_info(lease: Lease) -> dict[str, Any]:
+    return {
+        "session_id": lease.session_id,
+        "request_type": lease.request_type,
+        "started_at": lease.started_at,
+    }
 
 
 async def close_quietly(client: httpx.AsyncClient) -> None:
