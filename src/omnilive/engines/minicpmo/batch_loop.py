@@ -1,0 +1,302 @@
+"""A step scheduler for one loaded model: the LLM steps of many live sessions
+batched on the one thread that owns the model.
+
+Sessions are coroutines on an event loop; each owns a slot of the model's
+:class:`~omnilive.engines.minicpmo.batch.SlotCache` and submits work for it:
+``await loop.forward(slot, inputs)`` (new positions of its LLM context) and
+``await loop.call(fn, *args, slot=slot)`` (blocking work not batched yet: the
+encoders, the vocoder). The worker thread runs *ticks*: it takes what is
+pending, in submission order, at most one job per slot (a session's next job
+waits for the next tick, so each session's jobs run in the order it submitted
+them), runs the plain calls one by one, then every forward of the tick as ONE
+:meth:`~omnilive.engines.minicpmo.batch.BatchedSteps.step`.
+
+After a tick the worker hands the results to the sessions' event loop and
+waits until that loop has run the sessions it woke (a handshake, not a
+delay): a session that goes straight on to its next step has submitted it by
+then, so sessions decoding in lockstep stay in one batch instead of splitting
+into two that alternate.
+
+Joining and leaving are jobs of the same queue (:meth:`BatchLoop.acquire`,
+:meth:`BatchLoop.release`), run between batches, so the cache has one owner
+and needs no lock. Cancellation:
+
+- a job not taken yet is dropped: it never runs, and the awaiting side only
+  takes a lock the worker holds while it picks a tick, never during a step;
+- a forward already in the running batch is not undone: its result is
+  discarded, and the slot keeps the new positions (its length advanced, the
+  KV consistent with it). A session that goes on after such a cancellation
+  must allow for them (crop back); one that leaves releases the slot, which
+  runs after that batch. A release is never dropped, even if its waiter is
+  cancelled, and a slot acquired for a waiter that gave up is released.
+
+A forward that its slot cannot take (not live, past its capacity) fails alone
+before the batch runs. A batch that fails reaches every session in it with
+the same exception, is logged once, and changes no slot's length (what it
+wrote past the lengths is masked and overwritten later); the next tick runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+
+from omnilive.engines.minicpmo.batch import BatchedSteps, StepResult
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# The longest the worker waits for an event loop to take a tick's results
+# before it goes on: the handshake normally ends within one turn of the loop;
+# this bound only covers a loop that stopped turning.
+HANDOFF_TIMEOUT = 0.5
+
+
+@dataclass(eq=False)
+class _Job:
+    slot: int | None  # the session whose order it keeps; None: nobody's
+    inputs: torch.Tensor | None  # a forward's new positions, or
+    fn: Callable[..., Any] | None  # plain work
+    args: tuple[Any, ...]
+    future: asyncio.Future[Any] | None  # None: nobody awaits it
+    loop: asyncio.AbstractEventLoop
+    droppable: bool = True
+    orphan: Callable[[Any], None] | None = None  # takes a result nobody awaits any more
+    started: bool = False
+    result: Any = None
+    error: BaseException | None = None
+
+    @property
+    def count(self) -> int:
+        return 0 if self.inputs is None else int(self.inputs.shape[0])
+
+
+class BatchLoop:
+    """The one worker thread of a model (one per GPU) and its queue of jobs.
+
+    A batch holds at most ``max_rows`` forwards (default: every slot) and at
+    most ``max_positions`` padded positions: :class:`BatchedSteps` pads every
+    row to the longest one, so a batch costs rows x longest; ragged prefills of
+    many long requests are split over ticks instead of building one giant
+    padded batch. A forward longer than the bound still runs, alone. Forwards
+    left out keep their place in line, so they come first at the next tick.
+    """
+
+    def __init__(
+        self,
+        steps: BatchedSteps,
+        *,
+        max_rows: int | None = None,
+        max_positions: int = 2048,
+        name: str = "minicpmo-batch",
+    ) -> None:
+        self.steps = steps
+        self.max_rows = max_rows or steps.cache.slots
+        self.max_positions = max_positions
+        self.batch_sizes: Counter[int] = Counter()  # rows -> batches formed (bounded keys)
+        self._pending: deque[_Job] = deque()
+        self._changed = threading.Condition()
+        self._closed = False
+        self.thread = threading.Thread(target=self._work, name=name, daemon=True)
+        self.thread.start()
+
+    # --- what sessions await, on their event loop --------------------------------------
+
+    async def acquire(self) -> int:
+        """A slot for a new session, or :class:`SlotError` when all are live."""
+        return await self._submit(None, fn=self.steps.cache.acquire, orphan=self._release_soon)
+
+    async def forward(self, slot: int, inputs: torch.Tensor) -> StepResult:
+        """Append ``inputs`` (token ids ``[n]`` or embeddings ``[n, hidden]``) to
+        ``slot``'s context in the next batch it fits; its last position's
+        hidden state and logits."""
+        return await self._submit(slot, inputs=inputs)
+
+    async def call(self, fn: Callable[..., T], *args: Any, slot: int | None = None) -> T:
+        """``fn(*args)`` on the worker thread, between batches; with ``slot``,
+        in order with that session's forwards."""
+        return await self._submit(slot, fn=fn, args=args)
+
+    async def release(self, slot: int) -> None:
+        """End ``slot``'s session: its jobs not taken yet are dropped; the slot
+        is emptied after its running batch, if any, even if this is cancelled."""
+        with self._changed:
+            dropped = [job for job in self._pending if job.slot == slot and job.droppable]
+            self._pending = deque(job for job in self._pending if job not in dropped)
+        for job in dropped:
+            _cancel(job)
+        await self._submit(slot, fn=self.steps.cache.release, args=(slot,), droppable=False)
+
+    def pending(self) -> int:
+        """Jobs waiting for a tick (what ``/status`` may show, tests check)."""
+        with self._changed:
+            return len(self._pending)
+
+    def close(self) -> None:
+        """Accept nothing more and cancel what is pending; the worker ends after
+        its running tick (join :attr:`thread` to wait for it)."""
+        with self._changed:
+            self._closed = True
+            pending, self._pending = self._pending, deque()
+            self._changed.notify()
+        for job in pending:
+            _cancel(job)
+
+    # --- the queue ------------------------------------------------------------------------
+
+    async def _submit(
+        self,
+        slot: int | None,
+        inputs: torch.Tensor | None = None,
+        fn: Callable[..., Any] | None = None,
+        args: tuple[Any, ...] = (),
+        *,
+        droppable: bool = True,
+        orphan: Callable[[Any], None] | None = None,
+    ) -> Any:
+        loop = asyncio.get_running_loop()
+        job = _Job(slot, inputs, fn, args, loop.create_future(), loop, droppable, orphan)
+        self._enqueue(job)
+        try:
+            return await job.future  # type: ignore[misc]
+        except asyncio.CancelledError:
+            if job.droppable:
+                with self._changed:
+                    if not job.started and job in self._pending:
+                        self._pending.remove(job)
+            raise
+
+    def _enqueue(self, job: _Job) -> None:
+        with self._changed:
+            if self._closed:
+                raise RuntimeError("the batch loop is closed")
+            self._pending.append(job)
+            self._changed.notify()
+
+    def _release_soon(self, slot: int) -> None:
+        """A slot acquired for a session that stopped waiting for it."""
+        job = _Job(slot, None, self.steps.cache.release, (slot,), None,
+                   asyncio.get_running_loop(), droppable=False)  # fmt: skip
+        with contextlib.suppress(RuntimeError):  # closed: the cache goes with the loop
+            self._enqueue(job)
+
+    # --- the worker thread ----------------------------------------------------------------
+
+    def _work(self) -> None:
+        while (tick := self._next_tick()) is not None:
+            plain, batch = tick
+            for job in plain:
+                try:
+                    job.result = job.fn(*job.args)  # type: ignore[misc]
+                except BaseException as exc:  # the caller's to handle: handed over
+                    job.error = exc
+            self._run_batch(batch)
+            self._hand_back([*plain, *batch])
+
+    def _next_tick(self) -> tuple[list[_Job], list[_Job]] | None:
+        """What runs now: the first job of each slot in line (and every job of
+        nobody's), forwards within the batch bounds. Marked started under the
+        lock, so a cancelled waiter either removed its job first or lets it run."""
+        with self._changed:
+            while not self._pending and not self._closed:
+                self._changed.wait()
+            if self._closed:
+                return None
+            plain: list[_Job] = []
+            batch: list[_Job] = []
+            seen: set[int] = set()  # slots with a job taken or left waiting this tick
+            longest = 0
+            for job in self._pending:
+                if job.slot is not None:
+                    if job.slot in seen:
+                        continue  # after this slot's earlier job: next tick
+                    seen.add(job.slot)
+                if job.inputs is None:
+                    plain.append(job)
+                    continue
+                # With CUDA graphs, rows are padded up to the next captured
+                # batch-size bucket; max_rows is then the largest bucket.
+                wider = max(longest, job.count)
+                if batch and (
+                    len(batch) >= self.max_rows or (len(batch) + 1) * wider > self.max_positions
+                ):
+                    continue
+                batch.append(job)
+                longest = wider
+            for job in (*plain, *batch):
+                job.started = True
+            self._pending = deque(job for job in self._pending if not job.started)
+            return plain, batch
+
+    def _run_batch(self, batch: list[_Job]) -> None:
+        ready = []
+        for job in batch:
+            try:  # one session's bad request must not fail the others' step
+                self.steps.cache.check([job.slot], [job.count])  # type: ignore[list-item]
+            except Exception as exc:  # handed to that session alone
+                job.error = exc
+            else:
+                ready.append(job)
+        if not ready:
+            return
+        self.batch_sizes[len(ready)] += 1
+        try:
+            # Where CUDA graphs plug in: this step becomes a replay of the graph
+            # captured for (batch-size bucket, step length, width bucket), and
+            # on a GPU the results are handed back only once the stream has
+            # produced them, so that no session blocks its event loop on them.
+            results = self.steps.step([(job.slot, job.inputs) for job in ready])
+        except BaseException as exc:  # every session of the batch gets it, logged once
+            log.error("batched step over slots %s failed", [job.slot for job in ready],
+                      exc_info=exc)  # fmt: skip
+            for job in ready:
+                job.error = exc
+            return
+        for job, result in zip(ready, results, strict=True):
+            job.result = result
+
+    def _hand_back(self, jobs: list[_Job]) -> None:
+        """Settle the tick's futures on their loops and wait until each loop
+        has run the sessions it woke (see the module's docstring)."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[_Job]] = {}
+        for job in jobs:
+            by_loop.setdefault(job.loop, []).append(job)
+        turns = []
+        for loop, settled in by_loop.items():
+            turned = threading.Event()
+            with contextlib.suppress(RuntimeError):  # the loop is gone (shutdown)
+                loop.call_soon_threadsafe(_settle, settled, turned)
+                turns.append(turned)
+        for turned in turns:
+            turned.wait(HANDOFF_TIMEOUT)
+
+
+def _settle(jobs: list[_Job], turned: threading.Event) -> None:
+    """On the sessions' loop: deliver, then mark the loop's next turn, which
+    comes after the callbacks of the futures just set (the woken sessions)."""
+    for job in jobs:
+        future = job.future
+        if future is None or future.done():  # cancelled while running: discarded
+            if job.error is not None and future is None:
+                log.error("%s of slot %s failed", job.fn, job.slot, exc_info=job.error)
+            elif job.error is None and job.orphan is not None:
+                job.orphan(job.result)
+        elif job.error is not None:
+            future.set_exception(job.error)
+        else:
+            future.set_result(job.result)
+    asyncio.get_running_loop().call_soon(turned.set)
+
+
+def _cancel(job: _Job) -> None:
+    if job.future is not None:
+        with contextlib.suppress(RuntimeError):  # the loop is gone (shutdown)
+            job.loop.call_soon_threadsafe(job.future.cancel)
