@@ -22,13 +22,21 @@ picked). Each slot is cropped back to its context after every step, so every
 step reads the same amount of cache. Reports the median and p95 over the warm
 steps; saves ``benchmarks/results/gpu_batch_steps_<gpu>.json``.
 
+``--loop`` measures the serving path instead: N concurrent asyncio sessions
+decode greedily in lockstep through one ``BatchLoop`` whose ticks replay the
+graphs of a ``GraphCache`` (batch-size bucket, step length, width bucket);
+reported per N: ms per tick as a session sees it (submit to result, the
+hand-back included), the graphs captured and the batch sizes the loop formed.
+Saves ``benchmarks/results/gpu_batch_loop_<gpu>.json``.
+
 ``--tiny`` runs a tiny configuration on the CPU (eager steps, no graphs, no
-profile): a smoke test.
+profile; with ``--loop``, simulated graphs): a smoke test.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import statistics
 import sys
@@ -40,6 +48,7 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from omnilive.engines.minicpmo.batch import BatchedSteps, SlotCache, StepRequest
+from omnilive.engines.minicpmo.batch_loop import BatchLoop
 from omnilive.engines.minicpmo.slot_attention import GQA_SLOT_ATTENTION, SLOT_ATTENTION
 
 QWEN3_8B = {
@@ -147,6 +156,10 @@ def timed(run: Any, steps: BatchedSteps, n: int, length: int, args: Any, scale: 
         if k >= args.warmup:
             times.append((time.perf_counter() - started) * 1000)
         crop(steps, n, args.context)
+    return summary(times)
+
+
+def summary(times: list[float]) -> dict[str, float]:
     ordered = sorted(times)
     p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
     return {"median": round(statistics.median(ordered), 3), "p95": round(p95, 3)}
@@ -220,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"attentions to measure, of {', '.join(ATTENTIONS)}")  # fmt: skip
     parser.add_argument("--steps", type=int, help="timed steps per measure (>= 20)")
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--loop", action="store_true",
+                        help="sessions decoding through BatchLoop with graphs")  # fmt: skip
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     args.device = "cpu" if args.tiny else "cuda"
@@ -250,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(max(counts)):
         cache.acquire()
     fill(variants["slots"], args.context, chunk=32 if args.tiny else 256)
+    if args.loop:
+        return loop_mode(variants["slots"], counts, args, dtype)
 
     rows = []
     for n in counts:
@@ -265,16 +282,9 @@ def main(argv: list[str] | None = None) -> int:
             for name, steps in variants.items()
         }
 
-    gpu = torch.cuda.get_device_name() if args.device == "cuda" else "cpu (tiny)"
     report = {
-        "gpu": gpu,
-        "torch": torch.__version__,
-        "shape": TINY if args.tiny else QWEN3_8B,
-        "dtype": str(dtype),
-        "context": args.context,
-        "capacity": args.capacity,
+        **header(args, dtype),
         "columns": cache.columns,
-        "bucket": args.bucket,
         "attentions": {
             name: ATTENTIONS[name][0] or "the model's sdpa, every column" for name in names
         },
@@ -287,13 +297,89 @@ def main(argv: list[str] | None = None) -> int:
         "kernels_at_largest_n": profiles,
     }
     print_table(report, names, graphs=args.device == "cuda")
+    save(report, args, "gpu_batch_steps")
+    return 0
+
+
+def header(args: Any, dtype: torch.dtype) -> dict[str, Any]:
+    """What every report starts with: the machine and the configuration."""
+    return {
+        "gpu": torch.cuda.get_device_name() if args.device == "cuda" else "cpu (tiny)",
+        "torch": torch.__version__,
+        "shape": TINY if args.tiny else QWEN3_8B,
+        "dtype": str(dtype),
+        "context": args.context,
+        "capacity": args.capacity,
+        "bucket": args.bucket,
+    }
+
+
+def save(report: dict[str, Any], args: Any, stem: str) -> None:
     if args.tiny and args.out is None:
-        return 0  # a smoke test: nothing saved
-    name = gpu.lower().replace(" ", "_")
-    out = args.out or Path(__file__).parent / "results" / f"gpu_batch_steps_{name}.json"
+        return  # a smoke test: nothing saved
+    name = report["gpu"].lower().replace(" ", "_")
+    out = args.out or Path(__file__).parent / "results" / f"{stem}_{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"report: {out}")
+
+
+async def lockstep(loop: BatchLoop, n: int, args: Any) -> list[float]:
+    """``n`` sessions on slots 0..n-1, each feeding back its greedy token;
+    session 0's ms from each submission to its result, over the warm ticks."""
+    times: list[float] = []
+
+    async def session(slot: int) -> None:
+        token = torch.tensor([slot])
+        for k in range(args.warmup + args.steps):
+            started = time.perf_counter()
+            result = await loop.forward(slot, token)
+            if slot == 0 and k >= args.warmup:
+                times.append((time.perf_counter() - started) * 1000)
+            token = result.logits.argmax().reshape(1)
+
+    async with asyncio.TaskGroup() as group:
+        for slot in range(n):
+            group.create_task(session(slot), name=f"session-{slot}")
+    # Back to the same context for the next N (on the loop's thread: its cache).
+    await loop.call(crop, loop.steps, n, args.context)
+    return times
+
+
+def loop_mode(steps: BatchedSteps, counts: list[int], args: Any, dtype: torch.dtype) -> int:
+    """The ``--loop`` measure: one BatchLoop with graphs, N = each count."""
+    loop = BatchLoop(steps, graphs=True)
+    assert loop.graphs is not None
+    rows = []
+    try:
+        for n in counts:
+            loop.batch_sizes.clear()
+            captured = loop.graphs.captures
+            times = asyncio.run(lockstep(loop, n, args))
+            row = {
+                "slots": n,
+                "tick_ms": summary(times),
+                "graphs_captured": loop.graphs.captures - captured,
+                "batch_sizes": dict(sorted(loop.batch_sizes.items())),
+            }
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    finally:
+        loop.close()
+        loop.thread.join(5)
+    report = {
+        **header(args, dtype),
+        "graphs": "cuda" if loop.graphs.capture else "simulated",
+        "timed_ticks": args.steps,
+        "graph_keys": [list(key) for key in loop.graphs.graphs],
+        "rows": rows,
+    }
+    print(f"\n{report['gpu']}, {args.context} cached positions per slot, decode in lockstep "
+          f"through BatchLoop ({report['graphs']} graphs): median (p95) ms per tick")  # fmt: skip
+    for row in rows:
+        print(f"{row['slots']:>7} sessions: {_cell(row['tick_ms']):>18}  "
+              f"batches {row['batch_sizes']}")  # fmt: skip
+    save(report, args, "gpu_batch_loop")
     return 0
 
 

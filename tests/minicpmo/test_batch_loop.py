@@ -40,8 +40,8 @@ async def make() -> AsyncIterator[Make]:
     """Batch loops over a model's slots, closed after the test (their threads end)."""
     made: list[BatchLoop] = []
 
-    def make(llm: Any, slots: int, capacity: int, **bounds: int) -> BatchLoop:
-        made.append(BatchLoop(batched(llm, slots, capacity), **bounds))
+    def make(llm: Any, slots: int, capacity: int, **options: Any) -> BatchLoop:
+        made.append(BatchLoop(batched(llm, slots, capacity), **options))
         return made[-1]
 
     yield make
@@ -86,7 +86,8 @@ async def play(loop: BatchLoop, session: Script, after: asyncio.Event | None,
     return slot
 
 
-async def test_concurrent_sessions_match_each_session_alone(make: Make):
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+async def test_concurrent_sessions_match_each_session_alone(make: Make, graphs: bool):
     llm = llm_with("eager")
     sessions = [
         script(1, units=7, start=0),  # the one the late joiners follow
@@ -100,7 +101,9 @@ async def test_concurrent_sessions_match_each_session_alone(make: Make):
     wanted = [list(play_alone(llm, session)) for session in sessions]
     for session in sessions:
         session.seen = []
-    loop = make(llm, slots=6, capacity=128)
+    # graphs=True: ticks padded to buckets, through simulated graphs on the CPU.
+    loop = make(llm, slots=6, capacity=128, **({"graphs": True} if graphs else {}))
+    assert (loop.graphs is not None) == graphs  # none by default on the CPU
     reached = [asyncio.Event() for _ in range(8)]
     left = [asyncio.Event() for _ in sessions]
     after = {5: reached[3], 6: left[1]}
@@ -126,6 +129,9 @@ async def test_concurrent_sessions_match_each_session_alone(make: Make):
             torch.testing.assert_close(hidden, want_hidden, **TIGHT)
     assert loop.pending() == 0
     assert not any(loop.steps.cache.is_live(slot) for slot in range(6))
+    if loop.graphs is not None:  # rows of 1 to 6 on buckets 1, 2, 4, 6
+        assert {rows for rows, _, _ in loop.graphs.graphs} <= {1, 2, 4, 6}
+        assert loop.graphs.captures >= 4 and loop.graphs.eager == 0
 
 
 def bookkeeping() -> None:

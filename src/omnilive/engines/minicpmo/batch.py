@@ -27,7 +27,11 @@ Nothing here is CUDA specific: the CPU tests hold it to transformers' eager
 path. On a GPU the same :meth:`BatchedSteps.run` can be captured as one CUDA
 graph per batch-size bucket, step length and width bucket, because every
 per-step value lives in the :class:`StepPlan` tensors (copied into static ones
-before a replay) and a plan's shapes depend only on those three.
+before a replay) and a plan's shapes depend only on those three. A plan can
+be padded up to such a bucket: ``rows`` beyond the requests are *empty rows*
+(no slot's positions, see :meth:`BatchedSteps.plan`), ``length`` beyond the
+longest request pads every row; :mod:`omnilive.engines.minicpmo.batch_graphs`
+keeps the graphs.
 """
 
 from __future__ import annotations
@@ -89,10 +93,14 @@ class StepPlan:
     write: torch.Tensor  # [B, L] buffer column of each new position
     mask: torch.Tensor  # [B, 1, L, width] additive: 0 visible, dtype min hidden
     last: torch.Tensor  # [B] index of each row's last real position
+    # Read the rows' buffers through an index_select of ``rows`` even when the
+    # slots are neighbours: a CUDA graph replays one read for any slots.
+    gather: bool = False
 
 
 class SlotCache(Cache):
-    """Static K/V buffers ``[slots, kv_heads, columns, head_dim]`` per layer.
+    """Static K/V buffers ``[slots + 1, kv_heads, columns, head_dim]`` per
+    layer: a row per slot, and the idle row of empty rows (see :meth:`BatchedSteps.plan`).
 
     A transformers ``Cache``, so the model's own attention writes through
     :meth:`update`; which rows and columns a step touches comes from the
@@ -126,7 +134,11 @@ class SlotCache(Cache):
         self.columns = _round_up(capacity + 1, ALIGN)
         self.scratch = self.columns - 1
         self.bucket = bucket
-        shape = (slots, heads, self.columns, head_dim)
+        # One more buffer row than slots, never acquired: the *idle row* that
+        # empty rows of a padded plan read (its column 0, always zero) and
+        # write (its scratch column), so they touch no slot.
+        self.idle = slots
+        shape = (slots + 1, heads, self.columns, head_dim)
         layers = config.num_hidden_layers
         self.key_cache = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(layers)]
         self.value_cache = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(layers)]
@@ -235,7 +247,7 @@ class SlotCache(Cache):
 
 def _rows_view(buffer: torch.Tensor, plan: StepPlan) -> torch.Tensor:
     first = plan.slots[0]
-    if plan.slots == tuple(range(first, first + len(plan.slots))):
+    if not plan.gather and plan.slots == tuple(range(first, first + len(plan.slots))):
         # A view, no copy (strided when the width is under the buffer's: SDPA's
         # kernels need only the last dimension dense).
         return buffer[first : first + len(plan.slots), :, : plan.width]
@@ -281,15 +293,37 @@ class BatchedSteps:
             for b, slot in enumerate(plan.slots)
         ]
 
-    def plan(self, requests: Sequence[StepRequest], *, width: int | None = None) -> StepPlan:
+    def plan(
+        self,
+        requests: Sequence[StepRequest],
+        *,
+        width: int | None = None,
+        rows: int | None = None,
+        length: int | None = None,
+        gather: bool = False,
+    ) -> StepPlan:
         """The step's tensors, after the cache accepted it. Attention reads
         ``width`` columns: by default the width bucket of the longest row's
-        needs; a wider one (a CUDA graph's) reads more masked columns."""
+        needs; a wider one (a CUDA graph's) reads more masked columns.
+
+        ``rows`` (a batch-size bucket, at least the requests) appends *empty
+        rows*: zero new positions of no slot. Each reads only column 0 of the
+        cache's idle row (zeros: never a fully masked row), writes only that
+        row's scratch column, and its output is not a result. ``length`` (a
+        step-length bucket, at least the longest request) pads every row.
+        ``gather`` reads through an index of rows even for neighbouring slots."""
         slots = tuple(int(request.slot) for request in requests)
         counts = tuple(int(request.inputs.shape[0]) for request in requests)
-        self.cache.check(slots, counts)
+        self.cache.check(slots, counts)  # empty rows are no request: never checked
         held = [self.cache.lengths[slot] for slot in slots]
         longest = max(counts)
+        empty = (rows or len(slots)) - len(slots)
+        if empty < 0 or (length or longest) < longest:
+            raise ValueError(
+                f"a plan of {rows} rows and {length} positions cannot hold "
+                f"{len(slots)} requests of up to {longest}"
+            )
+        longest = length or longest
         # Every row's last new position is column needed - 1 or before: a
         # narrower read would hide it (needed <= capacity < columns).
         needed = max(n + c for n, c in zip(held, counts, strict=True))
@@ -301,11 +335,15 @@ class BatchedSteps:
                 f"(the buffers hold {self.cache.columns})"
             )
         device = self.device
-        lengths = torch.tensor(held, device=device)[:, None]
-        real = torch.tensor(counts, device=device)[:, None]
+        # An empty row counts as one position at column 0 of the idle row, which
+        # it then writes to the scratch column like any padding position.
+        lengths = torch.tensor(held + [0] * empty, device=device)[:, None]
+        real = torch.tensor(counts + (1,) * empty, device=device)[:, None]
         offsets = torch.arange(longest, device=device)[None, :]
         positions = lengths + offsets
         write = torch.where(offsets < real, positions, self.cache.scratch)
+        if empty:
+            write[len(slots) :] = self.cache.scratch
         # A padding query sees what the row's last real one sees: never a
         # fully masked row (fused SDPA kernels mishandle those), never padding.
         limit = lengths + torch.minimum(offsets, real - 1)
@@ -316,25 +354,35 @@ class BatchedSteps:
             slots=slots,
             counts=counts,
             width=width,
-            rows=torch.tensor(slots, device=device),
+            rows=torch.tensor(slots + (self.cache.idle,) * empty, device=device),
             positions=positions,
             write=write,
             mask=mask,
             last=real[:, 0] - 1,
+            gather=gather or bool(empty),
         )
 
-    def embed(self, requests: Sequence[StepRequest]) -> torch.Tensor:
+    def embed(
+        self, requests: Sequence[StepRequest], *, rows: int | None = None, length: int | None = None
+    ) -> torch.Tensor:
         """``[B, L, hidden]``: token ids through the model's embedding table,
-        embeddings as given, zero padding after each row's real positions."""
+        embeddings as given, zero padding after each row's real positions (to
+        ``length``) and as the empty rows up to ``rows`` (see :meth:`plan`)."""
         table = self.backbone.get_input_embeddings()
         with torch.no_grad():  # inputs, never differentiated: no history to keep
-            rows = [
+            embedded = [
                 table(request.inputs.to(self.device))
                 if not request.inputs.is_floating_point()
                 else request.inputs.to(self.device, self.dtype)
                 for request in requests
             ]
-        return pad_sequence(rows, batch_first=True)
+        padded = pad_sequence(embedded, batch_first=True)
+        wide, long = rows or padded.shape[0], length or padded.shape[1]
+        if (wide, long) == padded.shape[:2]:
+            return padded
+        out = padded.new_zeros(wide, long, padded.shape[2])
+        out[: padded.shape[0], : padded.shape[1]] = padded
+        return out
 
     def run(self, embeds: torch.Tensor, plan: StepPlan) -> tuple[torch.Tensor, Any]:
         """The forward alone: each row's last real hidden state ``[B, hidden]``
@@ -342,11 +390,10 @@ class BatchedSteps:
         but does not count them (:meth:`SlotCache.commit` does).
 
         This is what a CUDA graph per batch-size bucket, step length and width
-        bucket would capture, over a plan whose tensors are copied in before
-        each replay (``benchmarks/gpu_batch_steps.py`` does so for fixed
-        batches). A bucket larger than the request needs rows that write only
-        to the scratch column; the gather of non-neighbouring slots
-        (``index_select`` in :meth:`SlotCache.update`) is captured as it is."""
+        bucket captures (:class:`~omnilive.engines.minicpmo.batch_graphs.GraphCache`),
+        over a plan whose tensors are copied in before each replay: padded with
+        empty rows, read through the gather (``index_select`` in
+        :meth:`SlotCache.update`) so that one graph serves any slots."""
         # No autograd history: the buffers are written in place every step.
         with torch.no_grad(), attention_named(self.backbone.config, self.attention):
             self.cache.bind(plan)

@@ -50,6 +50,7 @@ from typing import Any, TypeVar
 import torch
 
 from omnilive.engines.minicpmo.batch import BatchedSteps, StepResult
+from omnilive.engines.minicpmo.batch_graphs import GraphCache
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -88,6 +89,10 @@ class BatchLoop:
     many long requests are split over ticks instead of building one giant
     padded batch. A forward longer than the bound still runs, alone. Forwards
     left out keep their place in line, so they come first at the next tick.
+
+    ``graphs`` runs each tick's forwards as a replay of the CUDA graph of its
+    buckets (:class:`GraphCache`): ``None`` (the default) makes one when the
+    model is on CUDA and none on the CPU; ``False`` runs every step eagerly.
     """
 
     def __init__(
@@ -96,9 +101,13 @@ class BatchLoop:
         *,
         max_rows: int | None = None,
         max_positions: int = 2048,
+        graphs: GraphCache | bool | None = None,
         name: str = "minicpmo-batch",
     ) -> None:
         self.steps = steps
+        if graphs is None:
+            graphs = steps.device.type == "cuda"
+        self.graphs = GraphCache(steps) if graphs is True else graphs or None
         self.max_rows = max_rows or steps.cache.slots
         self.max_positions = max_positions
         self.batch_sizes: Counter[int] = Counter()  # rows -> batches formed (bounded keys)
@@ -249,11 +258,15 @@ class BatchLoop:
             return
         self.batch_sizes[len(ready)] += 1
         try:
-            # Where CUDA graphs plug in: this step becomes a replay of the graph
-            # captured for (batch-size bucket, step length, width bucket), and
-            # on a GPU the results are handed back only once the stream has
-            # produced them, so that no session blocks its event loop on them.
-            results = self.steps.step([(job.slot, job.inputs) for job in ready])
+            requests = [(job.slot, job.inputs) for job in ready]
+            if self.graphs is not None:
+                results = self.graphs.step(requests)
+            else:
+                results = self.steps.step(requests)
+            if self.steps.device.type == "cuda":
+                # Handed back once the stream has produced them: no session
+                # blocks its event loop reading them.
+                torch.cuda.current_stream(self.steps.device).synchronize()
         except BaseException as exc:  # every session of the batch gets it, logged once
             log.error("batched step over slots %s failed", [job.slot for job in ready],
                       exc_info=exc)  # fmt: skip

@@ -1,0 +1,166 @@
+"""CUDA graphs of :meth:`BatchedSteps.run <omnilive.engines.minicpmo.batch.BatchedSteps.run>`,
+one per (batch-size bucket, step-length bucket, width bucket), captured on
+first use and replayed by every later step of that shape.
+
+A step with ``B`` requests of up to ``L`` new positions runs on the smallest
+batch bucket ``>= B`` and step bucket ``>= L``: its plan is padded with empty
+rows and padding positions (:meth:`BatchedSteps.plan`), copied into the
+graph's static input tensors, and the graph is replayed; the real rows'
+outputs are copied out before anything else can overwrite them. Steps longer
+than the largest step bucket (long prefills: few, and their launch overhead
+is small next to their work) or wider than the largest batch bucket run
+eagerly.
+
+On the CPU there is nothing to capture: a *simulated* graph runs the same
+static-input code path eagerly (copy in, ``run`` over the static tensors,
+copy out), so CPU tests hold that bookkeeping to each session's own results.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from omnilive.engines.minicpmo.batch import BatchedSteps, StepPlan, StepRequest, StepResult
+
+STEP_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+"""Step lengths with graphs: a decode step, short prefills (an audio unit's)."""
+
+# The plan's device tensors: what a replay's inputs are, besides the embeddings.
+_PLAN_TENSORS = ("rows", "positions", "write", "mask", "last")
+
+Key = tuple[int, int, int]  # (batch bucket, step bucket, width)
+
+
+def batch_buckets(slots: int) -> tuple[int, ...]:
+    """Powers of two below ``slots``, then ``slots``: 1, 2, 4, 8, 12 for 12."""
+    buckets = [1]
+    while buckets[-1] * 2 < slots:
+        buckets.append(buckets[-1] * 2)
+    return (*buckets, slots) if slots > buckets[-1] else tuple(buckets)
+
+
+def bucket_for(needed: int, buckets: Sequence[int]) -> int | None:
+    """The smallest bucket holding ``needed``, or ``None``: run eagerly."""
+    return next((bucket for bucket in buckets if bucket >= needed), None)
+
+
+class StepGraph:
+    """One captured (or, off CUDA, simulated) ``steps.run`` over static inputs."""
+
+    def __init__(
+        self, steps: BatchedSteps, plan: StepPlan, embeds: torch.Tensor, *, capture: bool,
+        pool: Any = None,
+    ) -> None:  # fmt: skip
+        self.steps = steps
+        # Static inputs: this graph's own tensors, which every replay reads.
+        self.plan = replace(plan, **{name: getattr(plan, name).clone() for name in _PLAN_TENSORS})
+        self.embeds = embeds.clone()
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.hidden: torch.Tensor | None = None
+        self.logits: torch.Tensor | None = None
+        if not capture:
+            return
+        # Warm-up on a side stream before capture (lazy initialisations, cuBLAS
+        # workspaces), as torch's CUDA graph notes ask. It and the capture write
+        # the first plan's positions past each slot's length: never visible,
+        # and the replay that follows writes them again.
+        # (The model's device, whatever the calling thread's current one is.)
+        with torch.cuda.device(steps.device):
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                steps.run(self.embeds, self.plan)
+            torch.cuda.current_stream().wait_stream(stream)
+            self.graph = torch.cuda.CUDAGraph()
+            # thread_local: sessions' threads may use the GPU while the loop captures.
+            with torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
+                self.hidden, self.logits = steps.run(self.embeds, self.plan)
+
+    def replay(self, plan: StepPlan, embeds: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """Copy ``plan`` and ``embeds`` (same shapes, empty rows included: the
+        whole static input is overwritten, nothing of a previous step stays)
+        in, run, and copy the real rows' outputs out."""
+        for name in _PLAN_TENSORS:
+            getattr(self.plan, name).copy_(getattr(plan, name))
+        self.embeds.copy_(embeds)
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self.hidden, self.logits = self.steps.run(self.embeds, self.plan)
+        real = len(plan.slots)
+        assert self.hidden is not None
+        # Copies: the static outputs are the next replay's.
+        hidden = self.hidden[:real].clone()
+        return hidden, None if self.logits is None else self.logits[:real].clone()
+
+
+class GraphCache:
+    """Graphs of ``steps`` by (batch bucket, step bucket, width), at most
+    ``max_graphs`` of them: the least recently replayed is dropped (its memory
+    returns to the shared pool) when a new shape needs capturing.
+
+    ``capture``: real CUDA graphs (default: when the model is on CUDA) or the
+    simulated ones. All graphs share one memory pool: each keeps its static
+    inputs and outputs referenced, so only intermediates, dead between
+    replays, are shared, and the graphs may replay in any order."""
+
+    def __init__(
+        self,
+        steps: BatchedSteps,
+        *,
+        batch_sizes: Sequence[int] | None = None,
+        step_lengths: Sequence[int] = STEP_BUCKETS,
+        max_graphs: int = 32,
+        capture: bool | None = None,
+    ) -> None:
+        if max_graphs < 1:
+            raise ValueError("a graph cache keeps at least one graph")
+        self.steps = steps
+        self.batch_sizes = tuple(sorted(batch_sizes or batch_buckets(steps.cache.slots)))
+        self.step_lengths = tuple(sorted(step_lengths))
+        self.max_graphs = max_graphs
+        self.capture = steps.device.type == "cuda" if capture is None else capture
+        if self.capture and steps.device.type != "cuda":
+            raise ValueError("CUDA graphs need the model on a CUDA device")
+        self.pool = torch.cuda.graph_pool_handle() if self.capture else None
+        self.graphs: OrderedDict[Key, StepGraph] = OrderedDict()
+        self.captures = 0  # graphs made, evicted ones included
+        self.eager = 0  # steps past the buckets
+
+    def step(self, requests: Iterable[tuple[int, torch.Tensor]]) -> list[StepResult]:
+        """:meth:`BatchedSteps.step`, through the graph of its buckets."""
+        requests = [StepRequest(*request) for request in requests]
+        if not requests:
+            return []
+        rows = bucket_for(len(requests), self.batch_sizes)
+        length = bucket_for(max(int(r.inputs.shape[0]) for r in requests), self.step_lengths)
+        if rows is None or length is None:
+            self.eager += 1
+            return self.steps.step(requests)
+        steps = self.steps
+        plan = steps.plan(requests, rows=rows, length=length, gather=True)
+        embeds = steps.embed(requests, rows=rows, length=length)
+        graph = self._graph((rows, length, plan.width), plan, embeds)
+        hidden, logits = graph.replay(plan, embeds)
+        steps.cache.commit(plan)
+        return [
+            StepResult(slot, hidden[b], None if logits is None else logits[b])
+            for b, slot in enumerate(plan.slots)
+        ]
+
+    def _graph(self, key: Key, plan: StepPlan, embeds: torch.Tensor) -> StepGraph:
+        graph = self.graphs.get(key)
+        if graph is not None:
+            self.graphs.move_to_end(key)
+            return graph
+        while len(self.graphs) >= self.max_graphs:
+            self.graphs.popitem(last=False)
+        graph = StepGraph(self.steps, plan, embeds, capture=self.capture, pool=self.pool)
+        self.graphs[key] = graph
+        self.captures += 1
+        return graph

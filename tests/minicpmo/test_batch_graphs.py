@@ -1,0 +1,115 @@
+"""Graphs of batched steps by bucket, simulated on the CPU (the same static
+inputs copied in and outputs copied out as a CUDA replay), against each
+session running alone with transformers' own path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from omnilive.engines.minicpmo.batch import BatchedSteps, StepRequest
+from omnilive.engines.minicpmo.batch_graphs import GraphCache, batch_buckets, bucket_for
+from tests.minicpmo.test_batch import TIGHT, VOCAB, Alone, batched, llm_with
+
+
+def buffers(steps: BatchedSteps) -> list[torch.Tensor]:
+    return [buffer.clone() for buffer in steps.cache.key_cache + steps.cache.value_cache]
+
+
+def prompt(seed: int, length: int) -> torch.Tensor:
+    return torch.randint(VOCAB, (length,), generator=torch.Generator().manual_seed(seed))
+
+
+def test_buckets():
+    assert batch_buckets(12) == (1, 2, 4, 8, 12)
+    assert batch_buckets(16) == (1, 2, 4, 8, 16)
+    assert batch_buckets(1) == (1,)
+    assert bucket_for(3, (1, 2, 4)) == 4 and bucket_for(5, (1, 2, 4)) is None
+
+
+@pytest.mark.parametrize("real", range(1, 8))
+def test_padded_ticks_match_each_session_alone(real: int):
+    llm = llm_with("eager")
+    steps = batched(llm, slots=8, capacity=96)
+    graphs = GraphCache(steps)
+    assert not graphs.capture  # on the CPU: simulated
+    alone = [Alone(llm) for _ in range(real)]
+    # Slots in falling order: the rows are gathered, never a neighbours' view.
+    slots = [steps.cache.acquire() for _ in range(8)][::-1][:real]
+    feeds = [prompt(k, 3 + 2 * k) for k in range(real)]  # ragged: padded to 4, 8, 16
+    for tick in range(7):  # a prefill, greedy decode steps, ragged steps
+        if tick in (3, 5):  # counts of 1 to 4 (bucket 4), other rows' the second time
+            feeds = [torch.cat([feed, prompt(10 * tick + k, (k + tick) % 4)])
+                     for k, feed in enumerate(feeds)]  # fmt: skip
+        results = graphs.step(zip(slots, feeds, strict=True))
+        for k, (session, result) in enumerate(zip(alone, results, strict=True)):
+            hidden, logits = session.feed(feeds[k])
+            torch.testing.assert_close(result.logits, logits, **TIGHT)
+            torch.testing.assert_close(result.hidden, hidden, **TIGHT)
+            assert int(result.logits.argmax()) == int(logits.argmax())
+            feeds[k] = torch.tensor([int(result.logits.argmax())])
+    assert {key[0] for key in graphs.graphs} == {bucket_for(real, graphs.batch_sizes)}
+    assert {key[1] for key in graphs.graphs} >= {1, 4} and graphs.eager == 0
+
+
+def test_empty_rows_change_no_slot():
+    steps = batched(llm_with("eager"), slots=4, capacity=64)
+    graphs = GraphCache(steps, batch_sizes=(4,))
+    slots = [steps.cache.acquire() for _ in range(4)]
+    steps.step([(slot, prompt(slot, 5 + slot)) for slot in slots])
+    before, held = buffers(steps), list(steps.cache.lengths)
+    scratch, idle = steps.cache.scratch, steps.cache.idle
+    plan = steps.plan([StepRequest(slots[2], prompt(9, 3))], rows=4, length=4)
+    assert plan.slots == (slots[2],) and plan.rows[1:].eq(idle).all()
+    assert plan.write[1:].eq(scratch).all() and plan.last[1:].eq(0).all()
+    assert plan.mask[1:, 0, :, 1:].eq(torch.finfo(torch.float32).min).all()
+    assert plan.mask[1:, 0, :, 0].eq(0).all()
+    # One real row of 3 positions in a bucket of 4 rows and 4 positions.
+    graphs.step([(slots[2], prompt(9, 3))])
+    assert list(graphs.graphs) == [(4, 4, 16)]
+    for now, then in zip(buffers(steps), before, strict=True):
+        changed = (now != then).any(dim=(1, 3)).nonzero().tolist()  # [row, column]
+        for row, column in changed:
+            assert column == scratch or (row == slots[2] and held[row] <= column < held[row] + 3)
+        assert now[idle, :, :scratch].eq(0).all()
+        # Every slot but the real one bit-identical, their scratch columns included.
+        others = [s for s in slots if s != slots[2]]
+        assert torch.equal(now[others], then[others])
+    assert steps.cache.lengths == [held[0], held[1], held[2] + 3, held[3]]
+
+
+def test_a_tick_never_sees_the_previous_ticks_static_inputs():
+    llm = llm_with("eager")
+    steps = batched(llm, slots=4, capacity=64)
+    graphs = GraphCache(steps)
+    slots = [steps.cache.acquire() for _ in range(4)]
+    steps.step([(slot, prompt(slot, 4 + slot)) for slot in slots])
+    graphs.step([(slot, prompt(10 + slot, 1)) for slot in slots])  # 4 rows: bucket 4
+    # Slot 3 goes back a position and on with another token, off the graph...
+    steps.cache.crop(slots[3], steps.cache.lengths[slots[3]] - 1)
+    steps.step([(slots[3], prompt(20, 1))])
+    kept = buffers(steps)
+    # ...then 3 rows in the same bucket: its 4th row is empty, not slot 3's last.
+    results = graphs.step([(slot, prompt(30 + slot, 1)) for slot in slots[:3]])
+    assert len(graphs.graphs) == 1 and len(results) == 3
+    for now, then in zip(buffers(steps), kept, strict=True):
+        assert torch.equal(now[slots[3]], then[slots[3]])
+    for slot, result in zip(slots[:3], results, strict=True):
+        alone = Alone(llm)
+        for feed in (prompt(slot, 4 + slot), prompt(10 + slot, 1)):
+            alone.feed(feed)
+        _, logits = alone.feed(prompt(30 + slot, 1))
+        torch.testing.assert_close(result.logits, logits, **TIGHT)
+
+
+def test_the_bound_evicts_the_least_recently_replayed_graph():
+    steps = batched(llm_with("eager"), slots=4, capacity=128)
+    graphs = GraphCache(steps, max_graphs=2)
+    slots = [steps.cache.acquire() for _ in range(4)]
+    graphs.step([(slots[0], prompt(0, 1))])  # (1, 1, 16)
+    graphs.step([(slots[0], prompt(1, 2)), (slots[1], prompt(2, 1))])  # (2, 2, 16)
+    graphs.step([(slots[0], prompt(3, 1))])  # (1, 1, 16) again: most recent
+    graphs.step([(slot, prompt(4, 3)) for slot in slots])  # (4, 4, 16): evicts (2, 2)
+    assert list(graphs.graphs) == [(1, 1, 16), (4, 4, 16)] and graphs.captures == 3
+    graphs.step([(slots[0], prompt(5, 70))])  # past the step buckets: eager
+    assert graphs.eager == 1 and len(graphs.graphs) == 2
