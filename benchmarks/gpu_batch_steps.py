@@ -354,12 +354,14 @@ def loop_mode(steps: BatchedSteps, counts: list[int], args: Any, dtype: torch.dt
     try:
         for n in counts:
             loop.batch_sizes.clear()
-            captured = loop.graphs.captures
+            captured, gathers = loop.graphs.captures, loop.graphs.gathers
             times = asyncio.run(lockstep(loop, n, args))
             row = {
                 "slots": n,
                 "tick_ms": summary(times),
                 "graphs_captured": loop.graphs.captures - captured,
+                # Ticks read through a gather, not a prefix view (0 in lockstep).
+                "gathered_ticks": loop.graphs.gathers - gathers,
                 "batch_sizes": dict(sorted(loop.batch_sizes.items())),
             }
             rows.append(row)
@@ -378,7 +380,7 @@ def loop_mode(steps: BatchedSteps, counts: list[int], args: Any, dtype: torch.dt
           f"through BatchLoop ({report['graphs']} graphs): median (p95) ms per tick")  # fmt: skip
     for row in rows:
         print(f"{row['slots']:>7} sessions: {_cell(row['tick_ms']):>18}  "
-              f"batches {row['batch_sizes']}")  # fmt: skip
+              f"batches {row['batch_sizes']}  gathered {row['gathered_ticks']}")  # fmt: skip
     save(report, args, "gpu_batch_loop")
     return 0
 

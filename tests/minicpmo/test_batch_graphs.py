@@ -7,8 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from omnilive.engines.minicpmo.batch import BatchedSteps, StepRequest
-from omnilive.engines.minicpmo.batch_graphs import GraphCache, batch_buckets, bucket_for
+from omnilive.engines.minicpmo.batch import BatchedSteps, StepRequest, _rows_view
+from omnilive.engines.minicpmo.batch_graphs import (
+    PREFIX_SPAN,
+    GraphCache,
+    batch_buckets,
+    bucket_for,
+)
 from tests.minicpmo.test_batch import TIGHT, VOCAB, Alone, batched, llm_with
 
 
@@ -34,7 +39,8 @@ def test_padded_ticks_match_each_session_alone(real: int):
     graphs = GraphCache(steps)
     assert not graphs.capture  # on the CPU: simulated
     alone = [Alone(llm) for _ in range(real)]
-    # Slots in falling order: the rows are gathered, never a neighbours' view.
+    # Slots in falling order from the last: a prefix of all 8 when there are
+    # enough requests, else gathered rows (never a neighbours' view).
     slots = [steps.cache.acquire() for _ in range(8)][::-1][:real]
     feeds = [prompt(k, 3 + 2 * k) for k in range(real)]  # ragged: padded to 4, 8, 16
     for tick in range(7):  # a prefill, greedy decode steps, ragged steps
@@ -48,7 +54,10 @@ def test_padded_ticks_match_each_session_alone(real: int):
             torch.testing.assert_close(result.hidden, hidden, **TIGHT)
             assert int(result.logits.argmax()) == int(logits.argmax())
             feeds[k] = torch.tensor([int(result.logits.argmax())])
-    assert {key[0] for key in graphs.graphs} == {bucket_for(real, graphs.batch_sizes)}
+    prefix = PREFIX_SPAN * real >= 8
+    rows = 8 if prefix else bucket_for(real, graphs.batch_sizes)
+    assert {(key[0], key[3]) for key in graphs.graphs} == {(rows, not prefix)}
+    assert graphs.gathers == (0 if prefix else 7)
     assert {key[1] for key in graphs.graphs} >= {1, 4} and graphs.eager == 0
 
 
@@ -66,7 +75,7 @@ def test_empty_rows_change_no_slot():
     assert plan.mask[1:, 0, :, 0].eq(0).all()
     # One real row of 3 positions in a bucket of 4 rows and 4 positions.
     graphs.step([(slots[2], prompt(9, 3))])
-    assert list(graphs.graphs) == [(4, 4, 16)]
+    assert list(graphs.graphs) == [(4, 4, 16, True)]  # 1 request, a prefix of 3: gathered
     for now, then in zip(buffers(steps), before, strict=True):
         changed = (now != then).any(dim=(1, 3)).nonzero().tolist()  # [row, column]
         for row, column in changed:
@@ -106,10 +115,51 @@ def test_the_bound_evicts_the_least_recently_replayed_graph():
     steps = batched(llm_with("eager"), slots=4, capacity=128)
     graphs = GraphCache(steps, max_graphs=2)
     slots = [steps.cache.acquire() for _ in range(4)]
-    graphs.step([(slots[0], prompt(0, 1))])  # (1, 1, 16)
+    graphs.step([(slots[0], prompt(0, 1))])  # (1, 1, 16): the prefix of slot 0
     graphs.step([(slots[0], prompt(1, 2)), (slots[1], prompt(2, 1))])  # (2, 2, 16)
     graphs.step([(slots[0], prompt(3, 1))])  # (1, 1, 16) again: most recent
     graphs.step([(slot, prompt(4, 3)) for slot in slots])  # (4, 4, 16): evicts (2, 2)
-    assert list(graphs.graphs) == [(1, 1, 16), (4, 4, 16)] and graphs.captures == 3
+    assert list(graphs.graphs) == [(1, 1, 16, False), (4, 4, 16, False)]
+    assert graphs.captures == 3
     graphs.step([(slots[0], prompt(5, 70))])  # past the step buckets: eager
     assert graphs.eager == 1 and len(graphs.graphs) == 2
+
+
+def test_a_prefix_tick_reads_a_view_and_changes_no_other_slot():
+    """Requests on slots 0, 3 and 4 with slot 1 released (a hole) and slots 2
+    and 5 live but idle: one graph over the prefix of 8 slots, no gather,
+    each request on its slot's row, every other slot bit-identical."""
+    llm = llm_with("eager")
+    steps = batched(llm, slots=8, capacity=64)
+    graphs = GraphCache(steps)
+    slots = [steps.cache.acquire() for _ in range(6)]
+    assert slots == list(range(6))  # the lowest free slot each time
+    alone = {slot: Alone(llm) for slot in slots}
+    for slot in slots:
+        feed = prompt(slot, 4 + slot)
+        steps.step([(slot, feed)])
+        alone[slot].feed(feed)
+    steps.cache.release(1)
+    asked = [4, 0, 3]  # any order: results come back in it
+    feeds = [prompt(20 + slot, 1) for slot in asked]
+    requests = [StepRequest(slot, feed) for slot, feed in zip(asked, feeds, strict=True)]
+    plan = steps.plan(requests, rows=8, length=1, prefix=True)
+    assert plan.prefix and not plan.gather and plan.index == (4, 0, 3)
+    assert plan.rows.tolist() == [0, 8, 8, 3, 4, 8, 8, 8]  # 8: the idle row
+    assert plan.write[[1, 2, 5, 6, 7]].eq(steps.cache.scratch).all()
+    keys = steps.cache.key_cache[0]
+    assert _rows_view(keys, plan).data_ptr() == keys.data_ptr()  # a view, no copy
+    before, held = buffers(steps), list(steps.cache.lengths)
+    results = graphs.step(requests)
+    assert list(graphs.graphs) == [(8, 1, 16, False)] and graphs.gathers == 0
+    for slot, feed, result in zip(asked, feeds, results, strict=True):
+        hidden, logits = alone[slot].feed(feed)
+        assert result.slot == slot
+        torch.testing.assert_close(result.logits, logits, **TIGHT)
+        torch.testing.assert_close(result.hidden, hidden, **TIGHT)
+    untouched = [1, 2, 5, 6, 7]
+    for now, then in zip(buffers(steps), before, strict=True):
+        assert torch.equal(now[untouched], then[untouched])  # scratch columns included
+        assert now[steps.cache.idle, :, : steps.cache.scratch].eq(0).all()
+    assert steps.cache.lengths == [held[s] + (s in asked) for s in range(8)]
+    assert steps.cache.acquire() == 1  # the hole is filled first

@@ -31,7 +31,9 @@ before a replay) and a plan's shapes depend only on those three. A plan can
 be padded up to such a bucket: ``rows`` beyond the requests are *empty rows*
 (no slot's positions, see :meth:`BatchedSteps.plan`), ``length`` beyond the
 longest request pads every row; :mod:`omnilive.engines.minicpmo.batch_graphs`
-keeps the graphs.
+keeps the graphs. A *prefix* plan puts each request on the row of its own
+slot and covers slots ``0 .. rows - 1`` with one view of the buffers, no
+gather: the other rows of the prefix are empty rows.
 """
 
 from __future__ import annotations
@@ -96,6 +98,11 @@ class StepPlan:
     # Read the rows' buffers through an index_select of ``rows`` even when the
     # slots are neighbours: a CUDA graph replays one read for any slots.
     gather: bool = False
+    # Row b reads slot b's buffers (the view of slots 0 .. B-1): what a CUDA
+    # graph of any requests within that prefix replays without a gather.
+    prefix: bool = False
+    # The row of each request (in request order): its slot in a prefix plan.
+    index: tuple[int, ...] = ()
 
 
 class SlotCache(Cache):
@@ -246,6 +253,9 @@ class SlotCache(Cache):
 
 
 def _rows_view(buffer: torch.Tensor, plan: StepPlan) -> torch.Tensor:
+    if plan.prefix:
+        # Empty rows read a slot here (column 0 only) but write the idle row.
+        return buffer[: plan.rows.shape[0], :, : plan.width]
     first = plan.slots[0]
     if not plan.gather and plan.slots == tuple(range(first, first + len(plan.slots))):
         # A view, no copy (strided when the width is under the buffer's: SDPA's
@@ -301,6 +311,7 @@ class BatchedSteps:
         rows: int | None = None,
         length: int | None = None,
         gather: bool = False,
+        prefix: bool = False,
     ) -> StepPlan:
         """The step's tensors, after the cache accepted it. Attention reads
         ``width`` columns: by default the width bucket of the longest row's
@@ -311,14 +322,18 @@ class BatchedSteps:
         cache's idle row (zeros: never a fully masked row), writes only that
         row's scratch column, and its output is not a result. ``length`` (a
         step-length bucket, at least the longest request) pads every row.
-        ``gather`` reads through an index of rows even for neighbouring slots."""
+        ``gather`` reads through an index of rows even for neighbouring slots.
+        ``prefix`` puts each request on the row of its slot and reads slots
+        ``0 .. rows - 1`` as one view: every other row of it is an empty row,
+        which reads column 0 of its slot and still writes only the idle row."""
         slots = tuple(int(request.slot) for request in requests)
         counts = tuple(int(request.inputs.shape[0]) for request in requests)
         self.cache.check(slots, counts)  # empty rows are no request: never checked
         held = [self.cache.lengths[slot] for slot in slots]
         longest = max(counts)
-        empty = (rows or len(slots)) - len(slots)
-        if empty < 0 or (length or longest) < longest:
+        width_rows = rows or (max(slots) + 1 if prefix else len(slots))
+        index = slots if prefix else tuple(range(len(slots)))
+        if width_rows < max(index) + 1 or (length or longest) < longest:
             raise ValueError(
                 f"a plan of {rows} rows and {length} positions cannot hold "
                 f"{len(slots)} requests of up to {longest}"
@@ -335,15 +350,19 @@ class BatchedSteps:
                 f"(the buffers hold {self.cache.columns})"
             )
         device = self.device
-        # An empty row counts as one position at column 0 of the idle row, which
-        # it then writes to the scratch column like any padding position.
-        lengths = torch.tensor(held + [0] * empty, device=device)[:, None]
-        real = torch.tensor(counts + (1,) * empty, device=device)[:, None]
+        # An empty row counts as one position at column 0 of the row it reads
+        # (the idle row's, or in a prefix its slot's), and writes it to the
+        # idle row's scratch column like any padding position.
+        row_held, row_counts = [0] * width_rows, [1] * width_rows
+        row_slots = [self.cache.idle] * width_rows
+        for k, row in enumerate(index):
+            row_held[row], row_counts[row], row_slots[row] = held[k], counts[k], slots[k]
+        empty = torch.tensor([slot == self.cache.idle for slot in row_slots], device=device)
+        lengths = torch.tensor(row_held, device=device)[:, None]
+        real = torch.tensor(row_counts, device=device)[:, None]
         offsets = torch.arange(longest, device=device)[None, :]
         positions = lengths + offsets
-        write = torch.where(offsets < real, positions, self.cache.scratch)
-        if empty:
-            write[len(slots) :] = self.cache.scratch
+        write = torch.where((offsets < real) & ~empty[:, None], positions, self.cache.scratch)
         # A padding query sees what the row's last real one sees: never a
         # fully masked row (fused SDPA kernels mishandle those), never padding.
         limit = lengths + torch.minimum(offsets, real - 1)
@@ -354,20 +373,28 @@ class BatchedSteps:
             slots=slots,
             counts=counts,
             width=width,
-            rows=torch.tensor(slots + (self.cache.idle,) * empty, device=device),
+            rows=torch.tensor(row_slots, device=device),
             positions=positions,
             write=write,
             mask=mask,
             last=real[:, 0] - 1,
-            gather=gather or bool(empty),
+            gather=not prefix and (gather or width_rows > len(slots)),
+            prefix=prefix,
+            index=index,
         )
 
     def embed(
-        self, requests: Sequence[StepRequest], *, rows: int | None = None, length: int | None = None
+        self,
+        requests: Sequence[StepRequest],
+        *,
+        rows: int | None = None,
+        length: int | None = None,
+        index: Sequence[int] | None = None,
     ) -> torch.Tensor:
         """``[B, L, hidden]``: token ids through the model's embedding table,
         embeddings as given, zero padding after each row's real positions (to
-        ``length``) and as the empty rows up to ``rows`` (see :meth:`plan`)."""
+        ``length``) and as the empty rows up to ``rows`` (see :meth:`plan`);
+        request ``k`` on row ``index[k]`` (a plan's :attr:`StepPlan.index`)."""
         table = self.backbone.get_input_embeddings()
         with torch.no_grad():  # inputs, never differentiated: no history to keep
             embedded = [
@@ -378,10 +405,14 @@ class BatchedSteps:
             ]
         padded = pad_sequence(embedded, batch_first=True)
         wide, long = rows or padded.shape[0], length or padded.shape[1]
-        if (wide, long) == padded.shape[:2]:
+        in_order = index is None or tuple(index) == tuple(range(len(requests)))
+        if in_order and (wide, long) == padded.shape[:2]:
             return padded
         out = padded.new_zeros(wide, long, padded.shape[2])
-        out[: padded.shape[0], : padded.shape[1]] = padded
+        if in_order:
+            out[: padded.shape[0], : padded.shape[1]] = padded
+        else:
+            out[list(index), : padded.shape[1]] = padded  # type: ignore[arg-type]
         return out
 
     def run(self, embeds: torch.Tensor, plan: StepPlan) -> tuple[torch.Tensor, Any]:
@@ -392,8 +423,9 @@ class BatchedSteps:
         This is what a CUDA graph per batch-size bucket, step length and width
         bucket captures (:class:`~omnilive.engines.minicpmo.batch_graphs.GraphCache`),
         over a plan whose tensors are copied in before each replay: padded with
-        empty rows, read through the gather (``index_select`` in
-        :meth:`SlotCache.update`) so that one graph serves any slots."""
+        empty rows, and either a prefix of the slots (one view of the buffers)
+        or read through the gather (``index_select`` in :meth:`SlotCache.update`),
+        so that one graph serves any slots of its shape."""
         # No autograd history: the buffers are written in place every step.
         with torch.no_grad(), attention_named(self.backbone.config, self.attention):
             self.cache.bind(plan)

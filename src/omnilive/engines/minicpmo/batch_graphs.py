@@ -11,6 +11,14 @@ than the largest step bucket (long prefills: few, and their launch overhead
 is small next to their work) or wider than the largest batch bucket run
 eagerly.
 
+A step whose slots all lie in a short prefix (the live sessions hold the
+lowest slots, :meth:`SlotCache.acquire`) runs on the batch bucket that covers
+slots ``0 ..`` its highest: each request on its slot's row, the buffers read
+as one view (a *prefix* plan, no gather), the other rows empty. Released
+slots leave holes that are not compacted: when the prefix up to the highest
+requested slot is more than :data:`PREFIX_SPAN` times the requests, the step
+gathers its rows instead, on the bucket of its request count.
+
 On the CPU there is nothing to capture: a *simulated* graph runs the same
 static-input code path eagerly (copy in, ``run`` over the static tensors,
 copy out), so CPU tests hold that bookkeeping to each session's own results.
@@ -33,7 +41,11 @@ STEP_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 # The plan's device tensors: what a replay's inputs are, besides the embeddings.
 _PLAN_TENSORS = ("rows", "positions", "write", "mask", "last")
 
-Key = tuple[int, int, int]  # (batch bucket, step bucket, width)
+Key = tuple[int, int, int, bool]  # (batch bucket, step bucket, width, gather)
+
+PREFIX_SPAN = 2
+"""At most this many prefix rows per request, or a step gathers its rows: a
+prefix row costs a row of the forward, a gathered one a copy of its K/V."""
 
 
 def batch_buckets(slots: int) -> tuple[int, ...]:
@@ -92,9 +104,12 @@ class StepGraph:
             self.graph.replay()
         else:
             self.hidden, self.logits = self.steps.run(self.embeds, self.plan)
-        real = len(plan.slots)
         assert self.hidden is not None
         # Copies: the static outputs are the next replay's.
+        if plan.prefix:
+            index = list(plan.index)
+            return self.hidden[index], None if self.logits is None else self.logits[index]
+        real = len(plan.slots)
         hidden = self.hidden[:real].clone()
         return hidden, None if self.logits is None else self.logits[:real].clone()
 
@@ -131,6 +146,7 @@ class GraphCache:
         self.graphs: OrderedDict[Key, StepGraph] = OrderedDict()
         self.captures = 0  # graphs made, evicted ones included
         self.eager = 0  # steps past the buckets
+        self.gathers = 0  # graphed steps that read their rows through a gather
 
     def step(self, requests: Iterable[tuple[int, torch.Tensor]]) -> list[StepResult]:
         """:meth:`BatchedSteps.step`, through the graph of its buckets."""
@@ -143,9 +159,16 @@ class GraphCache:
             self.eager += 1
             return self.steps.step(requests)
         steps = self.steps
-        plan = steps.plan(requests, rows=rows, length=length, gather=True)
-        embeds = steps.embed(requests, rows=rows, length=length)
-        graph = self._graph((rows, length, plan.width), plan, embeds)
+        span = max(int(r.slot) for r in requests) + 1
+        prefix = bucket_for(span, self.batch_sizes)
+        if prefix is not None and span <= PREFIX_SPAN * len(requests):
+            plan = steps.plan(requests, rows=prefix, length=length, prefix=True)
+        else:
+            plan = steps.plan(requests, rows=rows, length=length, gather=True)
+            self.gathers += 1
+        embeds = steps.embed(requests, rows=len(plan.rows), length=length, index=plan.index)
+        key = (len(plan.rows), length, plan.width, plan.gather)
+        graph = self._graph(key, plan, embeds)
         hidden, logits = graph.replay(plan, embeds)
         steps.cache.commit(plan)
         return [
