@@ -48,6 +48,7 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from omnilive.engines.minicpmo.batch import BatchedSteps, SlotCache, StepRequest
+from omnilive.engines.minicpmo.batch_graphs import StepGraph
 from omnilive.engines.minicpmo.batch_loop import BatchLoop
 from omnilive.engines.minicpmo.slot_attention import GQA_SLOT_ATTENTION, SLOT_ATTENTION
 
@@ -101,38 +102,21 @@ def requests(steps: BatchedSteps, n: int, length: int, scale: float) -> list[Ste
     return [StepRequest(slot, embeds[slot] * scale) for slot in range(n)]
 
 
-class GraphStep:
-    """``steps.run`` for slots 0..n-1 and ``length`` new positions, captured
-    once over plan tensors of one width (``None``: the step's width bucket);
-    each step copies its plan in."""
+def graph_step(steps: BatchedSteps, n: int, length: int, scale: float, width: int | None) -> Any:
+    """A step of slots 0..n-1 and ``length`` new positions replayed from the
+    engine's own :class:`StepGraph`, captured once over plan tensors of one
+    width (``None``: the step's width bucket); returns the step function and
+    the width."""
+    first = requests(steps, n, length, scale)
+    graph = StepGraph(steps, steps.plan(first, width=width), steps.embed(first), capture=True)
 
-    def __init__(
-        self, steps: BatchedSteps, n: int, length: int, scale: float, width: int | None
-    ) -> None:
-        self.steps = steps
-        first = requests(steps, n, length, scale)
-        self.plan = steps.plan(first, width=width)
-        self.embeds = steps.embed(first).clone()
-        # Warm-up and capture write the new positions past each slot's
-        # length: never visible, overwritten by the next real step.
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            steps.run(self.embeds, self.plan)
-        torch.cuda.current_stream().wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.hidden, self.logits = steps.run(self.embeds, self.plan)
+    def step(batch: list[StepRequest]) -> Any:
+        plan = steps.plan(batch, width=graph.plan.width)
+        _, logits = graph.replay(plan, steps.embed(batch))
+        steps.cache.commit(plan)
+        return logits
 
-    def step(self, batch: list[StepRequest]) -> Any:
-        plan = self.steps.plan(batch, width=self.plan.width)
-        assert plan.slots == self.plan.slots
-        for name in ("rows", "positions", "write", "mask", "last"):
-            getattr(self.plan, name).copy_(getattr(plan, name))
-        self.embeds.copy_(self.steps.embed(batch))
-        self.graph.replay()
-        self.steps.cache.commit(plan)
-        return self.logits
+    return step, graph.plan.width
 
 
 def eager_step(steps: BatchedSteps, batch: list[StepRequest]) -> Any:
@@ -199,12 +183,12 @@ def attention(steps: BatchedSteps, reference: BatchedSteps, full: bool, n: int, 
         eager = vs_reference(lambda b: eager_step(steps, b), reference, n, length, args, scale)
         return {"width": width, "vs_reference": eager}
     started = time.perf_counter()
-    graph = GraphStep(steps, n, length, scale, steps.cache.columns if full else None)
+    step, width = graph_step(steps, n, length, scale, steps.cache.columns if full else None)
     return {
-        "width": graph.plan.width,
+        "width": width,
         "capture_ms": round((time.perf_counter() - started) * 1000, 1),
-        "graph_ms": timed(graph.step, steps, n, length, args, scale),
-        "vs_reference": vs_reference(graph.step, reference, n, length, args, scale),
+        "graph_ms": timed(step, steps, n, length, args, scale),
+        "vs_reference": vs_reference(step, reference, n, length, args, scale),
     }
 
 

@@ -168,25 +168,17 @@ async def _until_http_disconnect(request: Request) -> None:
         pass
 
 
-# The HTTP status of a chat request the gateway ended.
-_HTTP_STATUS = {
-    Ending.QUEUE_FULL: 503,
-    Ending.NO_WORKERS: 503,
-    Ending.SHUTDOWN: 503,
-    Ending.CANCELLED: 409,
-    Ending.APP_DISABLED: 403,
-    Ending.WORKER_BUSY: 502,
-    Ending.WORKER_UNREACHABLE: 502,
-    Ending.WORKER_LOST: 502,
-    Ending.INTERNAL_ERROR: 502,
-}
-# Its error code where it is not the ending's own name.
-_HTTP_CODE = {
-    Ending.SHUTDOWN: ErrorCode.SERVER_SHUTDOWN,
-    Ending.WORKER_BUSY: ErrorCode.WORKER_FAILED,
-    Ending.WORKER_UNREACHABLE: ErrorCode.WORKER_FAILED,
-    Ending.WORKER_LOST: ErrorCode.WORKER_FAILED,
-    Ending.INTERNAL_ERROR: ErrorCode.WORKER_FAILED,
+# How ``POST /api/chat`` answers a request the gateway ended: status, error code.
+_HTTP_ENDINGS = {
+    Ending.QUEUE_FULL: (503, ErrorCode.QUEUE_FULL),
+    Ending.NO_WORKERS: (503, ErrorCode.NO_WORKERS),
+    Ending.SHUTDOWN: (503, ErrorCode.SERVER_SHUTDOWN),
+    Ending.CANCELLED: (409, ErrorCode.CANCELLED),
+    Ending.APP_DISABLED: (403, ErrorCode.APP_DISABLED),
+    Ending.WORKER_BUSY: (502, ErrorCode.WORKER_FAILED),
+    Ending.WORKER_UNREACHABLE: (502, ErrorCode.WORKER_FAILED),
+    Ending.WORKER_LOST: (502, ErrorCode.WORKER_FAILED),
+    Ending.INTERNAL_ERROR: (502, ErrorCode.WORKER_FAILED),
 }
 
 
@@ -210,8 +202,8 @@ async def chat_http(request: Request) -> JSONResponse:
     answer: list[JSONResponse] = []
 
     async def tell(ending: Ending, detail: str) -> None:
-        code = _HTTP_CODE.get(ending, ending.value)
-        answer.append(_error_response(_HTTP_STATUS[ending], detail, code))
+        status, code = _HTTP_ENDINGS[ending]
+        answer.append(_error_response(status, detail, code))
 
     session = _chat_session(request)
     async with gateway_session(gateway, session, tell) as link:
