@@ -65,6 +65,10 @@ def model_config(tiny: bool) -> dict[str, Any]:
         "torch_dtype": "bfloat16",
         "vocab_size": 151936,
         "max_position_embeddings": 40960,
+        # As Qwen3-8B's: transformers 4.51 would otherwise mask attention past
+        # Qwen3Config's default window of 4096 even with the window off.
+        "use_sliding_window": False,
+        "sliding_window": None,
         "rope_theta": 1000000.0,
         "rms_norm_eps": 1e-6,
         "hidden_act": "silu",
@@ -108,9 +112,10 @@ def model_config(tiny: bool) -> dict[str, Any]:
 # Modules written into the checkpoint's ``standin/`` folder (on ``PYTHONPATH``
 # for the server): the vocoder package the model code imports as
 # ``stepaudio2`` (see standins/random_vocoder.py; a tone generator for --tiny
-# dry runs on a CPU), and a librosa stub: transformers refuses remote code
-# whose imports are missing, lazy ones too; the model code imports librosa only
-# inside functions omnilive never calls, and librosa drags in numba.
+# dry runs on a CPU), and stubs of librosa and flag_gems: transformers refuses
+# remote code whose imports are missing, lazy ones too; the model code imports
+# librosa only inside functions omnilive never calls (and librosa drags in
+# numba), flag_gems only when USE_FLAGOS=1.
 STANDINS = Path(__file__).parent / "standins"
 
 
@@ -124,7 +129,9 @@ def synthetic_voice(seconds: float = 4.0) -> np.ndarray:
     return (0.2 * wave * envelope).astype(np.float32)
 
 
-def build_checkpoint(code: Path, out: Path, tiny: bool, device: str) -> None:
+def build_checkpoint(
+    code: Path, out: Path, tiny: bool, device: str, tone_vocoder: bool = False
+) -> None:
     import torch
     import transformers
 
@@ -135,11 +142,12 @@ def build_checkpoint(code: Path, out: Path, tiny: bool, device: str) -> None:
     (out / "assets" / "token2wav").mkdir(parents=True, exist_ok=True)
     standin = out / "standin" / "stepaudio2"
     standin.mkdir(parents=True, exist_ok=True)
-    vocoder = "tone_vocoder.py" if tiny else "random_vocoder.py"
+    vocoder = "tone_vocoder.py" if tiny or tone_vocoder else "random_vocoder.py"
     shutil.copy2(STANDINS / vocoder, standin / "__init__.py")
-    librosa = out / "standin" / "librosa"
-    librosa.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(STANDINS / "librosa_stub.py", librosa / "__init__.py")
+    for package, stub in (("librosa", "librosa_stub.py"), ("flag_gems", "flag_gems_stub.py")):
+        folder = out / "standin" / package
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(STANDINS / stub, folder / "__init__.py")
     (out / "voice.wav").write_bytes(wav_bytes(synthetic_voice(), 16000))
     sys.path.insert(0, str(out / "standin"))  # the stand-ins, for this process too
     started = time.perf_counter()

@@ -418,6 +418,11 @@ def main(argv: list[str] | None = None) -> int:
     build.add_argument("--code", type=Path, required=True)
     build.add_argument("--out", type=Path, required=True)
     build.add_argument("--tiny", action="store_true")
+    build.add_argument(
+        "--tone-vocoder",
+        action="store_true",
+        help="a tone generator for the vocoder (no minicpmo-utils needed: equality runs)",
+    )
     build.add_argument("--device", default="cuda")
     run = commands.add_parser("run")
     run.add_argument("--model-path", type=Path, required=True)
@@ -440,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--no-cuda-graphs", action="store_true", help="minicpmo.cuda_graphs off")
     args = parser.parse_args(argv)
     if args.command == "checkpoint":
-        build_checkpoint(args.code, args.out, args.tiny, args.device)
+        build_checkpoint(args.code, args.out, args.tiny, args.device, args.tone_vocoder)
         return 0
     if args.out is None:
         name = (GpuSampler.query("name") or "no_gpu").lower().replace(" ", "_")

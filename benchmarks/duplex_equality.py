@@ -1,0 +1,532 @@
+"""Hold the batched duplex engine to the model's own code.
+
+The model's duplex object (either flavour of the published code: the
+checkpoint's ``MiniCPMODuplex`` or the unified code's ``DuplexCapability``)
+runs each session alone, one after another; then the same sessions run all at
+once as :class:`~omnilive.engines.minicpmo.duplex_slots.SlotDuplex` sessions in
+the slots of one :class:`BatchLoop`, over the same loaded modules. With greedy
+text decoding and the speech LM at temperature ~0 (the model code samples the
+speech LM always; a near-zero temperature makes its draw the best token), every
+unit of every session must make the same decisions: the same tokens decided
+(listen/speak, text, terminators), the same speech tokens, the same context
+length; the logits each text decision saw are compared too (largest
+difference, reported).
+
+Usage (the model code in DIR, never committed; a checkpoint made by
+``benchmarks.gpu_duplex checkpoint``)::
+
+    python -m benchmarks.duplex_equality --ckpt CKPT --flavour unified \
+        --sessions 8 --units 30 [--device cuda] [--out result.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SYSTEM_PROMPTS = (
+    "You are a helpful assistant.",
+    "You are a friendly guide. Answer briefly.",
+    "Speak like a pirate.",
+    "You are a careful listener; wait for the user to finish.",
+)
+
+
+@dataclass
+class SessionInput:
+    """What one session is given: its system prompt, whether it shows frames,
+    and per unit one second of audio (and a frame)."""
+
+    prompt: str
+    omni: bool
+    audio: list[np.ndarray]
+    frames: list[Any]
+
+
+@dataclass
+class UnitTrace:
+    is_listen: bool
+    decided: list[int]
+    speech: list[int]
+    kv_length: int
+    logits: list[Any] = field(default_factory=list)
+    # The batched engine's only: what each text and speech choice was made
+    # from (after penalties), to tell a tie from a difference.
+    text_choices: list[Any] = field(default_factory=list)
+    speech_choices: list[Any] = field(default_factory=list)
+    # The reference's only: the text decoder's choices, the speech per chunk.
+    chosen: list[int] = field(default_factory=list)
+    speech_chunks: list[list[int]] = field(default_factory=list)
+
+
+class TieFollower:
+    """Keeps the batched run on the reference's path through ties.
+
+    bf16 forwards batched differently round differently; two tokens within
+    ``tie`` of each other may then be chosen the other way, after which the
+    two contexts (and every later figure) differ. Where the batched engine's
+    choice differs from the reference's by no more than ``tie`` in the logits
+    it chose from, it takes the reference's (counted as a tie); a larger
+    difference is left alone and shows up as a mismatch."""
+
+    def __init__(self, reference: list[UnitTrace], tie: float, session: int) -> None:
+        self.session = session
+        self.text = [t for unit in reference for t in unit.chosen]
+        self.speech = [c for unit in reference for c in unit.speech_chunks]
+        self.tie = tie
+        self.text_at = 0
+        self.chunk = -1
+        self.ties: list[dict[str, Any]] = []
+
+    def text_choice(self, token: int, logits: Any, history: list[int]) -> int:
+        k, self.text_at = self.text_at, self.text_at + 1
+        if k >= len(self.text) or token == self.text[k] or logits is None:
+            return token
+        expected = self.text[k]
+        if abs(float(logits[token]) - float(logits[expected])) > self.tie:
+            return token
+        self.ties.append(
+            {"kind": "text", "choice": k, "gap": float(logits[token] - logits[expected])}
+        )
+        if history and history[-1] == token:
+            history[-1] = expected
+        return expected
+
+    def speech_choice(self, token: int, logits: Any, previous: list[int]) -> int:
+        t = len(previous)
+        if t == 0:
+            self.chunk += 1
+        chunk = self.speech[self.chunk] if self.chunk < len(self.speech) else []
+        if t >= len(chunk) or token == chunk[t]:
+            return token
+        expected = chunk[t]
+        if abs(float(logits[token]) - float(logits[expected])) > self.tie:
+            return token
+        self.ties.append({"kind": "speech", "chunk": self.chunk, "index": t})
+        return expected
+
+
+def follow_ties(followers: dict[int, TieFollower]) -> Any:
+    """Wrap the engine's choice functions so each session (found by its
+    generator) follows the reference through ties; returns the undo."""
+    from omnilive.engines.minicpmo import duplex_slots
+
+    text, speech = duplex_slots.choose_token, duplex_slots.choose_speech_token
+
+    def choose_text(logits, history, sampling, vocab, generator=None, seen=None):
+        before = len(seen) if seen is not None else 0
+        token = text(logits, history, sampling, vocab, generator, seen)
+        follower = followers.get(id(generator))
+        if follower is None:
+            return token
+        processed = seen[-1] if seen is not None and len(seen) > before else None
+        return follower.text_choice(token, processed, history)
+
+    def choose_speech(logits, previous, sampling, eos, allow_eos, generator=None, seen=None):
+        token = speech(logits, previous, sampling, eos, allow_eos, generator, seen)
+        follower = followers.get(id(generator))
+        if follower is None or not seen:
+            return token
+        return follower.speech_choice(token, seen[-1], previous)
+
+    duplex_slots.choose_token, duplex_slots.choose_speech_token = choose_text, choose_speech
+
+    def undo() -> None:
+        duplex_slots.choose_token, duplex_slots.choose_speech_token = text, speech
+
+    return undo
+
+
+def session_inputs(count: int, units: int, seed: int = 0) -> list[SessionInput]:
+    """Different inputs per session: tones and noise of their own, every
+    other session omni with its own images."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    sessions = []
+    for s in range(count):
+        t = np.arange(16_000) / 16_000
+        audio = []
+        for u in range(units):
+            tone = 0.2 * np.sin(2 * np.pi * (180 + 37 * s + 11 * u) * t)
+            audio.append((tone + rng.normal(0, 0.02 + 0.01 * s, t.size)).astype(np.float32))
+        omni = s % 2 == 1
+        frames = []
+        if omni:
+            for _ in range(units):
+                pixels = rng.integers(0, 255, (96, 128, 3), dtype=np.uint8)
+                frames.append(Image.fromarray(pixels, "RGB"))
+        sessions.append(SessionInput(SYSTEM_PROMPTS[s % len(SYSTEM_PROMPTS)], omni, audio, frames))
+    return sessions
+
+
+# --- the model's own code --------------------------------------------------------------
+
+
+def load_reference(ckpt: Path, flavour: str, device: str, dtype: str, budget: int, forced: int):
+    """The model code's duplex object over a freshly loaded model."""
+    import torch
+    import transformers
+
+    sys.path.insert(0, str(ckpt / "standin"))
+    torch_dtype = getattr(torch, dtype)
+    options = dict(
+        generate_audio=True,
+        max_new_speak_tokens_per_chunk=budget,
+        force_listen_count=forced,
+        tts_temperature=1e-6,
+    )
+    if flavour == "standalone":
+        cls = transformers.dynamic_module_utils.get_class_from_dynamic_module(
+            "modeling_minicpmo.MiniCPMODuplex", str(ckpt)
+        )
+        duplex = cls.from_pretrained(
+            str(ckpt), device=device, attn_implementation="sdpa", **options
+        )
+        duplex.model.to(torch_dtype)
+    else:
+        model = transformers.AutoModel.from_pretrained(
+            str(ckpt), trust_remote_code=True, torch_dtype=torch_dtype, attn_implementation="sdpa"
+        )
+        model = model.eval().to(device)
+        model.init_unified(device=device, duplex_config=options)
+        duplex = model.duplex
+        duplex.model.to(torch_dtype)
+    duplex.tts_temperature = torch.tensor([1e-6], dtype=torch.float, device=device)
+    return duplex
+
+
+def run_reference(
+    duplex: Any, inputs: list[SessionInput], budget: int, voice: np.ndarray, wav: str
+) -> list[list[UnitTrace]]:
+    """Each session alone through the model's own duplex object."""
+    import torch
+
+    seen_logits: list[Any] = []
+    speech: list[list[int]] = []
+    decode, chunk = duplex.decoder.decode, duplex.model.tts.generate_chunk
+
+    chosen: list[int] = []
+
+    def record_decode(logits: Any, **kwargs: Any) -> Any:
+        seen_logits.append(logits[0].detach().float().cpu())
+        token = decode(logits=logits, **kwargs)
+        chosen.append(int(token.reshape(-1)[0]))
+        return token
+
+    def record_chunk(**kwargs: Any) -> Any:
+        tokens, cache = chunk(**kwargs)
+        speech.append([int(t) for t in tokens.reshape(-1).tolist()])
+        return tokens, cache
+
+    duplex.decoder.decode = record_decode
+    duplex.model.tts.generate_chunk = record_chunk
+    unit_end = duplex.tokenizer.convert_tokens_to_ids("</unit>")
+    traces = []
+    for session in inputs:
+        # As omnilive's host does between sessions: prepare() alone keeps the
+        # previous session's Whisper cache (model.audio_past_key_values).
+        duplex.model.reset_session(reset_token2wav_cache=True)
+        duplex.prepare(prefix_system_prompt=session.prompt, ref_audio=voice, prompt_wav_path=wav)
+        units = []
+        for u, audio in enumerate(session.audio):
+            frames = [session.frames[u]] if session.omni else None
+            duplex.streaming_prefill(audio_waveform=audio, frame_list=frames, max_slice_nums=1)
+            seen_logits.clear()
+            speech.clear()
+            chosen.clear()
+            before = len(duplex.total_ids)
+            with torch.no_grad():
+                result = duplex.streaming_generate(
+                    decode_mode="greedy", max_new_speak_tokens_per_chunk=budget
+                )
+            # The unified code closes the unit in finalize_unit (the checkpoint's
+            # code inside streaming_generate).
+            if getattr(duplex, "_pending_finalize", None) is not None:
+                duplex.finalize_unit()
+            decided = [t for t in duplex.total_ids[before:] if t != unit_end]
+            units.append(
+                UnitTrace(
+                    is_listen=bool(result["is_listen"]),
+                    decided=decided,
+                    speech=[t for chunk_tokens in speech for t in chunk_tokens],
+                    kv_length=int(duplex.decoder.get_cache_length()),
+                    logits=list(seen_logits),
+                    chosen=list(chosen),
+                    speech_chunks=[list(c) for c in speech],
+                )
+            )
+        traces.append(units)
+    duplex.decoder.decode, duplex.model.tts.generate_chunk = decode, chunk
+    return traces
+
+
+# --- the batched engine ----------------------------------------------------------------
+
+
+async def run_batched(
+    duplex: Any,
+    flavour: str,
+    inputs: list[SessionInput],
+    budget: int,
+    forced: int,
+    voice: np.ndarray,
+    wav: str,
+    capacity: int,
+    voice_mel_mode: dict[str, Any],
+    reference: list[list[UnitTrace]] | None = None,
+    tie: float = 1e-4,
+) -> tuple[list[list[UnitTrace]], dict[str, Any]]:
+    """Every session at once, each in a slot, over the same modules."""
+    from omnilive.engines.minicpmo.batch import BatchedSteps, SlotCache
+    from omnilive.engines.minicpmo.batch_loop import BatchLoop
+    from omnilive.engines.minicpmo.duplex_slots import SharedModel, SlotDuplex
+    from omnilive.engines.minicpmo.unit_rules import SpeechSampling, TextSampling, UnitRules
+
+    rules = UnitRules.unified() if flavour == "unified" else UnitRules()
+    shared = SharedModel.of_duplex(duplex, rules)
+    shared.voice_mel_mode = dict(voice_mel_mode)
+    llm = duplex.model.llm
+    weight = llm.lm_head.weight
+    cache = SlotCache(llm.config, len(inputs), capacity, device=weight.device, dtype=weight.dtype)
+    loop = BatchLoop(BatchedSteps(llm.model, cache, head=llm.lm_head))
+
+    async def session(index: int, given: SessionInput) -> list[UnitTrace]:
+        slot = await loop.acquire()
+        duplex_session = SlotDuplex(
+            shared,
+            loop,
+            slot,
+            text=TextSampling(greedy=True),
+            speech=SpeechSampling(temperature=0.0),
+            seed=index,
+            max_speak_tokens=budget,
+            keep_logits=True,
+        )
+        if reference is not None:
+            followers[id(duplex_session.generator)] = TieFollower(reference[index], tie, index)
+        await duplex_session.prepare(given.prompt, None, voice, wav)
+        units = []
+        for u, audio in enumerate(given.audio):
+            frames = [given.frames[u]] if given.omni else None
+            await duplex_session.prefill(audio, frames)
+            texts, speeches = len(duplex_session.text_choices), len(duplex_session.speech_logits)
+            outcome = await duplex_session.generate(force_listen=u < forced)
+            await duplex_session.finalize()
+            units.append(
+                UnitTrace(
+                    outcome.is_listen,
+                    outcome.decided,
+                    outcome.speech_tokens,
+                    duplex_session.kv_length,
+                    outcome.logits,
+                    duplex_session.text_choices[texts:],
+                    duplex_session.speech_logits[speeches:],
+                )
+            )
+        await loop.release(slot)
+        return units
+
+    followers: dict[int, TieFollower] = {}
+    undo = follow_ties(followers)
+    try:
+        traces = await asyncio.gather(*(session(i, s) for i, s in enumerate(inputs)))
+    finally:
+        loop.close()
+        undo()
+    ties = [{"session": f.session, **t} for f in followers.values() for t in f.ties]
+    return list(traces), {"batch_sizes": dict(loop.batch_sizes), "followed_ties": ties}
+
+
+# --- comparison ---------------------------------------------------------------------------
+
+
+def first_difference(a: list[int], b: list[int]) -> int:
+    """The first index where the two lists differ (a length if one is a prefix)."""
+    for k, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return k
+    return min(len(a), len(b))
+
+
+def is_tie(choices: list[Any], k: int, ours: list[int], theirs: list[int], tie: float) -> bool:
+    """Whether choice ``k`` differs only because two tokens were within ``tie``
+    of each other in the logits the batched engine chose from."""
+    if k >= len(choices) or k >= len(ours) or k >= len(theirs):
+        return False
+    logits = choices[k]
+    return abs(float(logits[ours[k]]) - float(logits[theirs[k]])) <= tie
+
+
+def compare(
+    reference: list[list[UnitTrace]], batched: list[list[UnitTrace]], tie: float = 1e-4
+) -> dict[str, Any]:
+    """Per session and unit: equal decisions, speech and context, and the
+    largest logit difference.
+
+    Two tokens whose logits are within ``tie`` of each other (float rounding:
+    the batched forwards add the same numbers in another order) may be chosen
+    either way; such a *tie* is counted, not failed. After a text tie the
+    session's contexts differ, so its comparison ends there; after a speech
+    tie, its speech is no longer compared (the LLM never hears speech tokens,
+    so its decisions still are). Any other difference is a mismatch."""
+    mismatches: list[dict[str, Any]] = []
+    ties: list[dict[str, Any]] = []
+    largest = 0.0
+    compared = speak_units = 0
+    for s, (ref_units, our_units) in enumerate(zip(reference, batched, strict=True)):
+        speech_diverged = False
+        for u, (ref, ours) in enumerate(zip(ref_units, our_units, strict=True)):
+            for a, b in zip(ref.logits, ours.logits, strict=False):
+                largest = max(largest, float((a - b).abs().max()))
+            if ref.decided != ours.decided:
+                k = first_difference(ours.decided, ref.decided)
+                if is_tie(ours.text_choices, k, ours.decided, ref.decided, tie):
+                    ties.append({"session": s, "unit": u, "kind": "text", "index": k})
+                else:
+                    mismatches.append(
+                        {"session": s, "unit": u, "decided": (ref.decided, ours.decided)}
+                    )
+                break  # the contexts differ from here on
+            compared += 1
+            speak_units += not ref.is_listen
+            if not speech_diverged and ref.speech != ours.speech:
+                k = first_difference(ours.speech, ref.speech)
+                if is_tie(ours.speech_choices, k, ours.speech, ref.speech, tie):
+                    ties.append({"session": s, "unit": u, "kind": "speech", "index": k})
+                    speech_diverged = True
+                else:
+                    mismatches.append(
+                        {"session": s, "unit": u, "speech": (ref.speech, ours.speech)}
+                    )
+                    break
+            if (ref.is_listen, ref.kv_length) != (ours.is_listen, ours.kv_length):
+                mismatches.append(
+                    {
+                        "session": s,
+                        "unit": u,
+                        "is_listen": (ref.is_listen, ours.is_listen),
+                        "kv_length": (ref.kv_length, ours.kv_length),
+                    }
+                )
+                break
+    return {
+        "sessions": len(reference),
+        "units": sum(len(units) for units in reference),
+        "units_compared": compared,
+        "speak_units": speak_units,
+        "ties": ties,
+        "mismatches": mismatches,
+        "max_logit_difference": largest,
+        "equal": not mismatches,
+    }
+
+
+def load_voice(path: Path) -> np.ndarray:
+    import wave
+
+    with wave.open(io.BytesIO(path.read_bytes())) as handle:
+        frames = handle.readframes(handle.getnframes())
+    return np.frombuffer(frames, dtype=np.int16).astype(np.float32) / 32768.0
+
+
+def check(
+    ckpt: Path,
+    flavour: str,
+    sessions: int,
+    units: int,
+    *,
+    device: str = "cpu",
+    dtype: str = "float32",
+    budget: int = 8,
+    forced: int = 1,
+    capacity: int = 4096,
+    tie: float = 1e-4,
+) -> dict[str, Any]:
+    """Both runs and their comparison (what the tests and the GPU run call)."""
+    import torch
+
+    torch.manual_seed(0)
+    duplex = load_reference(ckpt, flavour, device, dtype, budget, forced)
+    voice = load_voice(ckpt / "voice.wav")
+    wav = str(ckpt / "voice.wav")
+    inputs = session_inputs(sessions, units)
+    # The feature extractor's mode as loaded (the reference's sessions change it).
+    extractor = duplex.processor.audio_processor
+    voice_mel_mode = {
+        name: getattr(extractor, name)
+        for name in ("dynamic_log_norm", "dynamic_range_db", "log_floor_db")
+    }
+    started = time.perf_counter()
+    reference = run_reference(duplex, inputs, budget, voice, wav)
+    alone_s = time.perf_counter() - started
+    started = time.perf_counter()
+    batched, stats = asyncio.run(
+        run_batched(
+            duplex,
+            flavour,
+            inputs,
+            budget,
+            forced,
+            voice,
+            wav,
+            capacity,
+            voice_mel_mode,
+            reference,
+            tie,
+        )
+    )
+    together_s = time.perf_counter() - started
+    report = compare(reference, batched, tie)
+    report.update(
+        flavour=flavour,
+        device=device,
+        dtype=dtype,
+        reference_s=round(alone_s, 2),
+        batched_s=round(together_s, 2),
+        **stats,
+    )
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ckpt", type=Path, required=True)
+    parser.add_argument("--flavour", choices=["standalone", "unified"], default="unified")
+    parser.add_argument("--sessions", type=int, default=8)
+    parser.add_argument("--units", type=int, default=30)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--budget", type=int, default=8, help="max speak tokens per unit")
+    parser.add_argument(
+        "--tie", type=float, default=1e-4, help="logit gap within which a choice may flip"
+    )
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    report = check(
+        args.ckpt,
+        args.flavour,
+        args.sessions,
+        args.units,
+        device=args.device,
+        dtype=args.dtype,
+        budget=args.budget,
+        tie=args.tie,
+    )
+    print(json.dumps(report, indent=2, default=str))
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=2, default=str))
+    return 0 if report["equal"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,604 @@
+"""Duplex sessions that share one loaded MiniCPM-o model, each in a slot.
+
+:class:`SlotDuplex` is one audio or omni duplex session: the per-unit logic of
+the model's own duplex code (prepare, prefill, the listen/speak decision, the
+speech LM, the vocoder), run over the model's own modules and weights, with
+every piece of session state its own:
+
+- the LLM context lives in the session's slot of the shared
+  :class:`~omnilive.engines.minicpmo.batch.SlotCache`; its new positions go
+  through :meth:`BatchLoop.forward`, batched with every other session's;
+- the streaming audio encoder's state (mel frames, the Whisper KV cache, the
+  unconsumed samples), the speech LM's KV cache and position, the vocoder's
+  stream caches, the repetition history and the random generator are fields
+  of the session, swapped into the shared modules only for the length of a
+  call on the batch loop's thread (:meth:`BatchLoop.call`), which runs one
+  call at a time: no session sees another's.
+
+The decisions themselves are :mod:`~omnilive.engines.minicpmo.unit_rules`.
+A unit feeds ``<unit>``, the frames (``<image>`` slices ``</image>``) and the
+audio as ONE forward (the model code feeds them piece by piece: the same
+positions, the same causal attention); the unit's terminator and
+``</unit>`` go in at :meth:`SlotDuplex.finalize`, after the result was
+sent, as the unified code does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from omnilive.engines.minicpmo.batch_loop import BatchLoop
+from omnilive.engines.minicpmo.unit_rules import (
+    SILENCE_TOKEN,
+    SPEECH_TOKENS_PER_UNIT,
+    DuplexVocab,
+    SpeechSampling,
+    TextSampling,
+    UnitRules,
+    choose_speech_token,
+    choose_token,
+)
+
+SAMPLE_RATE = 16_000
+OUT_RATE = 24_000
+VOCODER_CHUNK = 25  # speech tokens per vocoder call (one second)
+
+
+@dataclass
+class SharedModel:
+    """What every session of one loaded model uses: its modules (``model``:
+    the model code's ``MiniCPMO``), tokenizer, processor and timing."""
+
+    model: Any
+    tokenizer: Any
+    processor: Any
+    rules: UnitRules
+    generate_audio: bool = True
+    chunk_ms: int = 1000
+    first_chunk_ms: int = 1035
+    cnn_redundancy_ms: int = 20
+    vocab: DuplexVocab = field(init=False)
+    # The audio feature extractor's log-mel floor as loaded: the streaming mel
+    # processors switch the shared extractor's mode as their audio grows, so a
+    # voice prompt's features are made with this one, as a fresh model makes them.
+    voice_mel_mode: dict[str, Any] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.vocab = DuplexVocab.of(self.tokenizer)
+        extractor = getattr(self.processor, "audio_processor", None)
+        self.voice_mel_mode = {
+            name: getattr(extractor, name)
+            for name in ("dynamic_log_norm", "dynamic_range_db", "log_floor_db")
+            if hasattr(extractor, name)
+        }
+
+    @classmethod
+    def of_duplex(cls, duplex: Any, rules: UnitRules) -> SharedModel:
+        """The shared parts of a model-code duplex object (either flavour)."""
+        return cls(
+            model=duplex.model,
+            tokenizer=duplex.tokenizer,
+            processor=duplex.processor,
+            rules=rules,
+            generate_audio=bool(duplex.generate_audio),
+            chunk_ms=int(getattr(duplex, "CHUNK_MS", 1000)),
+            first_chunk_ms=int(getattr(duplex, "FIRST_CHUNK_MS", 1035)),
+            cnn_redundancy_ms=int(getattr(duplex, "CNN_REDUNDANCY_MS", 20)),
+        )
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.llm.lm_head.weight.device
+
+    def embed(self, tokens: list[int]) -> torch.Tensor:
+        ids = torch.tensor(tokens, device=self.device)
+        with torch.no_grad():
+            return self.model.llm.get_input_embeddings()(ids)
+
+    def new_mel(self) -> Any:
+        """A streaming mel processor of the session's own (the model's
+        ``init_streaming_processor`` settings), made without disturbing the
+        shared processor's."""
+        processor = self.processor
+        before = getattr(processor, "_streaming_mel_processor", None)
+        try:
+            processor.set_streaming_mode(
+                mode="exact",
+                chunk_ms=self.chunk_ms,
+                first_chunk_ms=self.first_chunk_ms,
+                cnn_redundancy_ms=self.cnn_redundancy_ms,
+                enable_sliding_window=True,
+                slide_trigger_seconds=30.0,
+                slide_stride_seconds=10.0,
+            )
+            mel = processor._streaming_mel_processor
+            mel.reset()
+            return mel
+        finally:
+            processor._streaming_mel_processor = before
+
+
+@dataclass
+class UnitOutcome:
+    """One unit's decision and output (the engine's DuplexUnit is built from it)."""
+
+    is_listen: bool
+    # Every token the unit decided, in order: the first (a turn's
+    # ``<|speak|>``/``<|tts_bos|>``/...), the text, the terminator.
+    decided: list[int]
+    text_tokens: list[int]
+    text: str
+    speech_tokens: list[int]
+    audio: np.ndarray | None
+    end_of_turn: bool
+    kv_length: int
+    # Logits the decisions were made from, one per text step (for the
+    # equality harness; kept only when asked for).
+    logits: list[torch.Tensor] = field(default_factory=list)
+
+
+@dataclass
+class _AudioStream:
+    mel: Any
+    whisper_kv: Any = None
+    buffer: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    chunks: int = 0
+
+
+@dataclass
+class _SpeechState:
+    cache: Any = None  # the speech LM's DynamicCache for the running turn
+    position: int = 0  # its next position (0: a new turn)
+
+
+@dataclass
+class _VoiceState:
+    """The vocoder's streaming state for one session's voice."""
+
+    base: dict[str, Any] | None = None  # the voice's caches at a turn's start
+    live: dict[str, Any] | None = None
+    buffer: list[int] = field(default_factory=list)
+    lookahead: int = 0
+    prompt_wav: str | None = None
+
+
+class SlotDuplex:
+    """One duplex session in ``slot`` of ``loop``'s cache (see the module)."""
+
+    def __init__(
+        self,
+        shared: SharedModel,
+        loop: BatchLoop,
+        slot: int,
+        *,
+        text: TextSampling | None = None,
+        speech: SpeechSampling | None = None,
+        seed: int | None = None,
+        max_speak_tokens: int = 20,
+        keep_logits: bool = False,
+    ) -> None:
+        self.shared = shared
+        self.loop = loop
+        self.slot = slot
+        self.text = text or TextSampling()
+        self.speech = speech or SpeechSampling()
+        self.max_speak_tokens = max_speak_tokens
+        self.keep_logits = keep_logits
+        self.generator = torch.Generator(device=shared.device)
+        self.generator.manual_seed(seed if seed is not None else int(torch.seed() % 2**63))
+        self.history: list[int] = []  # the repetition penalty's memory
+        self.turn_ended = True
+        self.pending_logits: torch.Tensor | None = None
+        self.finalize_tokens: list[int] | None = None
+        self.audio = _AudioStream(mel=None)
+        self.tts = _SpeechState()
+        self.voice = _VoiceState()
+        self.kv_length = 0
+        # Kept only with keep_logits (the equality harness): the logits each
+        # speech token and each text token (after penalties) was chosen from.
+        self.speech_logits: list[torch.Tensor] = []
+        self.text_choices: list[torch.Tensor] = []
+
+    # --- prepare ------------------------------------------------------------------------
+
+    async def prepare(
+        self,
+        prefix: str | None,
+        suffix: str | None,
+        ref_audio: np.ndarray | None = None,
+        prompt_wav: str | None = None,
+    ) -> int:
+        """The system turn: prefix text, the reference voice's audio
+        embeddings, suffix text. Returns the context length."""
+        shared = self.shared
+        self.audio = _AudioStream(mel=await self.loop.call(shared.new_mel, slot=self.slot))
+        if prompt_wav and shared.generate_audio:
+            await self.loop.call(self._init_voice, prompt_wav, slot=self.slot)
+        parts: list[torch.Tensor] = []
+        if prefix:
+            parts.append(shared.embed(shared.tokenizer.encode(prefix, add_special_tokens=False)))
+        if ref_audio is not None:
+            parts.append(await self.loop.call(self._voice_embeddings, ref_audio, slot=self.slot))
+        if suffix:
+            parts.append(shared.embed(shared.tokenizer.encode(suffix, add_special_tokens=False)))
+        if parts:
+            await self._feed(torch.cat(parts, 0))
+        return self.kv_length
+
+    def _voice_embeddings(self, ref_audio: np.ndarray) -> torch.Tensor:
+        model, shared = self.shared.model, self.shared
+        with _swapped(shared.processor.audio_processor, dict(shared.voice_mel_mode)):
+            data = shared.processor.process_audio([ref_audio])
+        with torch.no_grad():
+            nested = model.get_audio_embedding(data, chunk_length=model.config.audio_chunk_length)
+        return torch.cat([t for group in nested for t in group], 0)
+
+    # --- prefill ------------------------------------------------------------------------
+
+    async def prefill(
+        self, audio: np.ndarray | None, frames: list[Any] | None = None, max_slice_nums: int = 1
+    ) -> dict[str, int]:
+        """One unit's input: ``<unit>``, each frame's slices, the audio's
+        embeddings, as one forward; the logits of its last position wait for
+        :meth:`generate`. Returns the positions fed per kind."""
+        shared, vocab = self.shared, self.shared.vocab
+        frames = frames or []
+        has_audio = audio is not None and len(audio) > 0
+        if not frames and not has_audio:
+            return {"vision": 0, "audio": 0}
+        parts = [shared.embed([vocab.unit])]
+        vision = 0
+        if frames:
+            for piece in await self.loop.call(self._vision, frames, max_slice_nums, slot=self.slot):
+                parts.append(piece)
+                vision += int(piece.shape[0])
+        audio_positions = 0
+        if has_audio:
+            embeds = await self.loop.call(self._audio_embeddings, audio, slot=self.slot)
+            if embeds is not None:
+                parts.append(embeds)
+                audio_positions = int(embeds.shape[0])
+        elif frames:
+            self.audio.chunks += 1  # the model code counts a vision-only unit as a chunk
+        result = await self._feed(torch.cat(parts, 0))
+        self.pending_logits = result.logits
+        return {"vision": vision, "audio": audio_positions}
+
+    def _vision(self, frames: list[Any], max_slice_nums: int) -> list[torch.Tensor]:
+        """Every frame as ``<image>`` source ``</image>`` then ``<slice>`` x ``</slice>``
+        per high-resolution slice, in the model code's order."""
+        shared, vocab, model = self.shared, self.shared.vocab, self.shared.model
+        processed = shared.processor.process_image(frames, max_slice_nums=max_slice_nums)
+        processed = processed.to(shared.device)
+        with torch.no_grad():
+            hidden = model.get_vision_embedding(processed)
+        if hidden is None or len(hidden) == 0:
+            return []
+        embeds = hidden[0]
+        pieces, index = [], 0
+        for frame in frames:
+            grid = shared.processor.image_processor.get_sliced_grid(
+                frame.size, max_slice_nums, nerver_split=False
+            )
+            slices = 1 + grid[0] * grid[1] if grid is not None else 1
+            for k in range(slices):
+                start, end = (
+                    (vocab.image_start, vocab.image_end)
+                    if k == 0
+                    else (vocab.slice_start, vocab.slice_end)
+                )
+                pieces += [shared.embed([start]), embeds[index], shared.embed([end])]
+                index += 1
+        return pieces
+
+    def _audio_embeddings(self, audio: np.ndarray) -> torch.Tensor | None:
+        """The next second of the session's audio through the streaming mel
+        processor and the Whisper encoder, each with the session's own state."""
+        shared, stream, model = self.shared, self.audio, self.shared.model
+        stream.buffer = np.concatenate([stream.buffer, np.asarray(audio, np.float32)])
+        if stream.chunks == 0:
+            first = int(shared.first_chunk_ms * SAMPLE_RATE / 1000)
+            if len(stream.buffer) < first:
+                pad = np.zeros(first - len(stream.buffer), np.float32)
+                stream.buffer = np.concatenate([pad, stream.buffer])
+        processor = shared.processor
+        shared_mel, shared_kv = processor._streaming_mel_processor, model.audio_past_key_values
+        processor._streaming_mel_processor, model.audio_past_key_values = (
+            stream.mel,
+            stream.whisper_kv,
+        )
+        try:
+            need = processor.get_streaming_chunk_size()
+            if len(stream.buffer) < need:
+                return None
+            feature = processor.process_audio_streaming(
+                stream.buffer[:need], reset=False, return_batch_feature=True
+            )
+            if feature is None or feature.audio_features.shape[-1] == 0:
+                return None
+            prefix_frames = 0 if stream.chunks == 0 else 2
+            feature = feature.to(shared.device)
+            with torch.no_grad():
+                nested = model.get_audio_embedding_streaming(
+                    feature,
+                    use_extra_context=True,
+                    prefix_extra_frames=prefix_frames,
+                    suffix_extra_frames=2,
+                )
+            stream.whisper_kv = model.audio_past_key_values
+            if stream.chunks == 0:
+                config = stream.mel.get_config()
+                consumed_ms = int(config.get("effective_first_chunk_ms", shared.first_chunk_ms))
+            else:
+                consumed_ms = shared.chunk_ms
+            stream.buffer = stream.buffer[int(consumed_ms * SAMPLE_RATE / 1000) :]
+            stream.chunks += 1
+            return torch.cat([t for group in nested for t in group], 0)
+        finally:
+            processor._streaming_mel_processor, model.audio_past_key_values = shared_mel, shared_kv
+
+    # --- generate -----------------------------------------------------------------------
+
+    async def generate(self, force_listen: bool = False) -> UnitOutcome:
+        """Listen, or speak up to ``max_speak_tokens`` text tokens and voice
+        them; the unit stays open until :meth:`finalize`."""
+        vocab, rules = self.shared.vocab, self.shared.rules
+        if self.pending_logits is None:
+            return UnitOutcome(True, [], [], "", [], None, False, self.kv_length)
+        logits, self.pending_logits = self.pending_logits, None
+        decided: list[int] = []
+        if force_listen and rules.close_turn_on_forced_listen and not self.turn_ended:
+            decided.append(vocab.turn_eos)
+            logits = (await self._feed_tokens([vocab.turn_eos])).logits
+            self.turn_ended = True
+            self._restart_voice()
+        spoken: list[tuple[int, torch.Tensor]] = []  # (token, hidden) after the first
+        terminator: int | None = None
+        is_listen = end_of_turn = False
+        seen: list[torch.Tensor] = []
+        for j in range(self.max_speak_tokens):
+            if j == self.max_speak_tokens - 1:
+                terminator = vocab.chunk_eos
+                decided.append(terminator)
+                break
+            if force_listen:
+                token = vocab.listen
+            else:
+                if self.keep_logits:
+                    seen.append(logits.detach().float().cpu())
+                token = choose_token(
+                    logits,
+                    self.history,
+                    self.text,
+                    vocab,
+                    self.generator,
+                    self.text_choices if self.keep_logits else None,
+                )
+                if token == vocab.listen and not self.turn_ended:
+                    token = vocab.tts_bos
+            is_listen = token == vocab.listen
+            decided.append(token)
+            if token in vocab.terminators:
+                terminator = token
+                break
+            self.turn_ended = False
+            if j != 0 and rules.char_limit is not None:
+                text = self._decode([t for t, _ in spoken] + [token])
+                if len(text) >= rules.char_limit:
+                    terminator = decided[-1] = vocab.chunk_eos
+                    break
+            result = await self._feed_tokens([token])
+            logits = result.logits
+            end_of_turn = token == vocab.turn_eos
+            if end_of_turn:
+                self.turn_ended = True
+            if j != 0:
+                spoken.append((token, result.hidden))
+        self.finalize_tokens = ([terminator] if terminator is not None else []) + [vocab.unit_end]
+        tokens = [t for t, _ in spoken]
+        text = self._decode(tokens)
+        if is_listen:
+            return UnitOutcome(True, decided, tokens, "", [], None, False, self.kv_length, seen)
+        speech: list[int] = []
+        audio = None
+        if self.shared.generate_audio:
+            speech, audio = await self.loop.call(self._speak, spoken, end_of_turn, slot=self.slot)
+        return UnitOutcome(
+            False, decided, tokens, text, speech, audio, end_of_turn, self.kv_length, seen
+        )
+
+    async def finalize(self) -> None:
+        """Close the unit: its terminator (if any) and ``</unit>`` into the context."""
+        if self.finalize_tokens is not None:
+            tokens, self.finalize_tokens = self.finalize_tokens, None
+            await self._feed_tokens(tokens)
+
+    def _decode(self, tokens: list[int]) -> str:
+        return self.shared.tokenizer.decode(tokens, skip_special_tokens=True) if tokens else ""
+
+    # --- the speech LM and the vocoder -------------------------------------------------
+
+    def _speak(
+        self, spoken: list[tuple[int, torch.Tensor]], end_of_turn: bool
+    ) -> tuple[list[int], np.ndarray | None]:
+        condition = self._speech_condition(spoken)
+        turn_start = self.tts.position == 0
+        least = 0 if end_of_turn or turn_start else SPEECH_TOKENS_PER_UNIT
+        tokens = self._speech_chunk(condition, least)
+        if end_of_turn:
+            self.tts = _SpeechState()
+        else:
+            self.tts.position += int(condition.shape[0]) + len(tokens)
+        audio = self._vocode(
+            tokens, end_of_turn, flush=turn_start or self.shared.rules.always_flush
+        )
+        if end_of_turn:
+            self._restart_voice()
+        return tokens, audio
+
+    def _speech_condition(self, spoken: list[tuple[int, torch.Tensor]]) -> torch.Tensor:
+        """``[n + 1, tts hidden]``: each spoken token's text embedding plus its
+        normalised projected LLM hidden state, then the audio BOS."""
+        tts = self.shared.model.tts
+        device = tts.emb_text.weight.device
+        with torch.no_grad():
+            bos = tts.emb_text(torch.tensor([tts.audio_bos_token_id], device=device))
+            if not spoken:
+                return bos
+            ids = torch.tensor([t for t, _ in spoken], device=device)
+            hidden = torch.stack([h.reshape(-1) for _, h in spoken]).to(device)
+            projected = torch.nn.functional.normalize(tts.projector_semantic(hidden), p=2, dim=-1)
+            return torch.cat([tts.emb_text(ids) + projected, bos], 0)
+
+    def _speech_chunk(self, condition: torch.Tensor, least: int) -> list[int]:
+        """Up to :data:`SPEECH_TOKENS_PER_UNIT` speech tokens after
+        ``condition``, continuing the turn's speech LM cache: decide a token
+        per step, stop at the end-of-speech token; the last decided token (the
+        end, or the one past the budget) is not returned nor fed."""
+        from transformers.cache_utils import DynamicCache
+
+        tts = self.shared.model.tts
+        eos = int(tts.config.num_audio_tokens) - 1
+        cache = self.tts.cache if self.tts.cache is not None else DynamicCache()
+        start = self.tts.position
+        inputs = condition[None]
+        positions = torch.arange(start, start + condition.shape[0], device=condition.device)[None]
+        decided: list[int] = []
+        with torch.no_grad():
+            for t in range(SPEECH_TOKENS_PER_UNIT):
+                if t > 0:
+                    inputs = tts.emb_code[0](torch.tensor([[decided[-1]]], device=condition.device))
+                    positions = torch.tensor(
+                        [[start + condition.shape[0] + t - 1]], device=condition.device
+                    )
+                out = tts.model(
+                    inputs_embeds=inputs,
+                    position_ids=positions,
+                    past_key_values=cache,
+                    use_cache=True,
+                )
+                cache = out.past_key_values
+                # The head over every new position, as the model code applies it
+                # (the same matrix shapes: the same rounding), then the last.
+                logits = tts.head_code[0](out.last_hidden_state)[0, -1].float()
+                token = choose_speech_token(
+                    logits,
+                    decided,
+                    self.speech,
+                    eos,
+                    allow_eos=t >= least,
+                    generator=self.generator,
+                    seen=self.speech_logits if self.keep_logits else None,
+                )
+                if token == eos:
+                    break
+                decided.append(token)
+            else:
+                decided.pop()  # the one past the budget: decided, never fed
+        self.tts.cache = cache
+        return decided
+
+    def _init_voice(self, prompt_wav: str) -> None:
+        vocoder = self.shared.model.tts.audio_tokenizer
+        vocoder.cache = None
+        flow, hift = vocoder.set_stream_cache(prompt_wav)
+        self.voice = _VoiceState(
+            base={"stream_cache": clone_tensors(flow), "hift_cache_dict": clone_tensors(hift)},
+            lookahead=int(vocoder.flow.pre_lookahead_len),
+            prompt_wav=prompt_wav,
+        )
+        self._restart_voice()
+
+    def _restart_voice(self) -> None:
+        if self.voice.base is not None:
+            self.voice.live = clone_tensors(self.voice.base)
+            self.voice.buffer = [SILENCE_TOKEN] * 3
+
+    def _vocode(self, tokens: list[int], last: bool, flush: bool) -> np.ndarray | None:
+        """The session's speech tokens so far through the vocoder, a second
+        (25 tokens plus its lookahead) at a time, with the session's caches."""
+        voice = self.voice
+        if voice.live is None:
+            return None
+        vocoder = self.shared.model.tts.audio_tokenizer
+        voice.buffer += tokens
+        pcm: list[np.ndarray] = []
+        with _swapped(vocoder, voice.live):
+            step = VOCODER_CHUNK + voice.lookahead
+            if flush:
+                while len(voice.buffer) >= voice.lookahead + 5:
+                    take = min(step, len(voice.buffer))
+                    pcm.append(
+                        _samples(vocoder.stream(voice.buffer[:take], prompt_wav=voice.prompt_wav))
+                    )
+                    voice.buffer = voice.buffer[min(VOCODER_CHUNK, take - voice.lookahead) :]
+            else:
+                while len(voice.buffer) >= step:
+                    pcm.append(
+                        _samples(vocoder.stream(voice.buffer[:step], prompt_wav=voice.prompt_wav))
+                    )
+                    voice.buffer = voice.buffer[VOCODER_CHUNK:]
+            if last and voice.buffer:
+                pcm.append(
+                    _samples(
+                        vocoder.stream(voice.buffer, prompt_wav=voice.prompt_wav, last_chunk=True)
+                    )
+                )
+                voice.buffer = []
+        if not pcm:
+            return None
+        samples = np.concatenate(pcm)
+        if not last and len(samples) < OUT_RATE:  # less than a second: padded in front
+            samples = np.pad(samples, (OUT_RATE - len(samples), 0))
+        return samples
+
+    # --- the LLM context ----------------------------------------------------------------
+
+    async def _feed(self, embeds: torch.Tensor) -> Any:
+        result = await self.loop.forward(self.slot, embeds)
+        self.kv_length += int(embeds.shape[0])
+        return result
+
+    async def _feed_tokens(self, tokens: list[int]) -> Any:
+        return await self._feed(self.shared.embed(tokens))
+
+
+def _samples(pcm: Any) -> np.ndarray:
+    """The vocoder's output (int16 PCM bytes, or a waveform) as float32 samples."""
+    if isinstance(pcm, bytes | bytearray):
+        return np.frombuffer(pcm, dtype=np.int16).astype(np.float32) / 32768.0
+    if hasattr(pcm, "detach"):
+        pcm = pcm.detach().float().cpu().numpy()
+    return np.asarray(pcm, dtype=np.float32).reshape(-1)
+
+
+def clone_tensors(value: Any) -> Any:
+    """A deep copy of the tensors in nested dicts, lists and tuples (a vocoder
+    cache): the session's own, untouched by another session's steps."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, dict):
+        return {key: clone_tensors(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(clone_tensors(item) for item in value)
+    return value
+
+
+@contextlib.contextmanager
+def _swapped(target: Any, values: dict[str, Any]) -> Any:
+    """Set ``target``'s attributes to ``values`` for the block, then take the
+    (possibly replaced) values back into ``values`` and restore ``target``'s."""
+    saved = {name: getattr(target, name, None) for name in values}
+    for name, value in values.items():
+        setattr(target, name, value)
+    try:
+        yield
+    finally:
+        for name in values:
+            values[name] = getattr(target, name, None)
+            setattr(target, name, saved[name])
