@@ -15,7 +15,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 ENV_PREFIX = "OMNILIVE_"
 EngineName = Literal["cascade", "scripted", "minicpmo"]
@@ -246,6 +247,19 @@ class Settings(_Section):
 
     host: str = Field("127.0.0.1", description="Gateway bind address.")
     port: int = Field(8006, ge=0, le=65535, description="Gateway port.")
+    # uvicorn's names. TLS is for the public gateway port only: workers stay
+    # plain WebSockets on loopback, behind the internal token.
+    ssl_certfile: Path | None = Field(
+        None, description="PEM certificate (and chain): the gateway serves HTTPS and WSS."
+    )
+    ssl_keyfile: Path | None = Field(
+        None, description="PEM private key of ssl_certfile (unless that file holds it)."
+    )
+    ssl_self_signed: bool = Field(
+        False,
+        description="Serve HTTPS with a self-signed certificate made once in data_dir/tls "
+        "(browsers warn); for a LAN or a demo.",
+    )
     engine: EngineName = Field("cascade", description="Engine the workers load.")
     workers: int = Field(1, ge=0, description="Worker processes `serve` starts.")
     worker_host: str = Field("127.0.0.1", description="Address workers bind.")
@@ -279,6 +293,26 @@ class Settings(_Section):
     scripted: ScriptedSettings = Field(default_factory=ScriptedSettings)
     cascade: CascadeSettings = Field(default_factory=CascadeSettings)
     minicpmo: MiniCPMoSettings = Field(default_factory=MiniCPMoSettings)
+
+    @field_validator("ssl_keyfile")
+    @classmethod
+    def _key_needs_certificate(cls, keyfile: Path | None, info: ValidationInfo) -> Path | None:
+        if keyfile is not None and info.data.get("ssl_certfile") is None:
+            raise PydanticCustomError("tls", "needs ssl_certfile, the certificate it belongs to")
+        return keyfile
+
+    @field_validator("ssl_self_signed")
+    @classmethod
+    def _one_source_of_certificate(cls, self_signed: bool, info: ValidationInfo) -> bool:
+        given = [name for name in ("ssl_certfile", "ssl_keyfile") if info.data.get(name)]
+        if self_signed and given:
+            raise PydanticCustomError(
+                "tls",
+                "cannot be combined with {given}: a certificate is either made here "
+                "or given, not both",
+                {"given": " and ".join(given)},
+            )
+        return self_signed
 
     def to_json(self) -> str:
         return self.model_dump_json()

@@ -14,9 +14,12 @@ import signal
 import socket
 from collections.abc import Callable
 from enum import IntEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omnilive.config import Settings
+
+if TYPE_CHECKING:
+    from omnilive.tls import Certificate
 
 log = logging.getLogger(__name__)
 
@@ -92,10 +95,16 @@ def _already_handled(signum: int, frame: Any) -> None:
 
 
 def run_server(
-    app: Any, sock: socket.socket, host: str, settings: Settings, process_exit: ProcessExit
+    app: Any,
+    sock: socket.socket,
+    host: str,
+    settings: Settings,
+    process_exit: ProcessExit,
+    tls: Certificate | None = None,
 ) -> None:
     """Serve ``app`` on ``sock`` until a signal or ``process_exit`` stops it;
-    ``process_exit`` then holds the exit status."""
+    ``process_exit`` then holds the exit status. With ``tls`` (the gateway's
+    public port only) it serves HTTPS and WSS."""
     import uvicorn
 
     class GracefulServer(uvicorn.Server):
@@ -117,6 +126,7 @@ def run_server(
         lifespan="on",
         timeout_graceful_shutdown=10,
         log_config=None,  # uvicorn's records go through ours (session ids, JSON lines)
+        **(tls.uvicorn_kwargs() if tls is not None else {}),
     )
     server = GracefulServer(config)
 
