@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from omnilive.client import talk
 from omnilive.config import Settings, load_settings
 from omnilive.gateway.supervisor import SETTINGS_ENV
 from omnilive.logs import configure_logging
@@ -36,12 +37,25 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-path", type=Path, help="checkpoint directory (minicpmo)")
 
 
+def _tls_options(parser: argparse.ArgumentParser) -> None:
+    """HTTPS and WSS on the gateway's port (its links to workers stay plain, on loopback)."""
+    parser.add_argument("--ssl-certfile", type=Path, help="PEM certificate: serve HTTPS and WSS")
+    parser.add_argument("--ssl-keyfile", type=Path, help="PEM private key of --ssl-certfile")
+    parser.add_argument(
+        "--ssl-self-signed",
+        action="store_true",
+        default=None,
+        help="serve HTTPS with a self-signed certificate kept in DATA_DIR/tls (browsers warn)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="omnilive", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="gateway plus N supervised workers")
     _common(serve)
+    _tls_options(serve)
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
     serve.add_argument("--workers", type=int)
@@ -50,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     gateway = commands.add_parser("gateway", help="the gateway alone, in front of --worker URLs")
     _common(gateway)
+    _tls_options(gateway)
     gateway.add_argument("--host")
     gateway.add_argument("--port", type=int)
     gateway.add_argument("--worker", action="append", dest="worker_urls", metavar="URL")
@@ -63,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     cleanup = commands.add_parser("cleanup", help="delete recordings by age, then total size")
     recording_cleanup.add_arguments(cleanup)
+
+    talking = commands.add_parser("talk", help="talk with a running server (microphone or files)")
+    talk.add_arguments(talking)
     return parser
 
 
@@ -73,6 +91,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     found["worker_host"] = getattr(args, "worker_host", None)
     found["minicpmo.model_path"] = args.model_path
     found["auth.insecure"] = getattr(args, "insecure", None)
+    for name in ("ssl_certfile", "ssl_keyfile", "ssl_self_signed"):
+        found[name] = getattr(args, name, None)
     return found
 
 
@@ -168,6 +188,7 @@ def _worker(args: argparse.Namespace, settings: Settings, environ: dict[str, str
 
 def _gateway(args: argparse.Namespace, settings: Settings) -> ProcessExit:
     from omnilive.gateway.app import create_app
+    from omnilive.tls import TlsError, announce, gateway_certificate
 
     if args.command == "serve" and not settings.internal_token:
         settings = settings.model_copy(update={"internal_token": secrets.token_urlsafe(32)})
@@ -176,11 +197,19 @@ def _gateway(args: argparse.Namespace, settings: Settings) -> ProcessExit:
     refusal = check_exposure(settings)
     if refusal is not None:
         raise StartupError(refusal)
+    # TLS does not replace the exposure check above: it hides the traffic,
+    # not the routes.
+    try:
+        tls = gateway_certificate(settings)
+    except TlsError as exc:
+        raise StartupError(str(exc)) from None
+    if tls is not None:
+        announce(tls)
     # Bound before any worker starts: a port in use stops everything at once.
     sock = listen_socket(settings.host, settings.port)
     process_exit = ProcessExit()
     app = create_app(settings, supervise=args.command == "serve", process_exit=process_exit)
-    run_server(app, sock, settings.host, settings, process_exit)
+    run_server(app, sock, settings.host, settings, process_exit, tls=tls)
     return process_exit
 
 
@@ -189,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     environ = dict(os.environ)
     if args.command == "cleanup":
         return recording_cleanup.run_cli(args, environ)
+    if args.command == "talk":
+        return talk.run(args)
     name = f"omnilive {args.command}"
     try:
         settings = resolve_settings(args, environ)
