@@ -1,0 +1,123 @@
+"""The duplex unit's decisions (unit_rules.py) on hand-made logits: the model
+code's decode rules, each case built so that only the rule under test decides."""
+
+from __future__ import annotations
+
+import torch
+
+from omnilive.engines.minicpmo.unit_rules import (
+    DuplexVocab,
+    SpeechSampling,
+    TextSampling,
+    UnitRules,
+    choose_speech_token,
+    choose_token,
+    top_k_top_p,
+)
+
+VOCAB = DuplexVocab(
+    unit=10, unit_end=11, image_start=12, image_end=13, slice_start=14, slice_end=15,
+    listen=16, speak=17, tts_bos=18, chunk_eos=19, chunk_tts_eos=20, turn_eos=21,
+    tts_pad=22, decoder_listen=23, bad=(24,),
+)  # fmt: skip
+GREEDY = TextSampling(greedy=True)
+SIZE = 32
+
+
+def logits_with(**values: float) -> torch.Tensor:
+    """Logits of -5 everywhere but at the named ``t<id>`` positions."""
+    logits = torch.full((SIZE,), -5.0)
+    for name, value in values.items():
+        logits[int(name[1:])] = value
+    return logits
+
+
+def test_a_first_look_chunk_eos_ends_the_chunk_without_entering_the_history() -> None:
+    history = [3]
+    assert choose_token(logits_with(t19=4.0, t5=3.9), history, GREEDY, VOCAB) == VOCAB.chunk_eos
+    assert history == [3]
+
+
+def test_forbidden_tokens_are_never_chosen_after_the_first_look() -> None:
+    history: list[int] = []
+    logits = logits_with(t22=9.0, t24=8.0, t5=1.0)  # tts_pad, then a bad token
+    assert choose_token(logits, history, GREEDY, VOCAB) == 5
+    assert history == [5]
+
+
+def test_the_repetition_penalty_damps_recent_tokens_whatever_their_sign() -> None:
+    positive = logits_with(t5=2.0, t6=1.95)
+    assert choose_token(positive, [], GREEDY, VOCAB) == 5
+    assert choose_token(positive, [5], GREEDY, VOCAB) == 6  # 2.0 / 1.05 < 1.95
+    # The model code divides negative logits too, which raises them.
+    negative = logits_with(t5=-1.0, t6=-0.97)
+    negative[7:] = -9.0
+    negative[:5] = -9.0
+    assert choose_token(negative, [], GREEDY, VOCAB) == 6
+    assert choose_token(negative, [5], GREEDY, VOCAB) == 5  # -1.0 / 1.05 > -0.97
+    # Only the window's last tokens count.
+    windowed = TextSampling(greedy=True, repetition_window=2)
+    assert choose_token(positive, [5, 8, 9], windowed, VOCAB) == 5
+
+
+def test_the_length_penalty_holds_back_the_end_of_a_turn() -> None:
+    logits = logits_with(t21=2.0, t5=1.95)
+    assert choose_token(logits, [], GREEDY, VOCAB) == 5  # 2.0 / 1.1
+    plain = TextSampling(greedy=True, length_penalty=1.0)
+    assert choose_token(logits, [], plain, VOCAB) == VOCAB.turn_eos
+
+
+def test_listen_prob_scale_scales_the_decoders_listen_token() -> None:
+    logits = logits_with(t23=2.0, t5=1.5)
+    assert choose_token(logits, [], GREEDY, VOCAB) == VOCAB.decoder_listen
+    halved = TextSampling(greedy=True, listen_prob_scale=0.5)
+    assert choose_token(logits, [], halved, VOCAB) == 5
+
+
+def test_sampling_draws_from_the_sessions_generator_within_top_k() -> None:
+    logits = logits_with(t1=3.0, t2=2.9, t3=2.8, t4=-1.0)
+    sampling = TextSampling(top_k=2, top_p=1.0, temperature=1.0)
+    draws = []
+    for seed in (0, 0, 1):
+        generator = torch.Generator().manual_seed(seed)
+        draws.append([choose_token(logits, [], sampling, VOCAB, generator) for _ in range(20)])
+    assert draws[0] == draws[1]  # the same seed, the same choices
+    assert set(draws[0]) | set(draws[2]) <= {1, 2}
+
+
+def test_top_p_keeps_the_token_that_crosses_it() -> None:
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0])
+    kept = torch.isfinite(top_k_top_p(logits, 0, 0.5))
+    assert kept.tolist() == [True, False, False, False]
+    kept = torch.isfinite(top_k_top_p(logits, 0, 0.8))
+    assert kept.tolist() == [True, True, False, False]
+
+
+def test_speech_eos_waits_for_the_chunks_minimum() -> None:
+    logits = torch.tensor([0.0, 1.0, 3.0, 5.0])  # eos = 3 is the best
+    greedy = SpeechSampling(temperature=0.0)
+    assert choose_speech_token(logits, [], greedy, eos=3, allow_eos=False) == 2
+    assert choose_speech_token(logits, [], greedy, eos=3, allow_eos=True) == 3
+
+
+def test_speech_repetition_counts_each_occurrence_in_the_last_sixteen() -> None:
+    logits = torch.tensor([2.0, 1.92, 1.7, -9.0])
+    greedy = SpeechSampling(temperature=0.0, repetition_penalty=1.05)
+    assert choose_speech_token(logits, [0], greedy, eos=3, allow_eos=False) == 1  # 1.905
+    # Once each: 2.0 / 1.05 > 1.92 / 1.05; 0 twice: 2.0 / 1.05**2 = 1.814 < 1.829.
+    assert choose_speech_token(logits, [0, 1], greedy, eos=3, allow_eos=False) == 0
+    assert choose_speech_token(logits, [0, 0, 1], greedy, eos=3, allow_eos=False) == 1
+    # Seventeen tokens back is out of the window.
+    assert choose_speech_token(logits, [0] + [2] * 16, greedy, eos=3, allow_eos=False) == 0
+
+
+def test_the_unified_codes_rules() -> None:
+    assert UnitRules() == UnitRules(None, False, False)
+    unified = UnitRules.unified()
+    assert (unified.char_limit, unified.close_turn_on_forced_listen, unified.always_flush) == (
+        28,
+        True,
+        True,
+    )
+    assert VOCAB.terminators == {VOCAB.listen, VOCAB.chunk_eos, VOCAB.chunk_tts_eos}
+    assert VOCAB.forbidden == (VOCAB.tts_pad, 24, VOCAB.chunk_eos)
