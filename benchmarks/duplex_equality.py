@@ -358,13 +358,20 @@ def first_difference(a: list[int], b: list[int]) -> int:
     return min(len(a), len(b))
 
 
+def choice_gap(choices: list[Any], k: int, ours: list[int], theirs: list[int]) -> float | None:
+    """How far apart the two tokens of differing choice ``k`` were in the
+    logits the batched engine chose from (None: no such choice recorded)."""
+    if k >= len(choices) or k >= len(ours) or k >= len(theirs):
+        return None
+    logits = choices[k]
+    return abs(float(logits[ours[k]]) - float(logits[theirs[k]]))
+
+
 def is_tie(choices: list[Any], k: int, ours: list[int], theirs: list[int], tie: float) -> bool:
     """Whether choice ``k`` differs only because two tokens were within ``tie``
     of each other in the logits the batched engine chose from."""
-    if k >= len(choices) or k >= len(ours) or k >= len(theirs):
-        return False
-    logits = choices[k]
-    return abs(float(logits[ours[k]]) - float(logits[theirs[k]])) <= tie
+    gap = choice_gap(choices, k, ours, theirs)
+    return gap is not None and gap <= tie
 
 
 def compare(
@@ -386,15 +393,24 @@ def compare(
     for s, (ref_units, our_units) in enumerate(zip(reference, batched, strict=True)):
         speech_diverged = False
         for u, (ref, ours) in enumerate(zip(ref_units, our_units, strict=True)):
-            for a, b in zip(ref.logits, ours.logits, strict=False):
+            # Logits while the contexts are the same: up to and including the
+            # first different choice of the unit, if any.
+            k = first_difference(ours.decided, ref.decided)
+            for a, b in list(zip(ref.logits, ours.logits, strict=False))[: k + 1]:
                 largest = max(largest, float((a - b).abs().max()))
             if ref.decided != ours.decided:
-                k = first_difference(ours.decided, ref.decided)
-                if is_tie(ours.text_choices, k, ours.decided, ref.decided, tie):
+                gap = choice_gap(ours.text_choices, k, ours.decided, ref.decided)
+                if gap is not None and gap <= tie:
                     ties.append({"session": s, "unit": u, "kind": "text", "index": k})
                 else:
                     mismatches.append(
-                        {"session": s, "unit": u, "decided": (ref.decided, ours.decided)}
+                        {
+                            "session": s,
+                            "unit": u,
+                            "index": k,
+                            "gap": gap,
+                            "decided": (ref.decided, ours.decided),
+                        }
                     )
                 break  # the contexts differ from here on
             compared += 1
