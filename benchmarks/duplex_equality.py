@@ -287,18 +287,13 @@ async def run_batched(
     tie: float = 1e-4,
 ) -> tuple[list[list[UnitTrace]], dict[str, Any]]:
     """Every session at once, each in a slot, over the same modules."""
-    from omnilive.engines.minicpmo.batch import BatchedSteps, SlotCache
-    from omnilive.engines.minicpmo.batch_loop import BatchLoop
-    from omnilive.engines.minicpmo.duplex_slots import SharedModel, SlotDuplex
+    from omnilive.engines.minicpmo.duplex_slots import SharedModel, SlotDuplex, slot_loop
     from omnilive.engines.minicpmo.unit_rules import SpeechSampling, TextSampling, UnitRules
 
     rules = UnitRules.unified() if flavour == "unified" else UnitRules()
     shared = SharedModel.of_duplex(duplex, rules)
     shared.voice_mel_mode = dict(voice_mel_mode)
-    llm = duplex.model.llm
-    weight = llm.lm_head.weight
-    cache = SlotCache(llm.config, len(inputs), capacity, device=weight.device, dtype=weight.dtype)
-    loop = BatchLoop(BatchedSteps(llm.model, cache, head=llm.lm_head))
+    loop = slot_loop(duplex.model, len(inputs), capacity)
 
     async def session(index: int, given: SessionInput) -> list[UnitTrace]:
         slot = await loop.acquire()
@@ -344,7 +339,11 @@ async def run_batched(
         loop.close()
         undo()
     ties = [{"session": f.session, **t} for f in followers.values() for t in f.ties]
-    return list(traces), {"batch_sizes": dict(loop.batch_sizes), "followed_ties": ties}
+    return list(traces), {
+        "batch_sizes": dict(loop.batch_sizes),
+        "speech_batch_sizes": dict(loop.speech_batch_sizes),
+        "followed_ties": ties,
+    }
 
 
 # --- comparison ---------------------------------------------------------------------------

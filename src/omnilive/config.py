@@ -240,6 +240,57 @@ class MiniCPMoSettings(_Section):
         True,
         description="Run duplex LLM and speech-LM steps from CUDA graphs (not with torch_compile).",
     )
+    slots: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="Sessions one GPU serves at once, their steps batched; unset: as many as "
+        "fit in GPU memory (at most max_slots); 1: the model's own code, one at a time.",
+    )
+    max_slots: int = Field(16, ge=1, le=64, description="The most slots an unset `slots` takes.")
+    context_length: int = Field(
+        8192, ge=512, le=32768, description="LLM context positions each slot holds."
+    )
+
+
+class RaySettings(_Section):
+    """Running on a Ray cluster (``serve --ray``, ``gateway --ray``; the ``[ray]`` extra)."""
+
+    enabled: bool = Field(False, description="Workers are Ray actors; the queue is one actor.")
+    address: str = Field(
+        "",
+        description="Cluster to join (host:port, or auto); empty: `serve` starts a local one.",
+    )
+    namespace: str = Field("omnilive", description="Ray namespace of this deployment's actors.")
+    worker_gpus: float | None = Field(
+        None,
+        ge=0,
+        description="GPUs per worker actor: one worker per that many GPUs of the cluster, "
+        "following it as nodes join; 0: `workers` CPU actors; unset: 1 for minicpmo, else 0.",
+    )
+    worker_cpus: float = Field(1.0, ge=0, description="CPUs each worker actor reserves.")
+    worker_host: str = Field(
+        "", description="Address worker actors bind; empty: their node's IP as Ray sees it."
+    )
+    max_restarts: int = Field(
+        -1, ge=-1, description="Restarts Ray gives a worker actor (-1: no limit)."
+    )
+    placement_interval_s: float = Field(
+        2.0, gt=0, description="How often the cluster's GPUs are counted for new workers."
+    )
+    gateway_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="A gateway silent this long is gone: its tickets and leases are dropped.",
+    )
+    object_store_mb: int = Field(
+        128, ge=64, description="Object store of a local cluster (queue traffic is small)."
+    )
+
+    def gpus_per_worker(self, engine: str) -> float:
+        if self.worker_gpus is not None:
+            return self.worker_gpus
+        return 1.0 if engine == "minicpmo" else 0.0
 
 
 class Settings(_Section):
@@ -293,6 +344,7 @@ class Settings(_Section):
     scripted: ScriptedSettings = Field(default_factory=ScriptedSettings)
     cascade: CascadeSettings = Field(default_factory=CascadeSettings)
     minicpmo: MiniCPMoSettings = Field(default_factory=MiniCPMoSettings)
+    ray: RaySettings = Field(default_factory=RaySettings)
 
     @field_validator("ssl_keyfile")
     @classmethod

@@ -127,7 +127,13 @@ def make_engine(checkpoint: Path, voice_file: Path) -> Iterator[EngineFactory]:
     engines: list[MiniCPMoEngine] = []
 
     def make(factory: Callable[[], FakeMiniCPMO] = FakeMiniCPMO, **overrides: Any):
-        fields = {"model_path": checkpoint, "default_voice": voice_file, "warmup": False}
+        # The fake model stands in for the model code: the one-session path (slots=1).
+        fields = {
+            "model_path": checkpoint,
+            "default_voice": voice_file,
+            "warmup": False,
+            "slots": 1,
+        }
         backend = FakeBackend(factory)
         engine = MiniCPMoEngine(MiniCPMoSettings(**{**fields, **overrides}), backend=backend)
         engine.load(lambda stage, fraction: None)

@@ -8,31 +8,19 @@ run of the same harness is in benchmarks/results/duplex_equality_*.json."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
-CODE = Path(os.environ.get("OMNILIVE_MODEL_CODE", Path(__file__).parents[2] / ".ext/MiniCPMO45"))
+from tests.minicpmo.model_code import needs_model_code
+from tests.minicpmo.model_code import tiny_checkpoint as build_tiny
 
-pytestmark = [
-    pytest.mark.skipif(
-        not (CODE / "modeling_minicpmo.py").is_file(), reason=f"no model code in {CODE}"
-    ),
-    # The model code and the transformers it was written for warn freely.
-    pytest.mark.filterwarnings("ignore"),
-]
+pytestmark = needs_model_code
 
 
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("soundfile")  # the model code's own imports
-    pytest.importorskip("accelerate")
-    from benchmarks.gpu_checkpoint import build_checkpoint
-
-    out = tmp_path_factory.mktemp("tiny_minicpmo")
-    build_checkpoint(CODE, out, tiny=True, device="cpu")
-    return out
+    return build_tiny(tmp_path_factory)
 
 
 @pytest.mark.parametrize("flavour", ["standalone", "unified"])
@@ -47,3 +35,4 @@ def test_batched_sessions_decide_as_the_model_code_alone(
     assert report["speak_units"] > 0  # the speech LM was held to it too
     assert report["max_logit_difference"] < 1e-3
     assert max(report["batch_sizes"]) > 1  # the sessions did share forwards
+    assert max(report["speech_batch_sizes"]) > 1  # and speech LM steps

@@ -78,7 +78,8 @@ class WorkerRuntime:
         self.total_inference_s = 0.0
         self.load_progress: tuple[str, float] = ("starting", 0.0)
         self.steps = engine.step_loop()
-        self._slots = asyncio.Semaphore(engine.capabilities.slots)
+        self._slot_count = engine.capabilities.slots
+        self._slots = asyncio.Semaphore(self._slot_count)
         self._changed = asyncio.Event()
 
     # --- lifecycle -------------------------------------------------------------
@@ -104,8 +105,19 @@ class WorkerRuntime:
             log.exception("engine %s failed to load", self.engine.name)
             return self._failed(LoadReport(LoadOutcome.FAILED, f"{type(exc).__name__}: {exc}"))
         log.info("engine %s ready in %.2f s", self.engine.name, time.perf_counter() - started)
+        self._fit_slots()
         self._set_state(WorkerState.IDLE)
         return LoadReport(LoadOutcome.READY)
+
+    def _fit_slots(self) -> None:
+        """An engine may learn its slots only when loaded (as many as fit in
+        GPU memory): its loop and the slot count follow, before any session."""
+        slots = self.engine.capabilities.slots
+        if slots != self._slot_count:
+            loading, self.steps = self.steps, self.engine.step_loop()
+            loading.close()
+            self._slots = asyncio.Semaphore(slots)
+            self._slot_count = slots
 
     def _failed(self, report: LoadReport) -> LoadReport:
         self.error = report.reason

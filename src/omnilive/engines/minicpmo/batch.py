@@ -155,12 +155,16 @@ class SlotCache(Cache):
 
     # --- the slots' lifecycle --------------------------------------------------------
 
-    def acquire(self) -> int:
-        """A free slot for a new session (the lowest: batches of neighbouring
+    def acquire(self, slot: int | None = None) -> int:
+        """A free slot for a new session: ``slot`` if given (another cache's
+        slot of the same session), else the lowest (batches of neighbouring
         slots read the buffers without a gather)."""
-        if not self._free:
-            raise SlotError(f"all {self.slots} slots are live")
-        slot = min(self._free)
+        if slot is None:
+            if not self._free:
+                raise SlotError(f"all {self.slots} slots are live")
+            slot = min(self._free)
+        elif slot not in self._free:
+            raise SlotError(f"slot {slot} is not free")
         self._free.remove(slot)
         return slot
 

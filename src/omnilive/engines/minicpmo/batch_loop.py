@@ -71,6 +71,7 @@ class _Job:
     loop: asyncio.AbstractEventLoop
     droppable: bool = True
     orphan: Callable[[Any], None] | None = None  # takes a result nobody awaits any more
+    speech: bool = False  # a forward of the speech LM (else of the LLM)
     started: bool = False
     result: Any = None
     error: BaseException | None = None
@@ -93,24 +94,37 @@ class BatchLoop:
     ``graphs`` runs each tick's forwards as a replay of the CUDA graph of its
     buckets (:class:`GraphCache`): ``None`` (the default) makes one when the
     model is on CUDA and none on the CPU; ``False`` runs every step eagerly.
+
+    ``speech`` (optional) is a second model's steps over a cache with as many
+    slots, the speech LM's: slot ``k`` of both caches is one session's (they
+    are acquired and released together), and a tick runs one batch of each
+    model's forwards (:meth:`speech_forward`), in the same per-slot order.
     """
 
     def __init__(
         self,
         steps: BatchedSteps,
         *,
+        speech: BatchedSteps | None = None,
         max_rows: int | None = None,
         max_positions: int = 2048,
         graphs: GraphCache | bool | None = None,
         name: str = "minicpmo-batch",
     ) -> None:
         self.steps = steps
+        self.speech = speech
+        if speech is not None and speech.cache.slots != steps.cache.slots:
+            raise ValueError("the speech LM's cache needs as many slots as the LLM's")
         if graphs is None:
             graphs = steps.device.type == "cuda"
         self.graphs = GraphCache(steps) if graphs is True else graphs or None
+        self.speech_graphs = (
+            GraphCache(speech) if speech is not None and self.graphs is not None else None
+        )
         self.max_rows = max_rows or steps.cache.slots
         self.max_positions = max_positions
         self.batch_sizes: Counter[int] = Counter()  # rows -> batches formed (bounded keys)
+        self.speech_batch_sizes: Counter[int] = Counter()
         self._pending: deque[_Job] = deque()
         self._changed = threading.Condition()
         self._closed = False
@@ -121,13 +135,19 @@ class BatchLoop:
 
     async def acquire(self) -> int:
         """A slot for a new session, or :class:`SlotError` when all are live."""
-        return await self._submit(None, fn=self.steps.cache.acquire, orphan=self._release_soon)
+        return await self._submit(None, fn=self._acquire_slot, orphan=self._release_soon)
 
     async def forward(self, slot: int, inputs: torch.Tensor) -> StepResult:
         """Append ``inputs`` (token ids ``[n]`` or embeddings ``[n, hidden]``) to
         ``slot``'s context in the next batch it fits; its last position's
         hidden state and logits."""
         return await self._submit(slot, inputs=inputs)
+
+    async def speech_forward(self, slot: int, inputs: torch.Tensor) -> StepResult:
+        """:meth:`forward` for the speech LM's context of ``slot``."""
+        if self.speech is None:
+            raise RuntimeError("this batch loop has no speech LM")
+        return await self._submit(slot, inputs=inputs, speech=True)
 
     async def call(self, fn: Callable[..., T], *args: Any, slot: int | None = None) -> T:
         """``fn(*args)`` on the worker thread, between batches; with ``slot``,
@@ -142,7 +162,7 @@ class BatchLoop:
             self._pending = deque(job for job in self._pending if job not in dropped)
         for job in dropped:
             _cancel(job)
-        await self._submit(slot, fn=self.steps.cache.release, args=(slot,), droppable=False)
+        await self._submit(slot, fn=self._release_slot, args=(slot,), droppable=False)
 
     def pending(self) -> int:
         """Jobs waiting for a tick (what ``/status`` may show, tests check)."""
@@ -170,9 +190,10 @@ class BatchLoop:
         *,
         droppable: bool = True,
         orphan: Callable[[Any], None] | None = None,
+        speech: bool = False,
     ) -> Any:
         loop = asyncio.get_running_loop()
-        job = _Job(slot, inputs, fn, args, loop.create_future(), loop, droppable, orphan)
+        job = _Job(slot, inputs, fn, args, loop.create_future(), loop, droppable, orphan, speech)
         self._enqueue(job)
         try:
             return await job.future  # type: ignore[misc]
@@ -192,10 +213,21 @@ class BatchLoop:
 
     def _release_soon(self, slot: int) -> None:
         """A slot acquired for a session that stopped waiting for it."""
-        job = _Job(slot, None, self.steps.cache.release, (slot,), None,
+        job = _Job(slot, None, self._release_slot, (slot,), None,
                    asyncio.get_running_loop(), droppable=False)  # fmt: skip
         with contextlib.suppress(RuntimeError):  # closed: the cache goes with the loop
             self._enqueue(job)
+
+    def _acquire_slot(self) -> int:
+        slot = self.steps.cache.acquire()
+        if self.speech is not None:
+            self.speech.cache.acquire(slot)
+        return slot
+
+    def _release_slot(self, slot: int) -> None:
+        self.steps.cache.release(slot)
+        if self.speech is not None and self.speech.cache.is_live(slot):
+            self.speech.cache.release(slot)
 
     # --- the worker thread ----------------------------------------------------------------
 
@@ -207,7 +239,10 @@ class BatchLoop:
                     job.result = job.fn(*job.args)  # type: ignore[misc]
                 except BaseException as exc:  # the caller's to handle: handed over
                     job.error = exc
-            self._run_batch(batch)
+            self._run_batch([job for job in batch if not job.speech], self.steps, self.graphs)
+            if self.speech is not None:
+                speech = [job for job in batch if job.speech]
+                self._run_batch(speech, self.speech, self.speech_graphs)
             self._hand_back([*plain, *batch])
 
     def _next_tick(self) -> tuple[list[_Job], list[_Job]] | None:
@@ -222,7 +257,8 @@ class BatchLoop:
             plain: list[_Job] = []
             batch: list[_Job] = []
             seen: set[int] = set()  # slots with a job taken or left waiting this tick
-            longest = 0
+            rows = {False: 0, True: 0}  # forwards taken per model (speech or not)
+            longest = {False: 0, True: 0}
             for job in self._pending:
                 if job.slot is not None:
                     if job.slot in seen:
@@ -233,40 +269,37 @@ class BatchLoop:
                     continue
                 # With CUDA graphs, rows are padded up to the next captured
                 # batch-size bucket; max_rows is then the largest bucket.
-                wider = max(longest, job.count)
-                if batch and (
-                    len(batch) >= self.max_rows or (len(batch) + 1) * wider > self.max_positions
-                ):
+                taken = rows[job.speech]
+                wider = max(longest[job.speech], job.count)
+                if taken and (taken >= self.max_rows or (taken + 1) * wider > self.max_positions):
                     continue
                 batch.append(job)
-                longest = wider
+                rows[job.speech], longest[job.speech] = taken + 1, wider
             for job in (*plain, *batch):
                 job.started = True
             self._pending = deque(job for job in self._pending if not job.started)
             return plain, batch
 
-    def _run_batch(self, batch: list[_Job]) -> None:
+    def _run_batch(self, batch: list[_Job], steps: BatchedSteps, graphs: GraphCache | None) -> None:
         ready = []
         for job in batch:
             try:  # one session's bad request must not fail the others' step
-                self.steps.cache.check([job.slot], [job.count])  # type: ignore[list-item]
+                steps.cache.check([job.slot], [job.count])  # type: ignore[list-item]
             except Exception as exc:  # handed to that session alone
                 job.error = exc
             else:
                 ready.append(job)
         if not ready:
             return
-        self.batch_sizes[len(ready)] += 1
+        sizes = self.batch_sizes if steps is self.steps else self.speech_batch_sizes
+        sizes[len(ready)] += 1
         try:
             requests = [(job.slot, job.inputs) for job in ready]
-            if self.graphs is not None:
-                results = self.graphs.step(requests)
-            else:
-                results = self.steps.step(requests)
-            if self.steps.device.type == "cuda":
+            results = graphs.step(requests) if graphs is not None else steps.step(requests)
+            if steps.device.type == "cuda":
                 # Handed back once the stream has produced them: no session
                 # blocks its event loop reading them.
-                torch.cuda.current_stream(self.steps.device).synchronize()
+                torch.cuda.current_stream(steps.device).synchronize()
         except BaseException as exc:  # every session of the batch gets it, logged once
             log.error("batched step over slots %s failed", [job.slot for job in ready],
                       exc_info=exc)  # fmt: skip

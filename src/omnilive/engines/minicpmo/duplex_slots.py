@@ -26,12 +26,15 @@ sent, as the unified code does.
 from __future__ import annotations
 
 import contextlib
+import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
+from omnilive.engines.minicpmo.batch import BatchedSteps, SlotCache
 from omnilive.engines.minicpmo.batch_loop import BatchLoop
 from omnilive.engines.minicpmo.unit_rules import (
     SILENCE_TOKEN,
@@ -43,6 +46,8 @@ from omnilive.engines.minicpmo.unit_rules import (
     choose_speech_token,
     choose_token,
 )
+
+log = logging.getLogger(__name__)
 
 SAMPLE_RATE = 16_000
 OUT_RATE = 24_000
@@ -123,6 +128,34 @@ class SharedModel:
             processor._streaming_mel_processor = before
 
 
+def slot_loop(
+    model: Any,
+    slots: int,
+    capacity: int,
+    speech_capacity: int = 4096,
+    *,
+    graphs: bool | None = None,
+) -> BatchLoop:
+    """The batch loop of one loaded model (the model code's ``MiniCPMO``):
+    ``slots`` sessions of up to ``capacity`` LLM positions each and, where the
+    model speaks, as many speech LM contexts of ``speech_capacity`` positions
+    (a turn's speech). All of it allocated now: a session that joins later
+    needs no more memory for its contexts."""
+    llm = model.llm
+    weight = llm.lm_head.weight
+    cache = SlotCache(llm.config, slots, capacity, device=weight.device, dtype=weight.dtype)
+    steps = BatchedSteps(llm.model, cache, head=llm.lm_head)
+    speech = None
+    tts = getattr(model, "tts", None)
+    if tts is not None:
+        param = next(tts.model.parameters())
+        speech_cache = SlotCache(
+            tts.model.config, slots, speech_capacity, device=param.device, dtype=param.dtype
+        )
+        speech = BatchedSteps(tts.model, speech_cache, head=tts.head_code[0])
+    return BatchLoop(steps, speech=speech, graphs=graphs)
+
+
 @dataclass
 class UnitOutcome:
     """One unit's decision and output (the engine's DuplexUnit is built from it)."""
@@ -140,6 +173,10 @@ class UnitOutcome:
     # Logits the decisions were made from, one per text step (for the
     # equality harness; kept only when asked for).
     logits: list[torch.Tensor] = field(default_factory=list)
+    # Wall clock of the unit's parts, queueing for the batch loop included.
+    llm_ms: float = 0.0
+    speech_ms: float = 0.0
+    vocoder_ms: float = 0.0
 
 
 @dataclass
@@ -148,12 +185,6 @@ class _AudioStream:
     whisper_kv: Any = None
     buffer: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
     chunks: int = 0
-
-
-@dataclass
-class _SpeechState:
-    cache: Any = None  # the speech LM's DynamicCache for the running turn
-    position: int = 0  # its next position (0: a new turn)
 
 
 @dataclass
@@ -196,7 +227,10 @@ class SlotDuplex:
         self.pending_logits: torch.Tensor | None = None
         self.finalize_tokens: list[int] | None = None
         self.audio = _AudioStream(mel=None)
-        self.tts = _SpeechState()
+        # The next position of the running turn's speech LM context (0: a new
+        # turn); the context itself is the session's slot of the loop's speech cache.
+        self.speech_position = 0
+        self.speech_capacity = loop.speech.cache.capacity if loop.speech is not None else 0
         self.voice = _VoiceState()
         self.kv_length = 0
         # Kept only with keep_logits (the equality harness): the logits each
@@ -245,18 +279,21 @@ class SlotDuplex:
     ) -> dict[str, int]:
         """One unit's input: ``<unit>``, each frame's slices, the audio's
         embeddings, as one forward; the logits of its last position wait for
-        :meth:`generate`. Returns the positions fed per kind."""
+        :meth:`generate`. Returns the image slices and the embedding positions
+        fed per kind."""
         shared, vocab = self.shared, self.shared.vocab
         frames = frames or []
         has_audio = audio is not None and len(audio) > 0
         if not frames and not has_audio:
-            return {"vision": 0, "audio": 0}
+            return {"slices": 0, "vision": 0, "audio": 0}
         parts = [shared.embed([vocab.unit])]
-        vision = 0
+        vision = slices = 0
         if frames:
-            for piece in await self.loop.call(self._vision, frames, max_slice_nums, slot=self.slot):
-                parts.append(piece)
-                vision += int(piece.shape[0])
+            pieces = await self.loop.call(self._vision, frames, max_slice_nums, slot=self.slot)
+            parts += pieces
+            # Each slice is its start token, its embeddings, its end token.
+            slices = len(pieces) // 3
+            vision = sum(int(piece.shape[0]) for piece in pieces[1::3])
         audio_positions = 0
         if has_audio:
             embeds = await self.loop.call(self._audio_embeddings, audio, slot=self.slot)
@@ -267,7 +304,7 @@ class SlotDuplex:
             self.audio.chunks += 1  # the model code counts a vision-only unit as a chunk
         result = await self._feed(torch.cat(parts, 0))
         self.pending_logits = result.logits
-        return {"vision": vision, "audio": audio_positions}
+        return {"slices": slices, "vision": vision, "audio": audio_positions}
 
     def _vision(self, frames: list[Any], max_slice_nums: int) -> list[torch.Tensor]:
         """Every frame as ``<image>`` source ``</image>`` then ``<slice>`` x ``</slice>``
@@ -348,6 +385,7 @@ class SlotDuplex:
         """Listen, or speak up to ``max_speak_tokens`` text tokens and voice
         them; the unit stays open until :meth:`finalize`."""
         vocab, rules = self.shared.vocab, self.shared.rules
+        started = time.perf_counter()
         if self.pending_logits is None:
             return UnitOutcome(True, [], [], "", [], None, False, self.kv_length)
         logits, self.pending_logits = self.pending_logits, None
@@ -402,15 +440,17 @@ class SlotDuplex:
         self.finalize_tokens = ([terminator] if terminator is not None else []) + [vocab.unit_end]
         tokens = [t for t, _ in spoken]
         text = self._decode(tokens)
+        llm_ms = (time.perf_counter() - started) * 1000
         if is_listen:
-            return UnitOutcome(True, decided, tokens, "", [], None, False, self.kv_length, seen)
-        speech: list[int] = []
-        audio = None
-        if self.shared.generate_audio:
-            speech, audio = await self.loop.call(self._speak, spoken, end_of_turn, slot=self.slot)
-        return UnitOutcome(
-            False, decided, tokens, text, speech, audio, end_of_turn, self.kv_length, seen
+            return UnitOutcome(
+                True, decided, tokens, "", [], None, False, self.kv_length, seen, llm_ms
+            )
+        outcome = UnitOutcome(
+            False, decided, tokens, text, [], None, end_of_turn, self.kv_length, seen, llm_ms
         )
+        if self.shared.generate_audio:
+            await self._speak(spoken, outcome)
+        return outcome
 
     async def finalize(self) -> None:
         """Close the unit: its terminator (if any) and ``</unit>`` into the context."""
@@ -423,23 +463,30 @@ class SlotDuplex:
 
     # --- the speech LM and the vocoder -------------------------------------------------
 
-    def _speak(
-        self, spoken: list[tuple[int, torch.Tensor]], end_of_turn: bool
-    ) -> tuple[list[int], np.ndarray | None]:
-        condition = self._speech_condition(spoken)
-        turn_start = self.tts.position == 0
+    async def _speak(self, spoken: list[tuple[int, torch.Tensor]], outcome: UnitOutcome) -> None:
+        """Voice the unit's text: its speech tokens and audio into ``outcome``."""
+        loop, slot, end_of_turn = self.loop, self.slot, outcome.end_of_turn
+        started = time.perf_counter()
+        condition = await loop.call(self._speech_condition, spoken, slot=slot)
+        needed = self.speech_position + int(condition.shape[0]) + SPEECH_TOKENS_PER_UNIT
+        if needed > self.speech_capacity:
+            # A turn longer than the speech LM's context (minutes of speech):
+            # its speech goes on from a fresh context, as a new turn's would.
+            log.warning("slot %d: the speech LM's context is full; restarting it", slot)
+            self.speech_position = 0
+        turn_start = self.speech_position == 0
         least = 0 if end_of_turn or turn_start else SPEECH_TOKENS_PER_UNIT
-        tokens = self._speech_chunk(condition, least)
+        tokens = await self._speech_chunk(condition, least)
         if end_of_turn:
-            self.tts = _SpeechState()
+            self.speech_position = 0
         else:
-            self.tts.position += int(condition.shape[0]) + len(tokens)
-        audio = self._vocode(
-            tokens, end_of_turn, flush=turn_start or self.shared.rules.always_flush
-        )
-        if end_of_turn:
-            self._restart_voice()
-        return tokens, audio
+            self.speech_position += int(condition.shape[0]) + len(tokens)
+        flush = turn_start or self.shared.rules.always_flush
+        vocoding = time.perf_counter()
+        outcome.audio = await loop.call(self._vocode, tokens, end_of_turn, flush, slot=slot)
+        outcome.speech_tokens = tokens
+        outcome.speech_ms = (vocoding - started) * 1000
+        outcome.vocoder_ms = (time.perf_counter() - vocoding) * 1000
 
     def _speech_condition(self, spoken: list[tuple[int, torch.Tensor]]) -> torch.Tensor:
         """``[n + 1, tts hidden]``: each spoken token's text embedding plus its
@@ -455,52 +502,39 @@ class SlotDuplex:
             projected = torch.nn.functional.normalize(tts.projector_semantic(hidden), p=2, dim=-1)
             return torch.cat([tts.emb_text(ids) + projected, bos], 0)
 
-    def _speech_chunk(self, condition: torch.Tensor, least: int) -> list[int]:
+    async def _speech_chunk(self, condition: torch.Tensor, least: int) -> list[int]:
         """Up to :data:`SPEECH_TOKENS_PER_UNIT` speech tokens after
-        ``condition``, continuing the turn's speech LM cache: decide a token
-        per step, stop at the end-of-speech token; the last decided token (the
-        end, or the one past the budget) is not returned nor fed."""
-        from transformers.cache_utils import DynamicCache
-
+        ``condition``, continuing the turn's speech LM context (the session's
+        slot of the loop's speech cache, batched with the other sessions'):
+        decide a token per step, stop at the end-of-speech token; the last
+        decided token (the end, or the one past the budget) is not returned
+        nor fed."""
         tts = self.shared.model.tts
         eos = int(tts.config.num_audio_tokens) - 1
-        cache = self.tts.cache if self.tts.cache is not None else DynamicCache()
-        start = self.tts.position
-        inputs = condition[None]
-        positions = torch.arange(start, start + condition.shape[0], device=condition.device)[None]
+        cache = self.loop.speech.cache  # type: ignore[union-attr]
+        if cache.lengths[self.slot] != self.speech_position:  # a new turn: from position 0
+            await self.loop.call(cache.crop, self.slot, self.speech_position, slot=self.slot)
+        inputs = condition
         decided: list[int] = []
-        with torch.no_grad():
-            for t in range(SPEECH_TOKENS_PER_UNIT):
-                if t > 0:
-                    inputs = tts.emb_code[0](torch.tensor([[decided[-1]]], device=condition.device))
-                    positions = torch.tensor(
-                        [[start + condition.shape[0] + t - 1]], device=condition.device
-                    )
-                out = tts.model(
-                    inputs_embeds=inputs,
-                    position_ids=positions,
-                    past_key_values=cache,
-                    use_cache=True,
-                )
-                cache = out.past_key_values
-                # The head over every new position, as the model code applies it
-                # (the same matrix shapes: the same rounding), then the last.
-                logits = tts.head_code[0](out.last_hidden_state)[0, -1].float()
-                token = choose_speech_token(
-                    logits,
-                    decided,
-                    self.speech,
-                    eos,
-                    allow_eos=t >= least,
-                    generator=self.generator,
-                    seen=self.speech_logits if self.keep_logits else None,
-                )
-                if token == eos:
-                    break
-                decided.append(token)
-            else:
-                decided.pop()  # the one past the budget: decided, never fed
-        self.tts.cache = cache
+        for t in range(SPEECH_TOKENS_PER_UNIT):
+            if t > 0:
+                with torch.no_grad():
+                    inputs = tts.emb_code[0](torch.tensor([decided[-1]], device=condition.device))
+            result = await self.loop.speech_forward(self.slot, inputs)
+            token = choose_speech_token(
+                result.logits.float(),
+                decided,
+                self.speech,
+                eos,
+                allow_eos=t >= least,
+                generator=self.generator,
+                seen=self.speech_logits if self.keep_logits else None,
+            )
+            if token == eos:
+                break
+            decided.append(token)
+        else:
+            decided.pop()  # the one past the budget: decided, never fed
         return decided
 
     def _init_voice(self, prompt_wav: str) -> None:
@@ -550,6 +584,8 @@ class SlotDuplex:
                     )
                 )
                 voice.buffer = []
+        if last:
+            self._restart_voice()
         if not pcm:
             return None
         samples = np.concatenate(pcm)

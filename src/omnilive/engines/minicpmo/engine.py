@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -33,6 +35,9 @@ from omnilive.engines.minicpmo.duplex import MiniCPMoDuplex
 from omnilive.engines.minicpmo.half_duplex import MiniCPMoHalfDuplex
 from omnilive.engines.minicpmo.host import ModelHost
 
+if TYPE_CHECKING:  # the slot views import torch; the engine loads it only in load()
+    from omnilive.engines.minicpmo.slots import SlotModel
+
 log = logging.getLogger(__name__)
 
 
@@ -52,7 +57,8 @@ def physical_gpu(device: str, visible: str | None) -> int | None:
 
 
 # The context the reference implementation serves (its Realtime API ends a
-# session there); the LLM itself could hold more.
+# session there); the LLM itself could hold more. With slots, each slot holds
+# minicpmo.context_length positions.
 CONTEXT_LENGTH = 8192
 
 
@@ -63,6 +69,11 @@ class MiniCPMoEngine(Engine):
     the GPU, loads the weights and the speech decoder, and warms every view
     up, so that the worker turns IDLE only when the first request will be
     fast. ``backend`` is the seam the contract tests use to inject a fake.
+
+    With ``slots`` other than 1 it serves that many sessions at once (unset:
+    as many as fit in the GPU memory left after loading), their steps batched
+    (:mod:`~omnilive.engines.minicpmo.slots`); with 1, one session at a time
+    through the model's own code.
     """
 
     name = "minicpmo"
@@ -71,13 +82,14 @@ class MiniCPMoEngine(Engine):
         self._settings = settings
         self._backend: Backend = backend or TorchBackend()
         self._host: ModelHost | None = None
+        self._slots: SlotModel | None = None
         self._default_voice: np.ndarray | None = None
         self.capabilities = Capabilities(
             input_modalities=frozenset({Modality.TEXT, Modality.IMAGE, Modality.AUDIO}),
             audio_output=settings.audio_output,
             voice_cloning=settings.audio_output,
-            context_length=CONTEXT_LENGTH,
-            slots=1,
+            context_length=CONTEXT_LENGTH if settings.slots == 1 else settings.context_length,
+            slots=1,  # until load() knows how many fit
         )
 
     # --- lifecycle ---------------------------------------------------------------
@@ -106,10 +118,31 @@ class MiniCPMoEngine(Engine):
             progress("compiling", 0.75)
             host.compile()
         self._host = host
+        if settings.slots != 1:
+            progress("allocating session slots", 0.78)
+            self._allocate_slots(host)
         if settings.warmup:
             progress("warming up", 0.8)
             self._warm_up()
         progress("ready", 1.0)
+
+    def _allocate_slots(self, host: ModelHost) -> None:
+        from omnilive.engines.minicpmo.slots import SlotModel, plan_slots, slot_bytes
+
+        settings = self._settings
+        per_slot = slot_bytes(host.model, settings.context_length)
+        free = self._backend.check_device(settings.device).free_bytes
+        headroom = int(settings.memory_headroom_gb * 2**30)
+        slots = plan_slots(free, headroom, per_slot, settings.slots, settings.max_slots)
+        self._slots = SlotModel.build(host, slots, settings.context_length)
+        self.capabilities = dataclasses.replace(self.capabilities, slots=slots)
+        log.info(
+            "%d session slots of %d positions (%.2f GiB each; %.1f GiB were free)",
+            slots,
+            settings.context_length,
+            per_slot / 2**30,
+            free / 2**30,
+        )
 
     def _warm_up(self) -> None:
         """One short chat answer and one duplex unit, so that kernel selection,
@@ -135,6 +168,9 @@ class MiniCPMoEngine(Engine):
         log.info("warm-up done in %.1f s", time.perf_counter() - started)
 
     def close(self) -> None:
+        if self._slots is not None:
+            self._slots.close()
+            self._slots = None
         if self._host is not None:
             self._host.release()
             self._host = None
@@ -146,14 +182,29 @@ class MiniCPMoEngine(Engine):
             raise EngineError("the minicpmo engine is not loaded")
         return self._host
 
-    def _duplex(self, force_listen_units: int | None = None) -> MiniCPMoDuplex:
+    def _duplex(self, force_listen_units: int | None = None) -> DuplexSession:
+        if self._slots is not None:
+            from omnilive.engines.minicpmo.slots import SlotDuplexSession
+
+            voice, settings = self._default_voice, self._settings
+            return SlotDuplexSession(self._slots, voice, settings, force_listen_units)
         return MiniCPMoDuplex(self._require_host(), self._default_voice, force_listen_units)
 
     def open_chat(self) -> ChatSession:
-        return MiniCPMoChat(self._require_host(), self._default_voice)
+        chat = MiniCPMoChat(self._require_host(), self._default_voice)
+        if self._slots is None:
+            return chat
+        from omnilive.engines.minicpmo.slots import SeatedChat
+
+        return SeatedChat(self._slots, chat)
 
     def open_half_duplex(self) -> HalfDuplexSession:
-        return MiniCPMoHalfDuplex(self._require_host(), self._default_voice)
+        half = MiniCPMoHalfDuplex(self._require_host(), self._default_voice)
+        if self._slots is None:
+            return half
+        from omnilive.engines.minicpmo.slots import SeatedHalfDuplex
+
+        return SeatedHalfDuplex(self._slots, half)
 
     def open_duplex(self) -> DuplexSession:
         return self._duplex()

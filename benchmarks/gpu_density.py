@@ -1,0 +1,240 @@
+"""How many omni duplex sessions one GPU serves in real time.
+
+``python -m benchmarks.gpu_density --model-path CKPT [--counts 1,2,4,8,12,16]``
+starts ``omnilive serve --engine minicpmo`` with as many slots as the largest
+count, then for each N runs N omni duplex sessions at once through the gateway:
+each sends one second of audio and one camera frame every second at
+wall-clock pace (not waiting for results, as a browser does), with a known
+listen/speak mix (a forced listen every third unit, speak units bounded to
+``--speak-tokens`` text tokens, as ``gpu_duplex.py``). Per N: each unit's
+latency from its chunk's send to its result (p50/p95), the server's unit wall
+clock, the chunks the server dropped, the latency of units that start a turn
+(first audio after a speak decision), and GPU memory. The largest N with p95
+latency at most 1 s and no dropped chunk is ``max_realtime_sessions``.
+
+Then the single-session chat figures: first audio over ``--chats`` warm
+requests one after another, and over 8 at once.
+
+Writes ``benchmarks/results/gpu_density_<gpu>.json`` (or ``--out``); measures,
+asserts nothing about speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from websockets.asyncio.client import connect
+
+from benchmarks.gpu_checkpoint import synthetic_voice
+from benchmarks.gpu_duplex import (
+    GpuSampler,
+    b64,
+    chat_request,
+    free_port,
+    jpeg_b64,
+    model_code,
+    recv_until,
+    start_server,
+    summary,
+    wait_ready,
+)
+
+REALTIME_P95_MS = 1000.0
+CHUNK_S = 1.0
+
+
+async def paced_session(
+    base: str, index: int, units: int, listen_every: int, voice: Any, frames: list[str]
+) -> dict[str, Any]:
+    """One omni session sending a unit every second; results are read as
+    they come, each matched to its chunk through the dropped counts."""
+    sid = f"density_{index}_{time.monotonic_ns()}"
+    speech = synthetic_voice(float(units) + 1)
+    sent_at: list[float] = []
+    rows: list[dict[str, Any]] = []
+    async with connect(f"{base}/ws/duplex/{sid}?mode=omni_duplex", max_size=None) as ws:
+        await recv_until(ws, "queue_done", timeout=600)
+        await ws.send(json.dumps({
+            "type": "prepare", "system_prompt": "You are a helpful assistant.",
+            "ref_audio_base64": b64(voice),
+        }))  # fmt: skip
+        await recv_until(ws, "prepared", timeout=120)
+
+        async def send() -> None:
+            start = time.perf_counter()
+            for k in range(units):
+                await asyncio.sleep(max(0.0, start + k * CHUNK_S - time.perf_counter()))
+                sent_at.append(time.perf_counter())
+                await ws.send(json.dumps({
+                    "type": "audio_chunk",
+                    "audio_base64": b64(speech[k * 16000 : (k + 1) * 16000]),
+                    "frame_base64_list": [frames[(index + k) % len(frames)]],
+                    "force_listen": bool(listen_every) and k % listen_every == 0,
+                }))  # fmt: skip
+
+        sender = asyncio.create_task(send())
+        chunk = 0
+        try:
+            while chunk < units:
+                result = await recv_until(ws, "result", timeout=60)
+                chunk += int(result.get("dropped_chunks") or 0)
+                if chunk >= units:
+                    break
+                rows.append({
+                    "chunk": chunk,
+                    "latency_ms": (time.perf_counter() - sent_at[chunk]) * 1000,
+                    "wall_clock_ms": result.get("wall_clock_ms", 0.0),
+                    "is_listen": result.get("is_listen", True),
+                    "dropped": int(result.get("dropped_chunks") or 0),
+                    "n_tts_tokens": result.get("n_tts_tokens", 0),
+                })  # fmt: skip
+                chunk += 1
+        finally:
+            await sender
+        await ws.send(json.dumps({"type": "stop"}))
+        await recv_until(ws, "stopped", timeout=60)
+    return {"units": rows, "dropped": units - len(rows)}
+
+
+def figures(sessions: list[dict[str, Any]], warmup_units: int) -> dict[str, Any]:
+    rows = [r for s in sessions for r in s["units"] if r["chunk"] >= warmup_units]
+    speak = [r for r in rows if not r["is_listen"]]
+    starts = [
+        r
+        for s in sessions
+        for previous, r in zip(s["units"], s["units"][1:], strict=False)
+        if not r["is_listen"] and previous["is_listen"] and r["chunk"] >= warmup_units
+    ]
+    return {
+        "latency_ms": summary([r["latency_ms"] for r in rows]),
+        "speak_latency_ms": summary([r["latency_ms"] for r in speak]),
+        "speak_wall_clock_ms": summary([r["wall_clock_ms"] for r in speak]),
+        "listen_wall_clock_ms": summary([r["wall_clock_ms"] for r in rows if r["is_listen"]]),
+        "turn_start_latency_ms": summary([r["latency_ms"] for r in starts]),
+        "speak_units": len(speak),
+        "dropped_chunks": sum(s["dropped"] for s in sessions),
+    }
+
+
+def slot_gib(log: Path) -> float | None:
+    """The engine's own figure for one slot's memory, from its start-up line."""
+    found = re.search(r"session slots of \d+ positions \(([\d.]+) GiB each", log.read_text())
+    return float(found.group(1)) if found else None
+
+
+async def bench(args: argparse.Namespace) -> dict[str, Any]:
+    ckpt = args.model_path.resolve()
+    port = free_port()
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [str(ckpt / "standin"), *filter(None, [os.environ.get("PYTHONPATH")])]
+        ),
+        "OMNILIVE_MINICPMO__DEFAULT_VOICE": str(ckpt / "voice.wav"),
+        "OMNILIVE_MINICPMO__MAX_SPEAK_TOKENS_PER_UNIT": str(args.speak_tokens),
+        "OMNILIVE_MINICPMO__SLOTS": str(args.slots or max(args.counts)),
+        "OMNILIVE_RECORDING__ENABLED": "false",
+        "OMNILIVE_HEALTH_INTERVAL_S": "2",
+    }
+    sampler = GpuSampler()
+    report: dict[str, Any] = {
+        "gpu": GpuSampler.query("name") or "no GPU",
+        "model_code": model_code(ckpt),
+        "speak_tokens_per_unit": args.speak_tokens,
+        "units_per_session": args.units,
+        "baseline_mib": sampler.used_mib(),
+        "runs": {},
+    }
+    server, log = start_server(args, ckpt, port, env)
+    http, ws = f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}"
+
+    def save() -> None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2))
+
+    sampler.start()
+    try:
+        report["load_s"] = round(await wait_ready(http, server, args.load_timeout), 1)
+        report["idle_mib"] = sampler.used_mib()
+        report["slot_gib"] = slot_gib(args.log)
+        voice = synthetic_voice(3.0)
+        frames = [jpeg_b64(seed) for seed in range(8)]
+        for n in args.counts:
+            sampler.peak_mib = 0.0
+            started = time.perf_counter()
+            sessions = await asyncio.gather(
+                *(paced_session(ws, k, args.units, 3, voice, frames) for k in range(n))
+            )
+            run = figures(list(sessions), args.warmup_units)
+            run["seconds"] = round(time.perf_counter() - started, 1)
+            run["peak_mib"] = sampler.peak_mib
+            run["mib_per_session_beyond_slots"] = round(
+                max(0.0, sampler.peak_mib - report["idle_mib"]) / n, 1
+            )
+            report["runs"][str(n)] = run
+            save()
+            print(f"N={n}: {json.dumps(run)}", flush=True)
+        realtime = [
+            int(n) for n, run in report["runs"].items()
+            if run["latency_ms"].get("p95", 1e9) <= REALTIME_P95_MS and run["dropped_chunks"] == 0
+        ]  # fmt: skip
+        report["max_realtime_sessions"] = max(realtime, default=0)
+        save()
+        if args.chats:
+            await chat_request(ws, voice, 0, max_new_tokens=8)  # warm
+            alone = [await chat_request(ws, voice, 1 + i) for i in range(args.chats)]
+            report["chat_first_audio_ms"] = summary(
+                [c["first_audio_ms"] for c in alone if c["first_audio_ms"]]
+            )
+            together = await asyncio.gather(*(chat_request(ws, voice, 100 + i) for i in range(8)))
+            report["chat_first_audio_ms_8_at_once"] = summary(
+                [c["first_audio_ms"] for c in together if c["first_audio_ms"]]
+            )
+            save()
+    finally:
+        sampler.stop()
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
+    save()
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model-path", type=Path, required=True)
+    parser.add_argument("--counts", type=lambda s: [int(x) for x in s.split(",")],
+                        default=[1, 2, 4, 8, 12, 16])  # fmt: skip
+    parser.add_argument("--slots", type=int, help="minicpmo.slots (default: the largest count)")
+    parser.add_argument("--units", type=int, default=20)
+    parser.add_argument("--warmup-units", type=int, default=2, help="left out of the figures")
+    parser.add_argument("--speak-tokens", type=int, default=12)
+    parser.add_argument("--chats", type=int, default=20)
+    parser.add_argument("--load-timeout", type=float, default=420)
+    parser.add_argument("--log", type=Path, default=Path("gpu_density_server.log"))
+    parser.add_argument("--data-dir", type=Path, default=Path("/tmp/omnilive-density-data"))
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--engine", default="minicpmo", help="scripted: try the client logic")
+    args = parser.parse_args(argv)
+    if args.out is None:
+        gpu = re.sub(r"[^a-z0-9]+", "_", (GpuSampler.query("name") or "no GPU").lower())
+        args.out = Path("benchmarks/results") / f"gpu_density_{gpu.strip('_')}.json"
+    report = asyncio.run(bench(args))
+    print(json.dumps({k: v for k, v in report.items() if k != "runs"}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

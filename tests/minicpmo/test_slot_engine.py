@@ -1,0 +1,222 @@
+"""The minicpmo engine with slots, on the CPU over a tiny random checkpoint
+loaded with the model's own code: concurrent duplex sessions in their slots,
+a chat beside them on the simplex seat, and refusals when the slots are full.
+Skipped where the model code is not at hand (see ``model_code.py``)."""
+
+from __future__ import annotations
+
+import gc
+import io
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from omnilive.config import MiniCPMoSettings
+from omnilive.engines.base import (
+    ChatMessage,
+    ChatOptions,
+    DuplexOptions,
+    EngineError,
+    GenerationOptions,
+    TextPart,
+)
+from omnilive.engines.minicpmo import MiniCPMoEngine
+from omnilive.engines.minicpmo.backend import DeviceInfo
+from tests.minicpmo.model_code import needs_model_code
+from tests.minicpmo.model_code import tiny_checkpoint as build_tiny
+
+pytestmark = needs_model_code
+GIB = 2**30
+
+
+class CpuBackend:
+    """The model's own code on the CPU in float32, with as much "GPU memory"
+    as the test says is free."""
+
+    def __init__(self, ckpt: Path, free_gib: float = 64.0) -> None:
+        self.ckpt = ckpt
+        self.free_gib = free_gib
+
+    def check_device(self, device: str) -> DeviceInfo:
+        return DeviceInfo("CPU", int(self.free_gib * GIB), int(self.free_gib * GIB))
+
+    def load_model(self, checkpoint: Any, settings: MiniCPMoSettings, progress: Any) -> Any:
+        import torch
+        import transformers
+
+        if str(self.ckpt / "standin") not in sys.path:
+            sys.path.insert(0, str(self.ckpt / "standin"))  # the vocoder's stand-in
+        model = transformers.AutoModel.from_pretrained(
+            str(self.ckpt), trust_remote_code=True, torch_dtype=torch.float32
+        )
+        return model.eval()
+
+    def step_graphs(self, model: Any, settings: MiniCPMoSettings) -> None:
+        return None
+
+    def release_memory(self) -> None:
+        gc.collect()
+
+    def memory_stats(self) -> dict[str, float]:
+        return {}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny: Path) -> Any:
+    settings = MiniCPMoSettings(
+        model_path=tiny,
+        device="cpu",
+        slots=3,
+        context_length=1024,
+        default_voice=tiny / "voice.wav",
+        force_listen_units=0,
+        max_speak_tokens_per_unit=6,
+        memory_headroom_gb=1.0,
+    )
+    engine = MiniCPMoEngine(settings, backend=CpuBackend(tiny))
+    engine.load(lambda stage, fraction: None)  # warms a chat and a duplex unit up
+    yield engine
+    engine.close()
+
+
+def jpeg(seed: int) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 255, (64, 64, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="JPEG")
+    return out.getvalue()
+
+
+def run_session(engine: Any, seed: int, units: int, omni: bool) -> list[Any]:
+    session = engine.open_duplex()
+    try:
+        session.prepare(f"You are assistant number {seed}.", DuplexOptions(vision=omni))
+        rng = np.random.default_rng(seed)
+        results = []
+        for k in range(units):
+            audio = rng.normal(0, 0.05, 16_000).astype(np.float32)
+            stats = session.prefill(audio, [jpeg(seed * 100 + k)] if omni else [])
+            unit = session.generate(force_listen=k == 0)
+            session.finalize()
+            results.append((stats, unit))
+        return results
+    finally:
+        session.close()
+
+
+def test_the_slots_follow_the_settings(engine: Any) -> None:
+    assert engine.capabilities.slots == 3
+    assert engine.capabilities.context_length == 1024
+
+
+def test_concurrent_duplex_sessions_each_keep_their_own_context(engine: Any) -> None:
+    results: dict[int, list[Any]] = {}
+    errors: list[BaseException] = []
+
+    def one(seed: int) -> None:
+        try:
+            results[seed] = run_session(engine, seed, units=4, omni=seed == 2)
+        except BaseException as exc:  # reported below, with the others'
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(seed,)) for seed in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=600)
+    assert not errors, errors
+    for seed, units in results.items():
+        lengths = [unit.kv_cache_length for _, unit in units]
+        assert lengths == sorted(lengths) and lengths[0] > 0, (seed, lengths)
+        assert units[0][1].is_listen  # forced
+        audio_tokens = [stats.audio_tokens for stats, _ in units]
+        assert all(n > 0 for n in audio_tokens), audio_tokens
+        slices = [stats.vision_slices for stats, _ in units]
+        assert slices == ([1] * 4 if seed == 2 else [0] * 4)
+        for _, unit in units:
+            if not unit.is_listen:
+                assert unit.n_tokens > 0
+    # The sessions' contexts were their own: the same prompt length apart from
+    # the prompt itself, whatever ran beside them.
+    assert len(results) == 3
+
+
+def test_a_session_past_the_slots_is_refused_and_the_others_go_on(engine: Any) -> None:
+    live = [engine.open_duplex() for _ in range(3)]
+    try:
+        for k, session in enumerate(live):
+            session.prepare(f"Prompt {k}.", DuplexOptions())
+        extra = engine.open_duplex()
+        with pytest.raises(EngineError, match="every session slot"):
+            extra.prepare("One too many.", DuplexOptions())
+        extra.close()
+        audio = np.zeros(16_000, np.float32)
+        live[0].prefill(audio, [])
+        assert live[0].generate().kv_cache_length > 0
+    finally:
+        for session in live:
+            session.close()
+    # Every slot is free again: three new sessions fit.
+    again = [engine.open_duplex() for _ in range(3)]
+    try:
+        for session in again:
+            session.prepare("Again.", DuplexOptions())
+    finally:
+        for session in again:
+            session.close()
+
+
+def test_a_chat_answers_while_a_duplex_session_runs(engine: Any) -> None:
+    duplex_units: list[Any] = []
+    chat_done = threading.Event()
+
+    def duplex() -> None:
+        session = engine.open_duplex()
+        try:
+            session.prepare("Keep listening.", DuplexOptions())
+            while not chat_done.is_set() or len(duplex_units) < 2:
+                session.prefill(np.zeros(16_000, np.float32), [])
+                duplex_units.append(session.generate())
+                session.finalize()
+        finally:
+            session.close()
+
+    thread = threading.Thread(target=duplex)
+    thread.start()
+    try:
+        chat = engine.open_chat()
+        try:
+            options = ChatOptions(generation=GenerationOptions(max_new_tokens=6))
+            length = chat.prefill([ChatMessage("user", (TextPart("Hello there."),))], options)
+            chunks = list(chat.generate())
+        finally:
+            chat.close()
+    finally:
+        chat_done.set()
+        thread.join(timeout=600)
+    assert length > 0
+    assert sum(chunk.n_tokens for chunk in chunks) > 0
+    assert len(duplex_units) >= 2
+
+
+def test_too_many_slots_for_the_memory_is_one_clear_refusal(tiny: Path) -> None:
+    from omnilive.engines.base import EngineUnavailable
+
+    settings = MiniCPMoSettings(
+        model_path=tiny, device="cpu", slots=64, context_length=32768, warmup=False
+    )
+    engine = MiniCPMoEngine(settings, backend=CpuBackend(tiny, free_gib=5.0))
+    try:
+        with pytest.raises(EngineUnavailable, match=r"64 session slot\(s\) need .* fit"):
+            engine.load(lambda stage, fraction: None)
+    finally:
+        engine.close()
