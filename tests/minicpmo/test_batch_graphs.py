@@ -113,7 +113,7 @@ def test_a_tick_never_sees_the_previous_ticks_static_inputs():
 
 def test_the_bound_evicts_the_least_recently_replayed_graph():
     steps = batched(llm_with("eager"), slots=4, capacity=128)
-    graphs = GraphCache(steps, max_graphs=2)
+    graphs = GraphCache(steps, max_graphs=2, step_lengths=(1, 2, 4, 8, 16, 32, 64))
     slots = [steps.cache.acquire() for _ in range(4)]
     graphs.step([(slots[0], prompt(0, 1))])  # (1, 1, 16): the prefix of slot 0
     graphs.step([(slots[0], prompt(1, 2)), (slots[1], prompt(2, 1))])  # (2, 2, 16)

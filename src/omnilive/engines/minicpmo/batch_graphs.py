@@ -35,8 +35,9 @@ import torch
 
 from omnilive.engines.minicpmo.batch import BatchedSteps, StepPlan, StepRequest, StepResult
 
-STEP_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-"""Step lengths with graphs: a decode step, short prefills (an audio unit's)."""
+STEP_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+"""Step lengths with graphs: a decode step, short prefills (an audio unit's,
+an omni unit's: a frame's 64 positions and a second of audio)."""
 
 # The plan's device tensors: what a replay's inputs are, besides the embeddings.
 _PLAN_TENSORS = ("rows", "positions", "write", "mask", "last")

@@ -42,6 +42,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -125,6 +126,9 @@ class BatchLoop:
         self.max_positions = max_positions
         self.batch_sizes: Counter[int] = Counter()  # rows -> batches formed (bounded keys)
         self.speech_batch_sizes: Counter[int] = Counter()
+        # Where the worker thread's time goes (read through busy()); bounded keys.
+        self.busy_s: Counter[str] = Counter()
+        self.busy_count: Counter[str] = Counter()
         self._pending: deque[_Job] = deque()
         self._changed = threading.Condition()
         self._closed = False
@@ -235,15 +239,47 @@ class BatchLoop:
         while (tick := self._next_tick()) is not None:
             plain, batch = tick
             for job in plain:
+                started = time.perf_counter()
                 try:
                     job.result = job.fn(*job.args)  # type: ignore[misc]
+                    self._settle_device()
                 except BaseException as exc:  # the caller's to handle: handed over
                     job.error = exc
+                self._account(getattr(job.fn, "__name__", "call"), started)
+            started = time.perf_counter()
             self._run_batch([job for job in batch if not job.speech], self.steps, self.graphs)
+            self._account("llm batch", started)
             if self.speech is not None:
+                started = time.perf_counter()
                 speech = [job for job in batch if job.speech]
                 self._run_batch(speech, self.speech, self.speech_graphs)
+                self._account("speech batch", started)
+            started = time.perf_counter()
             self._hand_back([*plain, *batch])
+            self._account("hand back", started)
+
+    def _settle_device(self) -> None:
+        """Wait for the GPU work a plain call queued: its time is its own in
+        :attr:`busy_s`, not the next batch's."""
+        if self.steps.device.type == "cuda":
+            torch.cuda.current_stream(self.steps.device).synchronize()
+
+    def _account(self, kind: str, started: float) -> None:
+        self.busy_s[kind] += time.perf_counter() - started
+        self.busy_count[kind] += 1
+
+    def busy(self) -> dict[str, dict[str, float]]:
+        """Where the loop's thread spent its time, per kind of work (plain
+        calls by function name, the batches, the hand-backs): seconds, count
+        and mean milliseconds, since the loop started."""
+        return {
+            kind: {
+                "s": round(seconds, 2),
+                "n": self.busy_count[kind],
+                "mean_ms": round(1000 * seconds / max(1, self.busy_count[kind]), 2),
+            }
+            for kind, seconds in self.busy_s.most_common()
+        }
 
     def _next_tick(self) -> tuple[list[_Job], list[_Job]] | None:
         """What runs now: the first job of each slot in line (and every job of

@@ -25,8 +25,10 @@ sent, as the unified code does.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,6 +74,7 @@ class SharedModel:
     # processors switch the shared extractor's mode as their audio grows, so a
     # voice prompt's features are made with this one, as a fresh model makes them.
     voice_mel_mode: dict[str, Any] = field(init=False)
+    mel_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         self.vocab = DuplexVocab.of(self.tokenizer)
@@ -109,7 +112,10 @@ class SharedModel:
         """A streaming mel processor of the session's own (the model's
         ``init_streaming_processor`` settings), made without disturbing the
         shared processor's."""
-        processor = self.processor
+        with self.mel_lock:
+            return self._new_mel(self.processor)
+
+    def _new_mel(self, processor: Any) -> Any:
         before = getattr(processor, "_streaming_mel_processor", None)
         try:
             processor.set_streaming_mode(
@@ -266,7 +272,8 @@ class SlotDuplex:
 
     def _voice_embeddings(self, ref_audio: np.ndarray) -> torch.Tensor:
         model, shared = self.shared.model, self.shared
-        with _swapped(shared.processor.audio_processor, dict(shared.voice_mel_mode)):
+        extractor = shared.processor.audio_processor
+        with shared.mel_lock, _swapped(extractor, dict(shared.voice_mel_mode)):
             data = shared.processor.process_audio([ref_audio])
         with torch.no_grad():
             nested = model.get_audio_embedding(data, chunk_length=model.config.audio_chunk_length)
@@ -289,15 +296,21 @@ class SlotDuplex:
         parts = [shared.embed([vocab.unit])]
         vision = slices = 0
         if frames:
-            pieces = await self.loop.call(self._vision, frames, max_slice_nums, slot=self.slot)
+            processed = await asyncio.to_thread(
+                shared.processor.process_image, frames, max_slice_nums=max_slice_nums
+            )
+            pieces = await self.loop.call(
+                self._vision, processed, frames, max_slice_nums, slot=self.slot
+            )
             parts += pieces
             # Each slice is its start token, its embeddings, its end token.
             slices = len(pieces) // 3
             vision = sum(int(piece.shape[0]) for piece in pieces[1::3])
         audio_positions = 0
         if has_audio:
-            embeds = await self.loop.call(self._audio_embeddings, audio, slot=self.slot)
-            if embeds is not None:
+            feature = await asyncio.to_thread(self._audio_features, audio)
+            if feature is not None:
+                embeds = await self.loop.call(self._audio_embeddings, feature, slot=self.slot)
                 parts.append(embeds)
                 audio_positions = int(embeds.shape[0])
         elif frames:
@@ -306,11 +319,11 @@ class SlotDuplex:
         self.pending_logits = result.logits
         return {"slices": slices, "vision": vision, "audio": audio_positions}
 
-    def _vision(self, frames: list[Any], max_slice_nums: int) -> list[torch.Tensor]:
-        """Every frame as ``<image>`` source ``</image>`` then ``<slice>`` x ``</slice>``
-        per high-resolution slice, in the model code's order."""
+    def _vision(self, processed: Any, frames: list[Any], max_slice_nums: int) -> list[torch.Tensor]:
+        """Every frame (``processed`` by the processor) as ``<image>`` source
+        ``</image>`` then ``<slice>`` x ``</slice>`` per high-resolution
+        slice, in the model code's order."""
         shared, vocab, model = self.shared, self.shared.vocab, self.shared.model
-        processed = shared.processor.process_image(frames, max_slice_nums=max_slice_nums)
         processed = processed.to(shared.device)
         with torch.no_grad():
             hidden = model.get_vision_embedding(processed)
@@ -333,10 +346,12 @@ class SlotDuplex:
                 index += 1
         return pieces
 
-    def _audio_embeddings(self, audio: np.ndarray) -> torch.Tensor | None:
-        """The next second of the session's audio through the streaming mel
-        processor and the Whisper encoder, each with the session's own state."""
-        shared, stream, model = self.shared, self.audio, self.shared.model
+    def _audio_features(self, audio: np.ndarray) -> Any:
+        """The mel features of the session's next second of audio (CPU work,
+        off the batch loop's thread), or None while too little has come. The
+        streaming mel processors share the feature extractor, whose mode they
+        switch: one session at a time (:attr:`SharedModel.mel_lock`)."""
+        shared, stream = self.shared, self.audio
         stream.buffer = np.concatenate([stream.buffer, np.asarray(audio, np.float32)])
         if stream.chunks == 0:
             first = int(shared.first_chunk_ms * SAMPLE_RATE / 1000)
@@ -344,12 +359,7 @@ class SlotDuplex:
                 pad = np.zeros(first - len(stream.buffer), np.float32)
                 stream.buffer = np.concatenate([pad, stream.buffer])
         processor = shared.processor
-        shared_mel, shared_kv = processor._streaming_mel_processor, model.audio_past_key_values
-        processor._streaming_mel_processor, model.audio_past_key_values = (
-            stream.mel,
-            stream.whisper_kv,
-        )
-        try:
+        with shared.mel_lock, _swapped(processor, {"_streaming_mel_processor": stream.mel}):
             need = processor.get_streaming_chunk_size()
             if len(stream.buffer) < need:
                 return None
@@ -358,26 +368,30 @@ class SlotDuplex:
             )
             if feature is None or feature.audio_features.shape[-1] == 0:
                 return None
-            prefix_frames = 0 if stream.chunks == 0 else 2
-            feature = feature.to(shared.device)
-            with torch.no_grad():
-                nested = model.get_audio_embedding_streaming(
-                    feature,
-                    use_extra_context=True,
-                    prefix_extra_frames=prefix_frames,
-                    suffix_extra_frames=2,
-                )
-            stream.whisper_kv = model.audio_past_key_values
             if stream.chunks == 0:
                 config = stream.mel.get_config()
                 consumed_ms = int(config.get("effective_first_chunk_ms", shared.first_chunk_ms))
             else:
                 consumed_ms = shared.chunk_ms
-            stream.buffer = stream.buffer[int(consumed_ms * SAMPLE_RATE / 1000) :]
-            stream.chunks += 1
-            return torch.cat([t for group in nested for t in group], 0)
-        finally:
-            processor._streaming_mel_processor, model.audio_past_key_values = shared_mel, shared_kv
+        stream.buffer = stream.buffer[int(consumed_ms * SAMPLE_RATE / 1000) :]
+        return feature
+
+    def _audio_embeddings(self, feature: Any) -> torch.Tensor:
+        """``feature`` through the Whisper encoder with the session's own cache."""
+        shared, stream, model = self.shared, self.audio, self.shared.model
+        prefix_frames = 0 if stream.chunks == 0 else 2
+        feature = feature.to(shared.device)
+        kv = {"audio_past_key_values": stream.whisper_kv}
+        with _swapped(model, kv) as swapped, torch.no_grad():
+            nested = model.get_audio_embedding_streaming(
+                feature,
+                use_extra_context=True,
+                prefix_extra_frames=prefix_frames,
+                suffix_extra_frames=2,
+            )
+        stream.whisper_kv = swapped["audio_past_key_values"]
+        stream.chunks += 1
+        return torch.cat([t for group in nested for t in group], 0)
 
     # --- generate -----------------------------------------------------------------------
 
@@ -633,7 +647,7 @@ def _swapped(target: Any, values: dict[str, Any]) -> Any:
     for name, value in values.items():
         setattr(target, name, value)
     try:
-        yield
+        yield values
     finally:
         for name in values:
             values[name] = getattr(target, name, None)

@@ -262,10 +262,18 @@ class SlotDuplexSession(DuplexSession):
         """Give the slot back (emptied) and drop the voice file."""
         session, self._session = self._session, None
         if session is not None:
+            batch = self._model.batch
             try:
-                self._model.events.run(self._model.batch.release(session.slot))
+                self._model.events.run(batch.release(session.slot))
             except Exception:  # the loop is closing: the slot goes with it
                 log.exception("minicpmo: releasing slot %d failed", session.slot)
+            log.info(
+                "slot %d released; batch sizes %s, speech %s; busy %s",
+                session.slot,
+                dict(batch.batch_sizes),
+                dict(batch.speech_batch_sizes),
+                batch.busy(),
+            )
         if self._voice_file is not None:
             self._voice_file.close()
             self._voice_file = None
