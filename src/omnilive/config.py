@@ -240,14 +240,16 @@ class MiniCPMoSettings(_Section):
         True,
         description="Run duplex LLM and speech-LM steps from CUDA graphs (not with torch_compile).",
     )
-    slots: int | None = Field(
-        None,
-        ge=1,
+    # 1 by default: the batched path is not yet faster than the model's own
+    # code for one session (README, "Many sessions on one GPU").
+    slots: int = Field(
+        1,
+        ge=0,
         le=64,
-        description="Sessions one GPU serves at once, their steps batched; unset: as many as "
-        "fit in GPU memory (at most max_slots); 1: the model's own code, one at a time.",
+        description="Sessions one GPU serves at once, their steps batched; 0: as many as fit "
+        "in GPU memory (at most max_slots); 1: the model's own code, one at a time.",
     )
-    max_slots: int = Field(16, ge=1, le=64, description="The most slots an unset `slots` takes.")
+    max_slots: int = Field(16, ge=1, le=64, description="The most slots `slots = 0` takes.")
     context_length: int = Field(
         8192, ge=512, le=32768, description="LLM context positions each slot holds."
     )

@@ -70,8 +70,8 @@ class MiniCPMoEngine(Engine):
     up, so that the worker turns IDLE only when the first request will be
     fast. ``backend`` is the seam the contract tests use to inject a fake.
 
-    With ``slots`` other than 1 it serves that many sessions at once (unset:
-    as many as fit in the GPU memory left after loading), their steps batched
+    With ``slots`` other than 1 it serves that many sessions at once (0: as
+    many as fit in the GPU memory left after loading), their steps batched
     (:mod:`~omnilive.engines.minicpmo.slots`); with 1, one session at a time
     through the model's own code.
     """
@@ -133,7 +133,8 @@ class MiniCPMoEngine(Engine):
         per_slot = slot_bytes(host.model, settings.context_length)
         free = self._backend.check_device(settings.device).free_bytes
         headroom = int(settings.memory_headroom_gb * 2**30)
-        slots = plan_slots(free, headroom, per_slot, settings.slots, settings.max_slots)
+        wanted = settings.slots or None  # 0: as many as fit
+        slots = plan_slots(free, headroom, per_slot, wanted, settings.max_slots)
         self._slots = SlotModel.build(host, slots, settings.context_length)
         self.capabilities = dataclasses.replace(self.capabilities, slots=slots)
         log.info(
