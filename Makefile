@@ -81,8 +81,9 @@ $(VENV)/.ready-serve: $(VENV)/.base
 # unpinned torch pulls gigabytes of CUDA packages.
 TEST_TORCH := torch==2.13.0 transformers==4.51.0
 
+# tests/cluster start a local Ray cluster: the ray extra.
 $(VENV)/.ready-test: $(VENV)/.base
-	$(PIP) install -e ".[cascade,test]" $(TEST_TORCH)
+	$(PIP) install -e ".[cascade,test,ray]" $(TEST_TORCH)
 	touch $@
 
 clean:

@@ -17,7 +17,14 @@ With several ``--sessions`` values it runs each in turn and reports the largest
 N whose p99 relay delay stays under ``--p99-ms`` with no error. Results go to
 benchmarks/results/load_<name>.json.
 
+With ``--gateways K [K ...]`` each level runs on a local Ray cluster instead
+(``serve --ray`` with ``--workers`` CPU worker actors, plus K − 1 ``gateway
+--ray``), once per K, the sessions spread evenly over the K gateways: the
+same total load through one gateway and through several that share one queue.
+The gateway CPU is then the sum over the K gateways, with each one's share.
+
     python -m benchmarks.load --sessions 8 16 32 --minutes 1 [--omni] [--workers 2]
+    python -m benchmarks.load --sessions 128 --gateways 1 2 --minutes 2
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import io
 import json
 import math
@@ -34,6 +42,7 @@ import re
 import statistics
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +58,8 @@ RESULTS = Path(__file__).parent / "results"
 _TYPE = re.compile(r'\{"type": ?"([^"]+)"')
 _SEND_TS = re.compile(r'"server_send_ts": ?([0-9]+)')
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
+# CPUs each worker actor reserves on the benchmark's cluster (OMNILIVE_RAY__WORKER_CPUS).
+RAY_WORKER_CPUS = 1.0
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -144,38 +155,71 @@ def proc_sample(pid: int) -> tuple[float, int]:
     return cpu, rss
 
 
-def children_of(pid: int) -> list[int]:
-    path = Path(f"/proc/{pid}/task/{pid}/children")
-    return [int(p) for p in path.read_text().split()] if path.exists() else []
+async def worker_pids(server: Server) -> list[int]:
+    """The workers' processes (children of ``serve``, or Ray actors)."""
+    return [w["pid"] for w in (await server.get("/workers"))["workers"] if w["pid"]]
 
 
-async def watch(pid: int, until: float, every_s: float, tally: Tally) -> list[dict[str, float]]:
-    """Every ``every_s``: the gateway's CPU and memory, the workers' CPU, and the
-    relay delay of the results received in that window."""
+@contextlib.asynccontextmanager
+async def deployment(
+    args: argparse.Namespace, gateways: int | None, env: dict[str, str], tmp: Path
+) -> AsyncIterator[list[Server]]:
+    """The gateways to load: one ``omnilive serve`` (``gateways`` None), or a
+    deployment of ``gateways`` gateways on a local Ray cluster."""
+    workers = args.workers
+    if gateways is None:
+        server = Server(tmp, workers=workers, env=env).start()
+        try:
+            await server.wait_ready(workers=workers, timeout=120)
+            yield [server]
+        finally:
+            server.stop()
+        return
+    from tests.cluster.local import ray_env, start_cluster
+
+    cpus = math.ceil(workers * RAY_WORKER_CPUS) + 2
+    cluster = start_cluster(tmp, ray_env(**env, OMNILIVE_RAY__WORKER_GPUS="0"), cpus=cpus)
+    try:
+        servers = [cluster.gateway("serve", workers=workers)]
+        await servers[0].wait_ready(workers=workers, timeout=120)  # the deployment is up
+        servers += [cluster.gateway("gateway") for _ in range(gateways - 1)]
+        for server in servers[1:]:
+            await server.wait_ready(workers=workers, timeout=120)
+        yield servers
+    finally:
+        cluster.stop()
+
+
+async def watch(
+    pids: list[int], workers: list[int], until: float, every_s: float, tally: Tally
+) -> list[dict[str, Any]]:
+    """Every ``every_s``: the gateways' CPU (together and each) and memory, the
+    workers' CPU, and the relay delay of the results received in that window."""
     samples = []
     seen = 0
     started = time.monotonic()
-    last_cpu, _ = proc_sample(pid)
+    last = {pid: proc_sample(pid)[0] for pid in pids + workers}
     last_t = started
-    worker_last = {w: proc_sample(w)[0] for w in children_of(pid)}
     while time.monotonic() < until:
         await asyncio.sleep(every_s)
         now = time.monotonic()
-        cpu, rss = proc_sample(pid)
-        workers_cpu = 0.0
-        for worker in children_of(pid):
-            with_cpu = proc_sample(worker)[0]
-            workers_cpu += with_cpu - worker_last.get(worker, with_cpu)
-            worker_last[worker] = with_cpu
+        current = {pid: proc_sample(pid) for pid in pids + workers}
+
+        def pct(pid: int) -> float:
+            return 100 * (current[pid][0] - last[pid]) / (now - last_t)  # noqa: B023
+
+        each = [round(pct(pid), 1) for pid in pids]
         window, seen = tally.delays_ms[seen:], len(tally.delays_ms)
         samples.append({
             "t_s": round(now - started, 1),
-            "gateway_cpu_pct": round(100 * (cpu - last_cpu) / (now - last_t), 1),
-            "gateway_rss_mb": round(rss / 2**20, 1),
-            "workers_cpu_pct": round(100 * workers_cpu / (now - last_t), 1),
+            "gateway_cpu_pct": round(sum(each), 1),
+            "gateway_cpu_pct_each": each,
+            "gateway_rss_mb": round(sum(current[pid][1] for pid in pids) / 2**20, 1),
+            "workers_cpu_pct": round(sum(pct(pid) for pid in workers), 1),
             "relay_p99_ms": round(percentile(window, 99), 2) if window else None,
         })  # fmt: skip
-        last_cpu, last_t = cpu, now
+        last = {pid: sample[0] for pid, sample in current.items()}
+        last_t = now
     return samples
 
 
@@ -206,7 +250,9 @@ def slope_mb_per_min(samples: list[dict[str, float]]) -> float:
     return float(np.polyfit(t, rss, 1)[0])
 
 
-async def run_level(args: argparse.Namespace, sessions: int) -> dict[str, Any]:
+async def run_level(
+    args: argparse.Namespace, sessions: int, gateways: int | None = None
+) -> dict[str, Any]:
     workers = args.workers
     slots = math.ceil(sessions / workers)
     env = {
@@ -217,9 +263,7 @@ async def run_level(args: argparse.Namespace, sessions: int) -> dict[str, Any]:
         "OMNILIVE_LOG_LEVEL": "warning",
     }
     with tempfile.TemporaryDirectory() as tmp:
-        server = Server(Path(tmp), workers=workers, env=env).start()
-        try:
-            await server.wait_ready(workers=workers, timeout=120)
+        async with deployment(args, gateways, env, Path(tmp)) as servers:
             now = time.monotonic()
             tally = Tally(measure_from=now + 1 + args.warmup_s)
             chunk = chunk_message(args.omni)
@@ -228,7 +272,7 @@ async def run_level(args: argparse.Namespace, sessions: int) -> dict[str, Any]:
             stop_at = now + 2 + args.minutes * 60
             tasks = [
                 run_session(
-                    f"{server.ws}/ws/duplex/load{i}?mode={mode}",
+                    f"{servers[i % len(servers)].ws}/ws/duplex/load{i}?mode={mode}",
                     chunk,
                     now + ramp * i / sessions,
                     stop_at,
@@ -236,10 +280,9 @@ async def run_level(args: argparse.Namespace, sessions: int) -> dict[str, Any]:
                 )
                 for i in range(sessions)
             ]
-            assert server.process is not None
-            watcher = asyncio.ensure_future(
-                watch(server.process.pid, stop_at, args.sample_s, tally)
-            )
+            pids = [server.process.pid for server in servers if server.process is not None]
+            watched = await worker_pids(servers[0])
+            watcher = asyncio.ensure_future(watch(pids, watched, stop_at, args.sample_s, tally))
             lag = asyncio.ensure_future(loop_lag(tally, stop_at))
             client_cpu = sum(os.times()[:2])
             outcomes = await asyncio.gather(*tasks, return_exceptions=True)
@@ -249,15 +292,16 @@ async def run_level(args: argparse.Namespace, sessions: int) -> dict[str, Any]:
             for outcome in outcomes:
                 if isinstance(outcome, BaseException):
                     tally.errors.append(f"session failed: {outcome!r}")
-            gateway_view = await gateway_relay_quantiles(server)
-        finally:
-            server.stop()
+            gateway_view = [await gateway_relay_quantiles(server) for server in servers]
     delays = tally.delays_ms
     cpu = [s["gateway_cpu_pct"] for s in samples]
     windows = [s["relay_p99_ms"] for s in samples if s["relay_p99_ms"] is not None]
     rss = [s["gateway_rss_mb"] for s in samples]
+    each = [s["gateway_cpu_pct_each"] for s in samples]
     return {
         "sessions": sessions,
+        "gateways": gateways,
+        "on_ray": gateways is not None,
         "workers": workers,
         "slots_per_worker": slots,
         "minutes": args.minutes,
@@ -286,6 +330,10 @@ async def run_level(args: argparse.Namespace, sessions: int) -> dict[str, Any]:
         "gateway_cpu_pct": {
             "mean": round(statistics.fmean(cpu), 1) if cpu else None,
             "max": max(cpu) if cpu else None,
+            # one mean per gateway: each carries its share of the sessions
+            "each_mean": [round(statistics.fmean(g), 1) for g in zip(*each, strict=True)]
+            if each
+            else [],
         },
         "gateway_rss_mb": {
             "first": rss[0] if rss else None,
@@ -302,11 +350,12 @@ async def run_level(args: argparse.Namespace, sessions: int) -> dict[str, Any]:
 
 def summary_line(level: dict[str, Any]) -> str:
     relay = level["relay_ms"]
+    where = f"K={level['gateways']} on Ray  " if level["gateways"] else ""
     return (
-        f"N={level['sessions']:>3}  results {level['results']:>6}  errors "
+        f"{where}N={level['sessions']:>3}  results {level['results']:>6}  errors "
         f"{level['protocol_errors']}  relay p50 {relay['p50']:.2f} ms  p99 {relay['p99']:.2f} ms"
         f"  gateway CPU {level['gateway_cpu_pct']['mean']}%"
-        f" (max {level['gateway_cpu_pct']['max']}%)"
+        f" (max {level['gateway_cpu_pct']['max']}%, each {level['gateway_cpu_pct']['each_mean']})"
         f"  RSS {level['gateway_rss_mb']['first']}→{level['gateway_rss_mb']['last']} MB"
         f"  client lag p99 {level['client_loop_lag_ms_p99']} ms"
         f"  windows over the limit {level['relay_p99_ms_per_window']['windows_over_limit']}"
@@ -325,12 +374,20 @@ async def main() -> None:
     parser.add_argument("--warmup-s", type=float, default=5.0)
     parser.add_argument("--sample-s", type=float, default=5.0)
     parser.add_argument("--name", default=None, help="results file suffix")
+    parser.add_argument(
+        "--gateways",
+        type=int,
+        nargs="+",
+        metavar="K",
+        help="run each level on a local Ray cluster through K gateways, for each K given",
+    )
     args = parser.parse_args()
     levels = []
     for sessions in args.sessions:
-        level = await run_level(args, sessions)
-        print(summary_line(level), flush=True)
-        levels.append(level)
+        for gateways in args.gateways or [None]:
+            level = await run_level(args, sessions, gateways)
+            print(summary_line(level), flush=True)
+            levels.append(level)
     passing = [
         lv["sessions"]
         for lv in levels
@@ -346,6 +403,8 @@ async def main() -> None:
     }
     RESULTS.mkdir(exist_ok=True)
     name = args.name or ("omni" if args.omni else "audio")
+    if args.gateways and not args.name:
+        name += "_gateways_" + "_".join(map(str, args.gateways))
     out = RESULTS / f"load_{name}.json"
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"largest N with p99 < {args.p99_ms:g} ms and no error: {report['largest_n_under_p99']}")

@@ -49,6 +49,11 @@ def _tls_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _ray_option(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--ray [ADDRESS]``: the deployment on a Ray cluster (the ``[ray]`` extra)."""
+    parser.add_argument("--ray", nargs="?", const="", metavar="ADDRESS", help=what)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="omnilive", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -61,6 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--workers", type=int)
     serve.add_argument("--worker-base-port", type=int)
     serve.add_argument("--insecure", action="store_true", default=None, help=INSECURE_HELP)
+    _ray_option(
+        serve,
+        "run the workers as actors of the Ray cluster at ADDRESS (host:port of its head, or "
+        "auto), one per GPU, or --workers N on CPUs; without ADDRESS, start a local cluster",
+    )
 
     gateway = commands.add_parser("gateway", help="the gateway alone, in front of --worker URLs")
     _common(gateway)
@@ -69,6 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
     gateway.add_argument("--port", type=int)
     gateway.add_argument("--worker", action="append", dest="worker_urls", metavar="URL")
     gateway.add_argument("--insecure", action="store_true", default=None, help=INSECURE_HELP)
+    _ray_option(
+        gateway,
+        "one more gateway of the deployment that `serve --ray` runs on the Ray cluster at "
+        "ADDRESS (default: auto, the cluster this machine belongs to)",
+    )
 
     worker = commands.add_parser("worker", help="one worker process")
     _common(worker)
@@ -93,6 +108,10 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     found["auth.insecure"] = getattr(args, "insecure", None)
     for name in ("ssl_certfile", "ssl_keyfile", "ssl_self_signed"):
         found[name] = getattr(args, name, None)
+    ray = getattr(args, "ray", None)
+    if ray is not None:
+        found["ray.enabled"] = True
+        found["ray.address"] = ray or None  # without ADDRESS: the configured one
     return found
 
 
@@ -190,9 +209,10 @@ def _gateway(args: argparse.Namespace, settings: Settings) -> ProcessExit:
     from omnilive.gateway.app import create_app
     from omnilive.tls import TlsError, announce, gateway_certificate
 
+    on_ray = settings.ray.enabled
     if args.command == "serve" and not settings.internal_token:
         settings = settings.model_copy(update={"internal_token": secrets.token_urlsafe(32)})
-    if not settings.internal_token:
+    if not settings.internal_token and not on_ray:  # on Ray, the deployment's is used
         raise StartupError("set OMNILIVE_INTERNAL_TOKEN (the secret it shares with the workers)")
     refusal = check_exposure(settings)
     if refusal is not None:
@@ -208,8 +228,23 @@ def _gateway(args: argparse.Namespace, settings: Settings) -> ProcessExit:
     # Bound before any worker starts: a port in use stops everything at once.
     sock = listen_socket(settings.host, settings.port)
     process_exit = ProcessExit()
-    app = create_app(settings, supervise=args.command == "serve", process_exit=process_exit)
-    run_server(app, sock, settings.host, settings, process_exit, tls=tls)
+    if not on_ray:
+        app = create_app(settings, supervise=args.command == "serve", process_exit=process_exit)
+        run_server(app, sock, settings.host, settings, process_exit, tls=tls)
+        return process_exit
+    from omnilive.cluster import ray_api
+    from omnilive.cluster.deploy import open_deployment
+
+    try:
+        settings, cluster = open_deployment(settings, owner=args.command == "serve")
+    except StartupError:
+        sock.close()
+        raise
+    try:
+        app = create_app(settings, process_exit=process_exit, cluster=cluster)
+        run_server(app, sock, settings.host, settings, process_exit, tls=tls)
+    finally:
+        ray_api.leave()
     return process_exit
 
 

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 import httpx
 from fastapi import FastAPI
@@ -39,6 +40,9 @@ from omnilive.recording.cleanup import cleanup_periodically
 from omnilive.serving import ProcessExit
 from omnilive.tasks import TaskSet
 
+if TYPE_CHECKING:
+    from omnilive.cluster.deploy import Deployment
+
 log = logging.getLogger(__name__)
 # On shutdown, how long workers may take to finish the sessions the gateway
 # closed (their recordings) before they are stopped.
@@ -54,59 +58,82 @@ async def _workers_settled(gateway: Gateway, timeout_s: float) -> None:
         log.warning("workers still hold sessions after %.0f s; stopping them anyway", timeout_s)
 
 
+def _start_workers(
+    gateway: Gateway,
+    supervise: bool,
+    process_exit: ProcessExit | None,
+    tasks: TaskSet,
+    client: httpx.AsyncClient,
+) -> None:
+    """Links to the workers of ``--worker`` URLs, or to the ``workers`` that
+    this process supervises (``serve``)."""
+    settings, pool = gateway.settings, gateway.pool
+    urls = list(settings.worker_urls)
+    if supervise:
+        urls = [worker_url(settings, i) for i in range(settings.workers)]
+    for index, url in enumerate(urls):
+        worker_id = f"w{index}"
+        gateway.links[worker_id] = WorkerLink(worker_id, url, settings, pool)
+    if supervise:
+
+        def gave_up(worker: GaveUp) -> None:
+            gateway.links[worker.worker_id].give_up(worker.reason)
+            if process_exit is not None and len(gateway.supervisor.given_up) == len(urls):
+                process_exit.request(worker.code, f"no worker can serve: {worker.reason}")
+
+        gateway.supervisor = Supervisor(
+            settings,
+            on_exit=lambda wid: gateway.links[wid].mark_offline(),
+            on_give_up=gave_up,
+            on_ready=lambda wid: gateway.links[wid].knock(),
+        )
+        for index, worker_id in enumerate(gateway.links):
+            tasks.spawn(f"supervise-{worker_id}", gateway.supervisor.run_worker(worker_id, index))
+            gateway.links[worker_id].on_lost = gateway.supervisor.worker_lost
+    for worker_id, link in gateway.links.items():
+        tasks.spawn(f"control-{worker_id}", link.run_control())
+        tasks.spawn(f"health-{worker_id}", link.run_health(client))
+
+
 def create_app(
-    settings: Settings, supervise: bool = False, process_exit: ProcessExit | None = None
+    settings: Settings,
+    supervise: bool = False,
+    process_exit: ProcessExit | None = None,
+    cluster: Deployment | None = None,
 ) -> FastAPI:
     """The gateway. With ``supervise`` it also starts and restarts
     ``settings.workers`` worker processes (``omnilive serve``), and stops the
-    server through ``process_exit`` once none of them can load."""
+    server through ``process_exit`` once none of them can load. With
+    ``cluster`` its queue and workers are those of a deployment on a Ray
+    cluster, shared with the deployment's other gateways."""
     if not settings.internal_token:
         raise ValueError("the gateway needs an internal token shared with its workers")
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.catalogs = await asyncio.to_thread(Catalogs.open, settings)
-        pool = Pool(settings)
+        pool = cluster.pool(settings) if cluster is not None else Pool(settings)
         gateway = Gateway(settings=settings, pool=pool)
         tasks = TaskSet("gateway")
         client = httpx.AsyncClient()
-        urls = list(settings.worker_urls)
-        if supervise:
-            urls = [worker_url(settings, i) for i in range(settings.workers)]
-        for index, url in enumerate(urls):
-            worker_id = f"w{index}"
-            gateway.links[worker_id] = WorkerLink(worker_id, url, settings, pool)
-        if supervise:
-
-            def gave_up(worker: GaveUp) -> None:
-                gateway.links[worker.worker_id].give_up(worker.reason)
-                if process_exit is not None and len(gateway.supervisor.given_up) == len(urls):
-                    process_exit.request(worker.code, f"no worker can serve: {worker.reason}")
-
-            gateway.supervisor = Supervisor(
-                settings,
-                on_exit=lambda wid: gateway.links[wid].mark_offline(),
-                on_give_up=gave_up,
-                on_ready=lambda wid: gateway.links[wid].knock(),
-            )
-            for index, worker_id in enumerate(gateway.links):
-                tasks.spawn(
-                    f"supervise-{worker_id}", gateway.supervisor.run_worker(worker_id, index)
-                )
-                gateway.links[worker_id].on_lost = gateway.supervisor.worker_lost
-        for worker_id, link in gateway.links.items():
-            tasks.spawn(f"control-{worker_id}", link.run_control())
-            tasks.spawn(f"health-{worker_id}", link.run_health(client))
+        if cluster is not None:
+            tasks.spawn("cluster", cluster.follow(gateway.links, pool, process_exit))
+        else:
+            _start_workers(gateway, supervise, process_exit, tasks, client)
         tasks.spawn("recording-cleanup", cleanup_periodically(settings))
         app.state.gateway = gateway
         try:
             yield
         finally:
-            await _workers_settled(gateway, WORKER_SETTLE_S)
+            # On a cluster the registry waits for its workers, when it stops them.
+            if cluster is None:
+                await _workers_settled(gateway, WORKER_SETTLE_S)
             if gateway.supervisor is not None:
                 await gateway.supervisor.stop()
             await tasks.close()
             await close_quietly(client)
+            if cluster is not None:
+                await cluster.close()
 
     app = FastAPI(title="omnilive", lifespan=lifespan)
     app.include_router(status.router)

@@ -29,6 +29,10 @@ class WorkerHealth(StrEnum):
     OFFLINE = "offline"
 
 
+def new_ticket_id() -> str:
+    return f"q_{secrets.token_hex(6)}"
+
+
 class QueueFullError(Exception):
     """The queue holds ``max_queue_size`` tickets already."""
 
@@ -116,14 +120,17 @@ class Scheduler:
 
     # --- tickets -------------------------------------------------------------
 
-    def submit(self, request_type: RequestType, session_id: str) -> Ticket:
-        """Queue a request; it may be assigned at once (``ticket.lease`` set)."""
+    def submit(
+        self, request_type: RequestType, session_id: str, ticket_id: str | None = None
+    ) -> Ticket:
+        """Queue a request; it may be assigned at once (``ticket.lease`` set).
+        ``ticket_id`` is for a gateway that named the ticket before sending it here."""
         if not self.workers:
             raise NoWorkersError("no workers are configured")
         must_wait = bool(self.queue) or self._best_worker() is None
         if must_wait and len(self.queue) >= self.max_queue_size:
             raise QueueFullError(f"queue is full ({self.max_queue_size} waiting)")
-        ticket = Ticket(f"q_{secrets.token_hex(6)}", request_type, session_id, self.clock())
+        ticket = Ticket(ticket_id or new_ticket_id(), request_type, session_id, self.clock())
         self.queue[ticket.ticket_id] = ticket
         self._dispatch()
         return ticket

@@ -233,6 +233,10 @@ async def gateway_session(
         link.end(Ending.APP_DISABLED, exc.message)
     except LookupError:  # the ticket was cancelled
         link.end(Ending.CANCELLED, CANCELLED_MESSAGE)
+    except QueueFullError as exc:  # a cluster's shared queue refused it after submit()
+        link.end(Ending.QUEUE_FULL, str(exc))
+    except NoWorkersError as exc:
+        link.end(Ending.NO_WORKERS, str(exc))
     except WorkerConnectError as exc:
         link.end(Ending.WORKER_UNREACHABLE, str(exc))
     except (PeerGone, WebSocketDisconnect, OSError):

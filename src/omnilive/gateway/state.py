@@ -12,7 +12,7 @@ from fastapi import Request, WebSocket
 from omnilive.config import Settings
 from omnilive.engines.base import Capabilities
 from omnilive.gateway.links import WorkerLink
-from omnilive.gateway.pool import Pool
+from omnilive.gateway.pool import PoolFace
 from omnilive.gateway.registry import SessionRegistry
 from omnilive.gateway.scheduler import WorkerHealth
 from omnilive.gateway.supervisor import Supervisor
@@ -21,7 +21,7 @@ from omnilive.gateway.supervisor import Supervisor
 @dataclass
 class Gateway:
     settings: Settings
-    pool: Pool
+    pool: PoolFace
     links: dict[str, WorkerLink] = field(default_factory=dict)
     sessions: SessionRegistry = field(default_factory=SessionRegistry)
     supervisor: Supervisor | None = None
