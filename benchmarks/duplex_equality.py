@@ -287,7 +287,8 @@ async def run_batched(
     tie: float = 1e-4,
 ) -> tuple[list[list[UnitTrace]], dict[str, Any]]:
     """Every session at once, each in a slot, over the same modules."""
-    from omnilive.engines.minicpmo.duplex_slots import SharedModel, SlotDuplex, slot_loop
+    from omnilive.engines.minicpmo.duplex_slots import SlotDuplex
+    from omnilive.engines.minicpmo.slot_model import SharedModel, slot_loop
     from omnilive.engines.minicpmo.unit_rules import SpeechSampling, TextSampling, UnitRules
 
     rules = UnitRules.unified() if flavour == "unified" else UnitRules()

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import re
 import signal
 import subprocess
@@ -43,6 +42,7 @@ from benchmarks.gpu_duplex import (
     jpeg_b64,
     model_code,
     recv_until,
+    server_env,
     start_server,
     summary,
     wait_ready,
@@ -134,17 +134,9 @@ def slot_gib(log: Path) -> float | None:
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
     ckpt = args.model_path.resolve()
     port = free_port()
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(
-            [str(ckpt / "standin"), *filter(None, [os.environ.get("PYTHONPATH")])]
-        ),
-        "OMNILIVE_MINICPMO__DEFAULT_VOICE": str(ckpt / "voice.wav"),
-        "OMNILIVE_MINICPMO__MAX_SPEAK_TOKENS_PER_UNIT": str(args.speak_tokens),
-        "OMNILIVE_MINICPMO__SLOTS": str(args.slots or max(args.counts)),
-        "OMNILIVE_RECORDING__ENABLED": "false",
-        "OMNILIVE_HEALTH_INTERVAL_S": "2",
-    }
+    env = server_env(
+        ckpt, args.speak_tokens, OMNILIVE_MINICPMO__SLOTS=str(args.slots or max(args.counts))
+    )
     sampler = GpuSampler()
     report: dict[str, Any] = {
         "gpu": GpuSampler.query("name") or "no GPU",

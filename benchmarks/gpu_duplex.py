@@ -298,21 +298,32 @@ def vocoder_kind(ckpt: Path) -> str:
     return " ".join(paragraph.split())
 
 
-async def bench(args: argparse.Namespace) -> dict[str, Any]:
-    ckpt = args.model_path.resolve()
-    port = free_port()
-    env = {
+def server_env(ckpt: Path, speak_tokens: int, **settings: str) -> dict[str, str]:
+    """The environment of a benchmark's server: the checkpoint's stand-ins on
+    the path, its voice, bounded speak units, no recordings, quick health
+    checks, and ``settings`` (more ``OMNILIVE_*`` variables)."""
+    return {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(
             [str(ckpt / "standin"), *filter(None, [os.environ.get("PYTHONPATH")])]
         ),
         "OMNILIVE_MINICPMO__DEFAULT_VOICE": str(ckpt / "voice.wav"),
-        "OMNILIVE_MINICPMO__MAX_SPEAK_TOKENS_PER_UNIT": str(args.speak_tokens),
+        "OMNILIVE_MINICPMO__MAX_SPEAK_TOKENS_PER_UNIT": str(speak_tokens),
         "OMNILIVE_RECORDING__ENABLED": "false",
         "OMNILIVE_HEALTH_INTERVAL_S": "2",
-        "OMNILIVE_MINICPMO__TORCH_COMPILE": "true" if args.torch_compile else "false",
-        "OMNILIVE_MINICPMO__CUDA_GRAPHS": "false" if args.no_cuda_graphs else "true",
+        **settings,
     }
+
+
+async def bench(args: argparse.Namespace) -> dict[str, Any]:
+    ckpt = args.model_path.resolve()
+    port = free_port()
+    env = server_env(
+        ckpt,
+        args.speak_tokens,
+        OMNILIVE_MINICPMO__TORCH_COMPILE="true" if args.torch_compile else "false",
+        OMNILIVE_MINICPMO__CUDA_GRAPHS="false" if args.no_cuda_graphs else "true",
+    )
     sampler = GpuSampler()
     baseline_mib = sampler.used_mib()
     sampler.start()

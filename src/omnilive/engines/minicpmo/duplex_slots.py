@@ -26,9 +26,7 @@ sent, as the unified code does.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,15 +34,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from omnilive.engines.minicpmo.batch import BatchedSteps, SlotCache
 from omnilive.engines.minicpmo.batch_loop import BatchLoop
+from omnilive.engines.minicpmo.slot_model import SharedModel, clone_tensors, swapped
 from omnilive.engines.minicpmo.unit_rules import (
     SILENCE_TOKEN,
     SPEECH_TOKENS_PER_UNIT,
-    DuplexVocab,
     SpeechSampling,
     TextSampling,
-    UnitRules,
     choose_speech_token,
     choose_token,
 )
@@ -54,112 +50,6 @@ log = logging.getLogger(__name__)
 SAMPLE_RATE = 16_000
 OUT_RATE = 24_000
 VOCODER_CHUNK = 25  # speech tokens per vocoder call (one second)
-
-
-@dataclass
-class SharedModel:
-    """What every session of one loaded model uses: its modules (``model``:
-    the model code's ``MiniCPMO``), tokenizer, processor and timing."""
-
-    model: Any
-    tokenizer: Any
-    processor: Any
-    rules: UnitRules
-    generate_audio: bool = True
-    chunk_ms: int = 1000
-    first_chunk_ms: int = 1035
-    cnn_redundancy_ms: int = 20
-    vocab: DuplexVocab = field(init=False)
-    # The audio feature extractor's log-mel floor as loaded: the streaming mel
-    # processors switch the shared extractor's mode as their audio grows, so a
-    # voice prompt's features are made with this one, as a fresh model makes them.
-    voice_mel_mode: dict[str, Any] = field(init=False)
-    mel_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
-
-    def __post_init__(self) -> None:
-        self.vocab = DuplexVocab.of(self.tokenizer)
-        extractor = getattr(self.processor, "audio_processor", None)
-        self.voice_mel_mode = {
-            name: getattr(extractor, name)
-            for name in ("dynamic_log_norm", "dynamic_range_db", "log_floor_db")
-            if hasattr(extractor, name)
-        }
-
-    @classmethod
-    def of_duplex(cls, duplex: Any, rules: UnitRules) -> SharedModel:
-        """The shared parts of a model-code duplex object (either flavour)."""
-        return cls(
-            model=duplex.model,
-            tokenizer=duplex.tokenizer,
-            processor=duplex.processor,
-            rules=rules,
-            generate_audio=bool(duplex.generate_audio),
-            chunk_ms=int(getattr(duplex, "CHUNK_MS", 1000)),
-            first_chunk_ms=int(getattr(duplex, "FIRST_CHUNK_MS", 1035)),
-            cnn_redundancy_ms=int(getattr(duplex, "CNN_REDUNDANCY_MS", 20)),
-        )
-
-    @property
-    def device(self) -> torch.device:
-        return self.model.llm.lm_head.weight.device
-
-    def embed(self, tokens: list[int]) -> torch.Tensor:
-        ids = torch.tensor(tokens, device=self.device)
-        with torch.no_grad():
-            return self.model.llm.get_input_embeddings()(ids)
-
-    def new_mel(self) -> Any:
-        """A streaming mel processor of the session's own (the model's
-        ``init_streaming_processor`` settings), made without disturbing the
-        shared processor's."""
-        with self.mel_lock:
-            return self._new_mel(self.processor)
-
-    def _new_mel(self, processor: Any) -> Any:
-        before = getattr(processor, "_streaming_mel_processor", None)
-        try:
-            processor.set_streaming_mode(
-                mode="exact",
-                chunk_ms=self.chunk_ms,
-                first_chunk_ms=self.first_chunk_ms,
-                cnn_redundancy_ms=self.cnn_redundancy_ms,
-                enable_sliding_window=True,
-                slide_trigger_seconds=30.0,
-                slide_stride_seconds=10.0,
-            )
-            mel = processor._streaming_mel_processor
-            mel.reset()
-            return mel
-        finally:
-            processor._streaming_mel_processor = before
-
-
-def slot_loop(
-    model: Any,
-    slots: int,
-    capacity: int,
-    speech_capacity: int = 4096,
-    *,
-    graphs: bool | None = None,
-) -> BatchLoop:
-    """The batch loop of one loaded model (the model code's ``MiniCPMO``):
-    ``slots`` sessions of up to ``capacity`` LLM positions each and, where the
-    model speaks, as many speech LM contexts of ``speech_capacity`` positions
-    (a turn's speech). All of it allocated now: a session that joins later
-    needs no more memory for its contexts."""
-    llm = model.llm
-    weight = llm.lm_head.weight
-    cache = SlotCache(llm.config, slots, capacity, device=weight.device, dtype=weight.dtype)
-    steps = BatchedSteps(llm.model, cache, head=llm.lm_head)
-    speech = None
-    tts = getattr(model, "tts", None)
-    if tts is not None:
-        param = next(tts.model.parameters())
-        speech_cache = SlotCache(
-            tts.model.config, slots, speech_capacity, device=param.device, dtype=param.dtype
-        )
-        speech = BatchedSteps(tts.model, speech_cache, head=tts.head_code[0])
-    return BatchLoop(steps, speech=speech, graphs=graphs)
 
 
 @dataclass
@@ -273,7 +163,7 @@ class SlotDuplex:
     def _voice_embeddings(self, ref_audio: np.ndarray) -> torch.Tensor:
         model, shared = self.shared.model, self.shared
         extractor = shared.processor.audio_processor
-        with shared.mel_lock, _swapped(extractor, dict(shared.voice_mel_mode)):
+        with shared.mel_lock, swapped(extractor, dict(shared.voice_mel_mode)):
             data = shared.processor.process_audio([ref_audio])
         with torch.no_grad():
             nested = model.get_audio_embedding(data, chunk_length=model.config.audio_chunk_length)
@@ -359,7 +249,7 @@ class SlotDuplex:
                 pad = np.zeros(first - len(stream.buffer), np.float32)
                 stream.buffer = np.concatenate([pad, stream.buffer])
         processor = shared.processor
-        with shared.mel_lock, _swapped(processor, {"_streaming_mel_processor": stream.mel}):
+        with shared.mel_lock, swapped(processor, {"_streaming_mel_processor": stream.mel}):
             need = processor.get_streaming_chunk_size()
             if len(stream.buffer) < need:
                 return None
@@ -382,14 +272,14 @@ class SlotDuplex:
         prefix_frames = 0 if stream.chunks == 0 else 2
         feature = feature.to(shared.device)
         kv = {"audio_past_key_values": stream.whisper_kv}
-        with _swapped(model, kv) as swapped, torch.no_grad():
+        with swapped(model, kv) as after, torch.no_grad():
             nested = model.get_audio_embedding_streaming(
                 feature,
                 use_extra_context=True,
                 prefix_extra_frames=prefix_frames,
                 suffix_extra_frames=2,
             )
-        stream.whisper_kv = swapped["audio_past_key_values"]
+        stream.whisper_kv = after["audio_past_key_values"]
         stream.chunks += 1
         return torch.cat([t for group in nested for t in group], 0)
 
@@ -576,7 +466,7 @@ class SlotDuplex:
         vocoder = self.shared.model.tts.audio_tokenizer
         voice.buffer += tokens
         pcm: list[np.ndarray] = []
-        with _swapped(vocoder, voice.live):
+        with swapped(vocoder, voice.live):
             step = VOCODER_CHUNK + voice.lookahead
             if flush:
                 while len(voice.buffer) >= voice.lookahead + 5:
@@ -625,30 +515,3 @@ def _samples(pcm: Any) -> np.ndarray:
     if hasattr(pcm, "detach"):
         pcm = pcm.detach().float().cpu().numpy()
     return np.asarray(pcm, dtype=np.float32).reshape(-1)
-
-
-def clone_tensors(value: Any) -> Any:
-    """A deep copy of the tensors in nested dicts, lists and tuples (a vocoder
-    cache): the session's own, untouched by another session's steps."""
-    if isinstance(value, torch.Tensor):
-        return value.clone()
-    if isinstance(value, dict):
-        return {key: clone_tensors(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(clone_tensors(item) for item in value)
-    return value
-
-
-@contextlib.contextmanager
-def _swapped(target: Any, values: dict[str, Any]) -> Any:
-    """Set ``target``'s attributes to ``values`` for the block, then take the
-    (possibly replaced) values back into ``values`` and restore ``target``'s."""
-    saved = {name: getattr(target, name, None) for name in values}
-    for name, value in values.items():
-        setattr(target, name, value)
-    try:
-        yield values
-    finally:
-        for name in values:
-            values[name] = getattr(target, name, None)
-            setattr(target, name, saved[name])

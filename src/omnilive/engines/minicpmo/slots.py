@@ -47,8 +47,9 @@ from omnilive.engines.minicpmo.batch import SlotError
 from omnilive.engines.minicpmo.batch_loop import BatchLoop
 from omnilive.engines.minicpmo.content import VoiceFile, image_of
 from omnilive.engines.minicpmo.duplex import system_prompt_parts
-from omnilive.engines.minicpmo.duplex_slots import SharedModel, SlotDuplex
+from omnilive.engines.minicpmo.duplex_slots import SlotDuplex
 from omnilive.engines.minicpmo.host import Flavour, ModelHost, model_errors
+from omnilive.engines.minicpmo.slot_model import SharedModel
 from omnilive.engines.minicpmo.unit_rules import SpeechSampling, TextSampling, UnitRules
 
 log = logging.getLogger(__name__)
@@ -139,7 +140,7 @@ class SlotModel:
 
     @classmethod
     def build(cls, host: ModelHost, slots: int, context_length: int) -> SlotModel:
-        from omnilive.engines.minicpmo.duplex_slots import slot_loop
+        from omnilive.engines.minicpmo.slot_model import slot_loop
 
         unified = host.flavour is Flavour.UNIFIED
         rules = UnitRules.unified() if unified else UnitRules()

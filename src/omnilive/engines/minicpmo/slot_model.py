@@ -1,0 +1,150 @@
+"""What the duplex sessions of one loaded MiniCPM-o share: its modules and
+their timing (:class:`SharedModel`), the batch loop over its LLM and speech LM
+(:func:`slot_loop`), and the helpers that give each session its own copy of a
+shared module's state for the length of a call."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from omnilive.engines.minicpmo.batch import BatchedSteps, SlotCache
+from omnilive.engines.minicpmo.batch_loop import BatchLoop
+from omnilive.engines.minicpmo.unit_rules import DuplexVocab, UnitRules
+
+
+@dataclass
+class SharedModel:
+    """What every session of one loaded model uses: its modules (``model``:
+    the model code's ``MiniCPMO``), tokenizer, processor and timing."""
+
+    model: Any
+    tokenizer: Any
+    processor: Any
+    rules: UnitRules
+    generate_audio: bool = True
+    chunk_ms: int = 1000
+    first_chunk_ms: int = 1035
+    cnn_redundancy_ms: int = 20
+    vocab: DuplexVocab = field(init=False)
+    # The audio feature extractor's log-mel floor as loaded: the streaming mel
+    # processors switch the shared extractor's mode as their audio grows, so a
+    # voice prompt's features are made with this one, as a fresh model makes them.
+    voice_mel_mode: dict[str, Any] = field(init=False)
+    mel_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.vocab = DuplexVocab.of(self.tokenizer)
+        extractor = getattr(self.processor, "audio_processor", None)
+        self.voice_mel_mode = {
+            name: getattr(extractor, name)
+            for name in ("dynamic_log_norm", "dynamic_range_db", "log_floor_db")
+            if hasattr(extractor, name)
+        }
+
+    @classmethod
+    def of_duplex(cls, duplex: Any, rules: UnitRules) -> SharedModel:
+        """The shared parts of a model-code duplex object (either flavour)."""
+        return cls(
+            model=duplex.model,
+            tokenizer=duplex.tokenizer,
+            processor=duplex.processor,
+            rules=rules,
+            generate_audio=bool(duplex.generate_audio),
+            chunk_ms=int(getattr(duplex, "CHUNK_MS", 1000)),
+            first_chunk_ms=int(getattr(duplex, "FIRST_CHUNK_MS", 1035)),
+            cnn_redundancy_ms=int(getattr(duplex, "CNN_REDUNDANCY_MS", 20)),
+        )
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.llm.lm_head.weight.device
+
+    def embed(self, tokens: list[int]) -> torch.Tensor:
+        ids = torch.tensor(tokens, device=self.device)
+        with torch.no_grad():
+            return self.model.llm.get_input_embeddings()(ids)
+
+    def new_mel(self) -> Any:
+        """A streaming mel processor of the session's own (the model's
+        ``init_streaming_processor`` settings), made without disturbing the
+        shared processor's."""
+        with self.mel_lock:
+            return self._new_mel(self.processor)
+
+    def _new_mel(self, processor: Any) -> Any:
+        before = getattr(processor, "_streaming_mel_processor", None)
+        try:
+            processor.set_streaming_mode(
+                mode="exact",
+                chunk_ms=self.chunk_ms,
+                first_chunk_ms=self.first_chunk_ms,
+                cnn_redundancy_ms=self.cnn_redundancy_ms,
+                enable_sliding_window=True,
+                slide_trigger_seconds=30.0,
+                slide_stride_seconds=10.0,
+            )
+            mel = processor._streaming_mel_processor
+            mel.reset()
+            return mel
+        finally:
+            processor._streaming_mel_processor = before
+
+
+def slot_loop(
+    model: Any,
+    slots: int,
+    capacity: int,
+    speech_capacity: int = 4096,
+    *,
+    graphs: bool | None = None,
+) -> BatchLoop:
+    """The batch loop of one loaded model (the model code's ``MiniCPMO``):
+    ``slots`` sessions of up to ``capacity`` LLM positions each and, where the
+    model speaks, as many speech LM contexts of ``speech_capacity`` positions
+    (a turn's speech). All of it allocated now: a session that joins later
+    needs no more memory for its contexts."""
+    llm = model.llm
+    weight = llm.lm_head.weight
+    cache = SlotCache(llm.config, slots, capacity, device=weight.device, dtype=weight.dtype)
+    steps = BatchedSteps(llm.model, cache, head=llm.lm_head)
+    speech = None
+    tts = getattr(model, "tts", None)
+    if tts is not None:
+        param = next(tts.model.parameters())
+        speech_cache = SlotCache(
+            tts.model.config, slots, speech_capacity, device=param.device, dtype=param.dtype
+        )
+        speech = BatchedSteps(tts.model, speech_cache, head=tts.head_code[0])
+    return BatchLoop(steps, speech=speech, graphs=graphs)
+
+
+def clone_tensors(value: Any) -> Any:
+    """A deep copy of the tensors in nested dicts, lists and tuples (a vocoder
+    cache): the session's own, untouched by another session's steps."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, dict):
+        return {key: clone_tensors(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(clone_tensors(item) for item in value)
+    return value
+
+
+@contextlib.contextmanager
+def swapped(target: Any, values: dict[str, Any]) -> Any:
+    """Set ``target``'s attributes to ``values`` for the block, then take the
+    (possibly replaced) values back into ``values`` and restore ``target``'s."""
+    saved = {name: getattr(target, name, None) for name in values}
+    for name, value in values.items():
+        setattr(target, name, value)
+    try:
+        yield values
+    finally:
+        for name in values:
+            values[name] = getattr(target, name, None)
+            setattr(target, name, saved[name])
