@@ -26,6 +26,7 @@ copy out), so CPU tests hold that bookkeeping to each session's own results.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
@@ -36,6 +37,12 @@ import torch
 from omnilive.engines.minicpmo.batch import BatchedSteps, StepPlan, StepRequest, StepResult
 
 STEP_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+# Held by every CUDA graph capture of a model and by its side lane's calls: a
+# capture puts the process's default CUDA generator into capture mode, and a
+# random draw on it from another thread (HiFT's noise, the model code's
+# sampling) fails then ("offset increment outside graph capture").
+CAPTURE_LOCK = threading.RLock()
 """Step lengths with graphs: a decode step, short prefills (an audio unit's,
 an omni unit's: a frame's 64 positions and a second of audio)."""
 
@@ -91,7 +98,10 @@ class StepGraph:
             torch.cuda.current_stream().wait_stream(stream)
             self.graph = torch.cuda.CUDAGraph()
             # thread_local: sessions' threads may use the GPU while the loop captures.
-            with torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
+            with (
+                CAPTURE_LOCK,
+                torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"),
+            ):
                 self.hidden, self.logits = steps.run(self.embeds, self.plan)
 
     def replay(self, plan: StepPlan, embeds: torch.Tensor) -> tuple[torch.Tensor, Any]:

@@ -4,8 +4,10 @@ batched on the one thread that owns the model.
 Sessions are coroutines on an event loop; each owns a slot of the model's
 :class:`~omnilive.engines.minicpmo.batch.SlotCache` and submits work for it:
 ``await loop.forward(slot, inputs)`` (new positions of its LLM context) and
-``await loop.call(fn, *args, slot=slot)`` (blocking work not batched yet: the
-encoders, the vocoder). The worker thread runs *ticks*: it takes what is
+``await loop.call(fn, *args, slot=slot)`` (blocking work between batches) and
+``await loop.side_call(fn, *args)`` (work that touches no slot: the encoders,
+the vocoder, on the :class:`~omnilive.engines.minicpmo.side_lane.SideLane`
+beside the batches). The worker thread runs *ticks*: it takes what is
 pending, in submission order, at most one job per slot (a session's next job
 waits for the next tick, so each session's jobs run in the order it submitted
 them), runs the plain calls one by one, then every forward of the tick as ONE
@@ -52,6 +54,7 @@ import torch
 
 from omnilive.engines.minicpmo.batch import BatchedSteps, StepResult
 from omnilive.engines.minicpmo.batch_graphs import GraphCache
+from omnilive.engines.minicpmo.side_lane import SideLane
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -100,6 +103,9 @@ class BatchLoop:
     slots, the speech LM's: slot ``k`` of both caches is one session's (they
     are acquired and released together), and a tick runs one batch of each
     model's forwards (:meth:`speech_forward`), in the same per-slot order.
+
+    ``side`` (optional) runs :meth:`side_call` work on a second thread;
+    without it that work runs on this loop's thread, between batches.
     """
 
     def __init__(
@@ -110,10 +116,12 @@ class BatchLoop:
         max_rows: int | None = None,
         max_positions: int = 2048,
         graphs: GraphCache | bool | None = None,
+        side: SideLane | None = None,
         name: str = "minicpmo-batch",
     ) -> None:
         self.steps = steps
         self.speech = speech
+        self.side = side
         if speech is not None and speech.cache.slots != steps.cache.slots:
             raise ValueError("the speech LM's cache needs as many slots as the LLM's")
         if graphs is None:
@@ -158,6 +166,13 @@ class BatchLoop:
         in order with that session's forwards."""
         return await self._submit(slot, fn=fn, args=args)
 
+    async def side_call(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the side lane (work that touches no slot cache);
+        a session awaits it before its next job, which keeps its order."""
+        if self.side is None:
+            return await self.call(fn, *args)
+        return await self.side.call(fn, *args)
+
     async def release(self, slot: int) -> None:
         """End ``slot``'s session: its jobs not taken yet are dropped; the slot
         is emptied after its running batch, if any, even if this is cancelled."""
@@ -182,6 +197,8 @@ class BatchLoop:
             self._changed.notify()
         for job in pending:
             _cancel(job)
+        if self.side is not None:
+            self.side.close()
 
     # --- the queue ------------------------------------------------------------------------
 
@@ -270,15 +287,20 @@ class BatchLoop:
 
     def busy(self) -> dict[str, dict[str, float]]:
         """Where the loop's thread spent its time, per kind of work (plain
-        calls by function name, the batches, the hand-backs): seconds, count
-        and mean milliseconds, since the loop started."""
+        calls by function name, the batches, the hand-backs), then the side
+        lane's calls (``side <name>``): seconds, count and mean milliseconds,
+        since the loop started."""
+        lanes = [("", self.busy_s, self.busy_count)]
+        if self.side is not None:
+            lanes.append(("side ", self.side.busy_s, self.side.busy_count))
         return {
-            kind: {
+            prefix + kind: {
                 "s": round(seconds, 2),
-                "n": self.busy_count[kind],
-                "mean_ms": round(1000 * seconds / max(1, self.busy_count[kind]), 2),
+                "n": counts[kind],
+                "mean_ms": round(1000 * seconds / max(1, counts[kind]), 2),
             }
-            for kind, seconds in self.busy_s.most_common()
+            for prefix, spent, counts in lanes
+            for kind, seconds in spent.most_common()
         }
 
     def _next_tick(self) -> tuple[list[_Job], list[_Job]] | None:

@@ -12,8 +12,9 @@ every piece of session state its own:
   unconsumed samples), the speech LM's KV cache and position, the vocoder's
   stream caches, the repetition history and the random generator are fields
   of the session, swapped into the shared modules only for the length of a
-  call on the batch loop's thread (:meth:`BatchLoop.call`), which runs one
-  call at a time: no session sees another's.
+  call on the model's side lane (:meth:`BatchLoop.side_call`), which runs one
+  call at a time: no session sees another's. The voice is a
+  :class:`~omnilive.engines.minicpmo.vocoder.VoiceStream`.
 
 The decisions themselves are :mod:`~omnilive.engines.minicpmo.unit_rules`.
 A unit feeds ``<unit>``, the frames (``<image>`` slices ``</image>``) and the
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,21 +37,19 @@ import numpy as np
 import torch
 
 from omnilive.engines.minicpmo.batch_loop import BatchLoop
-from omnilive.engines.minicpmo.slot_model import SharedModel, clone_tensors, swapped
+from omnilive.engines.minicpmo.slot_model import SharedModel, swapped
 from omnilive.engines.minicpmo.unit_rules import (
-    SILENCE_TOKEN,
     SPEECH_TOKENS_PER_UNIT,
     SpeechSampling,
     TextSampling,
     choose_speech_token,
     choose_token,
 )
+from omnilive.engines.minicpmo.vocoder import VoiceStream, runner_for
 
 log = logging.getLogger(__name__)
 
 SAMPLE_RATE = 16_000
-OUT_RATE = 24_000
-VOCODER_CHUNK = 25  # speech tokens per vocoder call (one second)
 
 
 @dataclass
@@ -83,17 +83,6 @@ class _AudioStream:
     chunks: int = 0
 
 
-@dataclass
-class _VoiceState:
-    """The vocoder's streaming state for one session's voice."""
-
-    base: dict[str, Any] | None = None  # the voice's caches at a turn's start
-    live: dict[str, Any] | None = None
-    buffer: list[int] = field(default_factory=list)
-    lookahead: int = 0
-    prompt_wav: str | None = None
-
-
 class SlotDuplex:
     """One duplex session in ``slot`` of ``loop``'s cache (see the module)."""
 
@@ -117,7 +106,9 @@ class SlotDuplex:
         self.max_speak_tokens = max_speak_tokens
         self.keep_logits = keep_logits
         self.generator = torch.Generator(device=shared.device)
-        self.generator.manual_seed(seed if seed is not None else int(torch.seed() % 2**63))
+        # Not torch.seed(): it reseeds the process's default generators, which a
+        # CUDA graph capture on another thread may be holding.
+        self.generator.manual_seed(seed if seed is not None else secrets.randbits(63))
         self.history: list[int] = []  # the repetition penalty's memory
         self.turn_ended = True
         self.pending_logits: torch.Tensor | None = None
@@ -127,7 +118,7 @@ class SlotDuplex:
         # turn); the context itself is the session's slot of the loop's speech cache.
         self.speech_position = 0
         self.speech_capacity = loop.speech.cache.capacity if loop.speech is not None else 0
-        self.voice = _VoiceState()
+        self.voice: VoiceStream | None = None
         self.kv_length = 0
         # Kept only with keep_logits (the equality harness): the logits each
         # speech token and each text token (after penalties) was chosen from.
@@ -146,14 +137,14 @@ class SlotDuplex:
         """The system turn: prefix text, the reference voice's audio
         embeddings, suffix text. Returns the context length."""
         shared = self.shared
-        self.audio = _AudioStream(mel=await self.loop.call(shared.new_mel, slot=self.slot))
+        self.audio = _AudioStream(mel=await asyncio.to_thread(shared.new_mel))
         if prompt_wav and shared.generate_audio:
-            await self.loop.call(self._init_voice, prompt_wav, slot=self.slot)
+            self.voice = await self.loop.side_call(self._open_voice, prompt_wav)
         parts: list[torch.Tensor] = []
         if prefix:
             parts.append(shared.embed(shared.tokenizer.encode(prefix, add_special_tokens=False)))
         if ref_audio is not None:
-            parts.append(await self.loop.call(self._voice_embeddings, ref_audio, slot=self.slot))
+            parts.append(await self.loop.side_call(self._voice_embeddings, ref_audio))
         if suffix:
             parts.append(shared.embed(shared.tokenizer.encode(suffix, add_special_tokens=False)))
         if parts:
@@ -189,9 +180,7 @@ class SlotDuplex:
             processed = await asyncio.to_thread(
                 shared.processor.process_image, frames, max_slice_nums=max_slice_nums
             )
-            pieces = await self.loop.call(
-                self._vision, processed, frames, max_slice_nums, slot=self.slot
-            )
+            pieces = await self.loop.side_call(self._vision, processed, frames, max_slice_nums)
             parts += pieces
             # Each slice is its start token, its embeddings, its end token.
             slices = len(pieces) // 3
@@ -200,7 +189,7 @@ class SlotDuplex:
         if has_audio:
             feature = await asyncio.to_thread(self._audio_features, audio)
             if feature is not None:
-                embeds = await self.loop.call(self._audio_embeddings, feature, slot=self.slot)
+                embeds = await self.loop.side_call(self._audio_embeddings, feature)
                 parts.append(embeds)
                 audio_positions = int(embeds.shape[0])
         elif frames:
@@ -298,7 +287,8 @@ class SlotDuplex:
             decided.append(vocab.turn_eos)
             logits = (await self._feed_tokens([vocab.turn_eos])).logits
             self.turn_ended = True
-            self._restart_voice()
+            if self.voice is not None:
+                self.voice.restart()
         spoken: list[tuple[int, torch.Tensor]] = []  # (token, hidden) after the first
         terminator: int | None = None
         is_listen = end_of_turn = False
@@ -387,7 +377,9 @@ class SlotDuplex:
             self.speech_position += int(condition.shape[0]) + len(tokens)
         flush = turn_start or self.shared.rules.always_flush
         vocoding = time.perf_counter()
-        outcome.audio = await loop.call(self._vocode, tokens, end_of_turn, flush, slot=slot)
+        voice = self.voice
+        if voice is not None:
+            outcome.audio = await loop.side_call(voice.push, tokens, end_of_turn, flush)
         outcome.speech_tokens = tokens
         outcome.speech_ms = (vocoding - started) * 1000
         outcome.vocoder_ms = (time.perf_counter() - vocoding) * 1000
@@ -441,61 +433,11 @@ class SlotDuplex:
             decided.pop()  # the one past the budget: decided, never fed
         return decided
 
-    def _init_voice(self, prompt_wav: str) -> None:
-        vocoder = self.shared.model.tts.audio_tokenizer
-        vocoder.cache = None
-        flow, hift = vocoder.set_stream_cache(prompt_wav)
-        self.voice = _VoiceState(
-            base={"stream_cache": clone_tensors(flow), "hift_cache_dict": clone_tensors(hift)},
-            lookahead=int(vocoder.flow.pre_lookahead_len),
-            prompt_wav=prompt_wav,
-        )
-        self._restart_voice()
-
-    def _restart_voice(self) -> None:
-        if self.voice.base is not None:
-            self.voice.live = clone_tensors(self.voice.base)
-            self.voice.buffer = [SILENCE_TOKEN] * 3
-
-    def _vocode(self, tokens: list[int], last: bool, flush: bool) -> np.ndarray | None:
-        """The session's speech tokens so far through the vocoder, a second
-        (25 tokens plus its lookahead) at a time, with the session's caches."""
-        voice = self.voice
-        if voice.live is None:
-            return None
-        vocoder = self.shared.model.tts.audio_tokenizer
-        voice.buffer += tokens
-        pcm: list[np.ndarray] = []
-        with swapped(vocoder, voice.live):
-            step = VOCODER_CHUNK + voice.lookahead
-            if flush:
-                while len(voice.buffer) >= voice.lookahead + 5:
-                    take = min(step, len(voice.buffer))
-                    pcm.append(
-                        _samples(vocoder.stream(voice.buffer[:take], prompt_wav=voice.prompt_wav))
-                    )
-                    voice.buffer = voice.buffer[min(VOCODER_CHUNK, take - voice.lookahead) :]
-            else:
-                while len(voice.buffer) >= step:
-                    pcm.append(
-                        _samples(vocoder.stream(voice.buffer[:step], prompt_wav=voice.prompt_wav))
-                    )
-                    voice.buffer = voice.buffer[VOCODER_CHUNK:]
-            if last and voice.buffer:
-                pcm.append(
-                    _samples(
-                        vocoder.stream(voice.buffer, prompt_wav=voice.prompt_wav, last_chunk=True)
-                    )
-                )
-                voice.buffer = []
-        if last:
-            self._restart_voice()
-        if not pcm:
-            return None
-        samples = np.concatenate(pcm)
-        if not last and len(samples) < OUT_RATE:  # less than a second: padded in front
-            samples = np.pad(samples, (OUT_RATE - len(samples), 0))
-        return samples
+    def _open_voice(self, prompt_wav: str) -> VoiceStream:
+        shared = self.shared
+        if shared.vocoder is None:  # one runner per model: its graphs are shared
+            shared.vocoder = runner_for(shared.model.tts.audio_tokenizer)
+        return VoiceStream(shared.vocoder, prompt_wav)
 
     # --- the LLM context ----------------------------------------------------------------
 
@@ -506,12 +448,3 @@ class SlotDuplex:
 
     async def _feed_tokens(self, tokens: list[int]) -> Any:
         return await self._feed(self.shared.embed(tokens))
-
-
-def _samples(pcm: Any) -> np.ndarray:
-    """The vocoder's output (int16 PCM bytes, or a waveform) as float32 samples."""
-    if isinstance(pcm, bytes | bytearray):
-        return np.frombuffer(pcm, dtype=np.int16).astype(np.float32) / 32768.0
-    if hasattr(pcm, "detach"):
-        pcm = pcm.detach().float().cpu().numpy()
-    return np.asarray(pcm, dtype=np.float32).reshape(-1)

@@ -14,6 +14,7 @@ import torch
 
 from omnilive.engines.minicpmo.batch import BatchedSteps, SlotCache
 from omnilive.engines.minicpmo.batch_loop import BatchLoop
+from omnilive.engines.minicpmo.side_lane import SideLane
 from omnilive.engines.minicpmo.unit_rules import DuplexVocab, UnitRules
 
 
@@ -36,6 +37,8 @@ class SharedModel:
     # voice prompt's features are made with this one, as a fresh model makes them.
     voice_mel_mode: dict[str, Any] = field(init=False)
     mel_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
+    # The vocoder's chunk runner (vocoder.runner_for), made by the first voice.
+    vocoder: Any = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.vocab = DuplexVocab.of(self.tokenizer)
@@ -120,7 +123,7 @@ def slot_loop(
             tts.model.config, slots, speech_capacity, device=param.device, dtype=param.dtype
         )
         speech = BatchedSteps(tts.model, speech_cache, head=tts.head_code[0])
-    return BatchLoop(steps, speech=speech, graphs=graphs)
+    return BatchLoop(steps, speech=speech, graphs=graphs, side=SideLane(weight.device))
 
 
 def clone_tensors(value: Any) -> Any:

@@ -2,17 +2,19 @@
 
 Duplex sessions (audio and omni) are :class:`SlotDuplex` sessions, each in a
 slot of one :class:`BatchLoop`: their LLM and speech-LM steps run batched with
-every other live session's, their encoder and vocoder calls one by one between
-batches, all on the loop's one thread. The sessions themselves are coroutines
-on the engine's own event loop (:class:`EngineLoop`); the worker calls the
+every other live session's on the loop's thread; their encoder and vocoder
+calls run one at a time on the loop's side lane (a second thread and CUDA
+stream), beside the batches. The sessions themselves are coroutines on the
+engine's own event loop (:class:`EngineLoop`); the worker calls the
 synchronous engine API from its step threads, which submit to that loop and
 wait, so that a slow session blocks only its own thread.
 
 Chat and half-duplex run the model's own simplex code, whose context lives on
 the model object: one such session at a time holds the *simplex seat*, and
-each of its steps (a prefill, one piece of a streamed answer) runs on the
-batch loop's thread between batches, so the duplex sessions keep going while
-it talks, and no model state is touched by two threads.
+each of its steps (a prefill, one piece of a streamed answer) runs on the side
+lane in turn with the duplex sessions' encoder and vocoder calls, so the
+duplex sessions keep going while it talks, and no module state is touched by
+two threads.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from omnilive.engines.minicpmo.content import VoiceFile, image_of
 from omnilive.engines.minicpmo.duplex import system_prompt_parts
 from omnilive.engines.minicpmo.duplex_slots import SlotDuplex
 from omnilive.engines.minicpmo.host import Flavour, ModelHost, model_errors
-from omnilive.engines.minicpmo.slot_model import SharedModel
+from omnilive.engines.minicpmo.slot_model import SharedModel, clone_tensors
 from omnilive.engines.minicpmo.unit_rules import SpeechSampling, TextSampling, UnitRules
 
 log = logging.getLogger(__name__)
@@ -148,9 +150,21 @@ class SlotModel:
         batch = slot_loop(host.model, slots, context_length, SPEECH_CAPACITY)
         return cls(host, shared, batch, EngineLoop(), threading.Semaphore(1))
 
-    def on_batch_thread(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` on the batch loop's thread, between two batches."""
-        return self.events.run(self.batch.call(fn, *args))
+    def on_side_lane(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` (a step of the model's own code) on the side lane,
+        in turn with the duplex sessions' encoder and vocoder calls."""
+        return self.events.run(self.batch.side_call(self._seat_step, fn, *args))
+
+    def _seat_step(self, fn: Callable[..., T], *args: Any) -> T:
+        try:
+            return fn(*args)
+        finally:
+            # The model code's stream caches may be views of the vocoder's
+            # scratch buffers, which the next session's chunk overwrites:
+            # copies, the seated session's own until its next step.
+            vocoder = getattr(getattr(self.host.model, "tts", None), "audio_tokenizer", None)
+            if getattr(vocoder, "stream_cache", None) is not None:
+                vocoder.stream_cache = clone_tensors(vocoder.stream_cache)
 
     def close(self) -> None:
         self.batch.close()
@@ -285,7 +299,7 @@ class SlotDuplexSession(DuplexSession):
 
 class _Seated:
     """A simplex view of the model's own code, holding the simplex seat for
-    its life, every step run on the batch loop's thread."""
+    its life, every step run on the model's side lane."""
 
     def __init__(self, model: SlotModel) -> None:
         self._model = model
@@ -297,10 +311,10 @@ class _Seated:
         self._seated = True
 
     def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        return self._model.on_batch_thread(fn, *args)
+        return self._model.on_side_lane(fn, *args)
 
     def _stream(self, make: Callable[[], Iterator[T]]) -> Iterator[T]:
-        """The iterator ``make()`` returns, each item made on the batch thread."""
+        """The iterator ``make()`` returns, each item made on the side lane."""
         iterator = self._run(make)
         done = object()
         try:

@@ -1,0 +1,158 @@
+"""The second worker thread of a loaded model: the per-session work that
+touches no slot cache (the vision and audio encoders, the vocoder, the
+simplex seat's steps), on a CUDA stream of its own.
+
+Why a second thread: the batch loop's thread replays the LLM's and the
+speech LM's graphs for every session; a vocoder chunk or an encoder call run
+there would hold every session's next token for its length (the vocoder
+alone is ~150 ms eagerly). Here they run beside the batches: the GPU
+interleaves the two streams' kernels, and the batch thread, which mostly
+waits for its graphs (``replay`` and ``synchronize`` release the GIL), leaves
+the Python interpreter to this one.
+
+What makes the hand-over safe:
+
+- one job at a time, in submission order, so the shared modules' state that
+  a job swaps in for its length (a session's Whisper cache, the vocoder's
+  stream caches) has one user; and never during a CUDA graph capture on the
+  batch thread (``CAPTURE_LOCK``: the jobs draw random numbers);
+- the lane waits for its stream after every job, so a result is computed
+  before its session sees it;
+- the tensors a job returns are marked as used on the model's default stream
+  (``record_stream``): the caching allocator would otherwise hand their
+  memory to the lane's next job while a kernel queued on the default stream
+  (a session's ``torch.cat`` of its unit) still reads it.
+
+On the CPU there are no streams: the lane is just a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+
+from omnilive.engines.minicpmo.batch_graphs import CAPTURE_LOCK
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass(eq=False)
+class _SideJob:
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    future: asyncio.Future[Any]
+    loop: asyncio.AbstractEventLoop
+    started: bool = False
+
+
+class SideLane:
+    """One thread (and, on CUDA, one stream) running calls one at a time."""
+
+    def __init__(self, device: torch.device, name: str = "minicpmo-side") -> None:
+        self.device = device
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.busy_s: Counter[str] = Counter()  # seconds per function name (bounded keys)
+        self.busy_count: Counter[str] = Counter()
+        self._jobs: deque[_SideJob] = deque()
+        self._changed = threading.Condition()
+        self._closed = False
+        self.thread = threading.Thread(target=self._work, name=name, daemon=True)
+        self.thread.start()
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the lane, after the calls submitted before it. A
+        call cancelled before it started never runs; one already running
+        finishes and its result is dropped."""
+        loop = asyncio.get_running_loop()
+        job = _SideJob(fn, args, loop.create_future(), loop)
+        with self._changed:
+            if self._closed:
+                raise RuntimeError("the side lane is closed")
+            self._jobs.append(job)
+            self._changed.notify()
+        try:
+            return await job.future
+        except asyncio.CancelledError:
+            with self._changed:
+                if not job.started and job in self._jobs:
+                    self._jobs.remove(job)
+            raise
+
+    def close(self) -> None:
+        """Accept nothing more and cancel what waits; the running call ends."""
+        with self._changed:
+            self._closed = True
+            jobs, self._jobs = self._jobs, deque()
+            self._changed.notify()
+        for job in jobs:
+            with contextlib.suppress(RuntimeError):  # the loop is gone (shutdown)
+                job.loop.call_soon_threadsafe(job.future.cancel)
+
+    def _next(self) -> _SideJob | None:
+        with self._changed:
+            while not self._jobs and not self._closed:
+                self._changed.wait()
+            if self._closed:
+                return None
+            job = self._jobs.popleft()
+            job.started = True
+            return job
+
+    def _work(self) -> None:
+        streamed = torch.cuda.stream(self.stream) if self.stream is not None else None
+        with streamed or contextlib.nullcontext():
+            while (job := self._next()) is not None:
+                started = time.perf_counter()
+                result: Any = None
+                error: BaseException | None = None
+                try:
+                    with CAPTURE_LOCK:  # see batch_graphs.CAPTURE_LOCK
+                        result = job.fn(*job.args)
+                    if self.stream is not None:
+                        self.stream.synchronize()
+                        _used_on(result, torch.cuda.default_stream(self.device))
+                except BaseException as exc:  # the caller's to handle: handed over
+                    error = exc
+                name = getattr(job.fn, "__name__", "call")
+                self.busy_s[name] += time.perf_counter() - started
+                self.busy_count[name] += 1
+                with contextlib.suppress(RuntimeError):  # the loop is gone (shutdown)
+                    job.loop.call_soon_threadsafe(_settle, job.future, result, error)
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.done():  # cancelled while it ran: dropped
+        if error is not None:
+            log.error("a side-lane call nobody awaits failed", exc_info=error)
+        return
+    if isinstance(error, StopIteration):  # a future refuses it (it would end a generator)
+        error = RuntimeError(f"a side-lane call raised StopIteration: {error}")
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+def _used_on(value: Any, stream: torch.cuda.Stream) -> None:
+    """Mark every CUDA tensor in ``value`` (nested lists, tuples, dicts) as
+    used on ``stream``: its memory is not reused before ``stream`` has done
+    what was queued on it when the tensor was freed."""
+    if isinstance(value, torch.Tensor):
+        if value.is_cuda:
+            value.record_stream(stream)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _used_on(item, stream)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _used_on(item, stream)

@@ -1,0 +1,146 @@
+"""The side lane (side_lane.py) on the CPU: one worker thread beside the event
+loop, running calls one at a time in submission order.
+
+Where a test needs calls waiting behind a running one, it holds the lane in a
+first call blocked on a :class:`threading.Event`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+import torch
+
+from omnilive.engines.minicpmo.side_lane import SideLane
+
+WAIT_S = 5.0
+
+
+@pytest.fixture
+async def lane() -> AsyncIterator[SideLane]:
+    lane = SideLane(torch.device("cpu"), name="test-side")
+    yield lane
+    lane.close()
+    lane.thread.join(WAIT_S)
+
+
+async def hold(lane: SideLane) -> tuple[asyncio.Task[str], threading.Event]:
+    """A call that occupies the lane until the returned event is set (it has
+    started once this returns)."""
+    entered, release = threading.Event(), threading.Event()
+
+    def blocker() -> str:
+        entered.set()
+        release.wait(WAIT_S)
+        return "released"
+
+    task = asyncio.ensure_future(lane.call(blocker))
+    assert await asyncio.to_thread(entered.wait, WAIT_S), "the lane never started the call"
+    return task, release
+
+
+async def test_calls_run_in_submission_order_on_one_thread_off_the_loop(lane: SideLane):
+    ran: list[tuple[int, int]] = []
+
+    def record(index: int) -> int:
+        time.sleep(0.001 * (index % 3))  # uneven lengths: order is not left to timing
+        ran.append((index, threading.get_ident()))
+        return index * index
+
+    results = await asyncio.gather(*(lane.call(record, index) for index in range(12)))
+
+    assert results == [index * index for index in range(12)]
+    assert [index for index, _ in ran] == list(range(12))
+    threads = {ident for _, ident in ran}
+    assert len(threads) == 1
+    assert threads != {threading.get_ident()}  # not the event loop's thread
+    assert threads == {lane.thread.ident}
+
+
+async def test_an_error_reaches_the_caller_and_the_lane_goes_on(lane: SideLane):
+    def broken(value: int) -> int:
+        raise ValueError(f"no good: {value}")
+
+    with pytest.raises(ValueError, match="no good: 7"):
+        await lane.call(broken, 7)
+
+    assert await lane.call(lambda a, b: a + b, 2, 3) == 5
+    assert lane.thread.is_alive()
+
+
+async def test_a_call_cancelled_before_it_starts_never_runs(lane: SideLane):
+    running, release = await hold(lane)
+    called: list[str] = []
+
+    def second() -> None:
+        called.append("second")
+
+    waiting = asyncio.ensure_future(lane.call(second))
+    await asyncio.sleep(0)  # it is queued behind the held call
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    release.set()
+
+    assert await running == "released"
+    assert await lane.call(lambda: "third") == "third"  # the lane is past where it was
+    assert called == []
+    assert lane.busy_count["second"] == 0
+
+
+async def test_a_call_cancelled_while_it_runs_finishes_and_the_lane_goes_on(lane: SideLane):
+    running, release = await hold(lane)
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    release.set()
+
+    assert await lane.call(lambda: "next") == "next"
+    assert lane.busy_count["blocker"] == 1
+
+
+async def test_busy_time_and_count_are_kept_per_function_name(lane: SideLane):
+    def short() -> None:
+        time.sleep(0.002)
+
+    def longer() -> None:
+        time.sleep(0.03)
+
+    for _ in range(3):
+        await lane.call(short)
+    await lane.call(longer)
+
+    assert lane.busy_count == {"short": 3, "longer": 1}
+    assert set(lane.busy_s) == {"short", "longer"}
+    assert 0.006 <= lane.busy_s["short"] < lane.busy_s["longer"]
+    assert lane.busy_s["longer"] >= 0.03
+
+
+async def test_after_close_calls_are_refused_and_the_thread_ends(lane: SideLane):
+    assert await lane.call(lambda: 1) == 1
+    lane.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        await lane.call(lambda: 2)
+    lane.thread.join(WAIT_S)
+    assert not lane.thread.is_alive()
+
+
+async def test_close_cancels_the_waiting_calls_and_lets_the_running_one_end(lane: SideLane):
+    running, release = await hold(lane)
+    called: list[str] = []
+    waiting = asyncio.ensure_future(lane.call(called.append, "waiting"))
+    await asyncio.sleep(0)
+
+    lane.close()
+    release.set()
+
+    assert await running == "released"
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    lane.thread.join(WAIT_S)
+    assert not lane.thread.is_alive()
+    assert called == []
