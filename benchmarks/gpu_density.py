@@ -36,6 +36,7 @@ from websockets.asyncio.client import connect
 from benchmarks.gpu_checkpoint import synthetic_voice
 from benchmarks.gpu_duplex import (
     GpuSampler,
+    add_server_arguments,
     b64,
     chat_request,
     free_port,
@@ -214,11 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup-units", type=int, default=2, help="left out of the figures")
     parser.add_argument("--speak-tokens", type=int, default=12)
     parser.add_argument("--chats", type=int, default=20)
-    parser.add_argument("--load-timeout", type=float, default=420)
-    parser.add_argument("--log", type=Path, default=Path("gpu_density_server.log"))
-    parser.add_argument("--data-dir", type=Path, default=Path("/tmp/omnilive-density-data"))
-    parser.add_argument("--out", type=Path)
-    parser.add_argument("--engine", default="minicpmo", help="scripted: try the client logic")
+    add_server_arguments(parser, "gpu_density_server.log", "/tmp/omnilive-density-data")
     args = parser.parse_args(argv)
     if args.out is None:
         gpu = re.sub(r"[^a-z0-9]+", "_", (GpuSampler.query("name") or "no GPU").lower())

@@ -298,6 +298,15 @@ def vocoder_kind(ckpt: Path) -> str:
     return " ".join(paragraph.split())
 
 
+def add_server_arguments(parser: argparse.ArgumentParser, log: str, data_dir: str) -> None:
+    """The options of the benchmark server :func:`start_server` runs, and the result file."""
+    parser.add_argument("--load-timeout", type=float, default=420)
+    parser.add_argument("--log", type=Path, default=Path(log))
+    parser.add_argument("--data-dir", type=Path, default=Path(data_dir))
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--engine", default="minicpmo", help="scripted: try the client logic")
+
+
 def server_env(ckpt: Path, speak_tokens: int, **settings: str) -> dict[str, str]:
     """The environment of a benchmark's server: the checkpoint's stand-ins on
     the path, its voice, bounded speak units, no recordings, quick health
@@ -441,11 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--chats", type=int, default=4)
     run.add_argument("--sessions", type=int, default=50)
     run.add_argument("--speak-tokens", type=int, default=12)
-    run.add_argument("--load-timeout", type=float, default=420)
-    run.add_argument("--log", type=Path, default=Path("gpu_duplex_server.log"))
-    run.add_argument("--data-dir", type=Path, default=Path("/tmp/omnilive-bench-data"))
-    run.add_argument("--out", type=Path)
-    run.add_argument("--engine", default="minicpmo", help="scripted: try the client logic")
+    add_server_arguments(run, "gpu_duplex_server.log", "/tmp/omnilive-bench-data")
     run.add_argument(
         "--speech-wav",
         type=Path,
