@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import functools
 import json
 import re
 import signal
@@ -126,6 +128,21 @@ def figures(sessions: list[dict[str, Any]], warmup_units: int) -> dict[str, Any]
     }
 
 
+def cpu_seconds(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) so far of the server (the gateway) and of
+    each child (the workers), by name: a worker near one CPU second per
+    second is bound by its interpreter lock, whatever its GPU does."""
+    import psutil
+
+    root = psutil.Process(pid)
+    spent = {}
+    for k, process in enumerate([root, *root.children(recursive=True)]):
+        with contextlib.suppress(psutil.Error):
+            times = process.cpu_times()
+            spent["gateway" if k == 0 else f"child {k}"] = times.user + times.system
+    return spent
+
+
 def slot_gib(log: Path) -> float | None:
     """The engine's own figure for one slot's memory, from its start-up line."""
     found = re.search(r"session slots of \d+ positions \(([\d.]+) GiB each", log.read_text())
@@ -163,12 +180,16 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         frames = [jpeg_b64(seed) for seed in range(8)]
         for n in args.counts:
             sampler.peak_mib = 0.0
-            started = time.perf_counter()
+            started, cpu_before = time.perf_counter(), cpu_seconds(server.pid)
             sessions = await asyncio.gather(
                 *(paced_session(ws, k, args.units, 3, voice, frames) for k in range(n))
             )
             run = figures(list(sessions), args.warmup_units)
             run["seconds"] = round(time.perf_counter() - started, 1)
+            run["cpu_per_second"] = {
+                name: round((spent - cpu_before.get(name, 0.0)) / run["seconds"], 2)
+                for name, spent in cpu_seconds(server.pid).items()
+            }
             run["peak_mib"] = sampler.peak_mib
             run["mib_per_session_beyond_slots"] = round(
                 max(0.0, sampler.peak_mib - report["idle_mib"]) / n, 1
@@ -183,12 +204,15 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         report["max_realtime_sessions"] = max(realtime, default=0)
         save()
         if args.chats:
-            await chat_request(ws, voice, 0, max_new_tokens=8)  # warm
-            alone = [await chat_request(ws, voice, 1 + i) for i in range(args.chats)]
+            # Each request leaves once its first audio came: with random weights
+            # an answer's speech would run for its whole token budget.
+            first = functools.partial(chat_request, until_first_audio=True)
+            await first(ws, voice, 0, max_new_tokens=8)  # warm
+            alone = [await first(ws, voice, 1 + i) for i in range(args.chats)]
             report["chat_first_audio_ms"] = summary(
                 [c["first_audio_ms"] for c in alone if c["first_audio_ms"]]
             )
-            together = await asyncio.gather(*(chat_request(ws, voice, 100 + i) for i in range(8)))
+            together = await asyncio.gather(*(first(ws, voice, 100 + i) for i in range(8)))
             report["chat_first_audio_ms_8_at_once"] = summary(
                 [c["first_audio_ms"] for c in together if c["first_audio_ms"]]
             )

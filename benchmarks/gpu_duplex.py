@@ -117,8 +117,14 @@ async def recv_until(ws: Any, *types: str, timeout: float = 120) -> dict[str, An
 
 
 async def chat_request(
-    base: str, voice: np.ndarray, index: int, max_new_tokens: int = 48
+    base: str,
+    voice: np.ndarray,
+    index: int,
+    max_new_tokens: int = 48,
+    until_first_audio: bool = False,
 ) -> dict[str, Any]:
+    """One streamed spoken chat answer's timings; with ``until_first_audio``
+    the client leaves at the first audio chunk (the server cancels the rest)."""
     speech = synthetic_voice(2.0)
     payload = {
         "messages": [{"role": "user", "content": [
@@ -145,7 +151,7 @@ async def chat_request(
                 if message.get("audio_data"):
                     first_audio = first_audio or now
                     audio_s += len(base64.b64decode(message["audio_data"])) / 4 / 24000
-            elif kind == "done":
+            if kind == "done" or (until_first_audio and first_audio is not None):
                 return {
                     "prefill_done_ms": prefill, "first_chunk_ms": first_chunk,
                     "first_audio_ms": first_audio, "total_ms": now, "audio_s": round(audio_s, 2),

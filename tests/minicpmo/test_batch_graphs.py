@@ -163,3 +163,27 @@ def test_a_prefix_tick_reads_a_view_and_changes_no_other_slot():
         assert now[steps.cache.idle, :, : steps.cache.scratch].eq(0).all()
     assert steps.cache.lengths == [held[s] + (s in asked) for s in range(8)]
     assert steps.cache.acquire() == 1  # the hole is filled first
+
+
+def test_warm_captures_every_batch_bucket_and_leaves_the_slots_free_and_empty():
+    llm = llm_with("eager")
+    steps = batched(llm, slots=4, capacity=96)
+    graphs = GraphCache(steps, step_lengths=(1, 2, 4, 8, 16))
+    before = buffers(steps)
+
+    captured = graphs.warm((1, 4, 32))  # 32: past the step buckets, not graphed
+
+    assert captured == graphs.captures == len(graphs.batch_sizes) * 2
+    assert {(key[0], key[1]) for key in graphs.graphs} == {
+        (rows, length) for rows in graphs.batch_sizes for length in (1, 4)
+    }
+    assert steps.cache.lengths[: steps.cache.slots] == [0] * steps.cache.slots
+    assert [steps.cache.acquire() for _ in range(4)] == [0, 1, 2, 3]  # all free again
+    for was, now in zip(before, buffers(steps), strict=True):
+        assert torch.equal(was, now)  # emptied: the next owners inherit nothing
+    # A session's step of a warmed shape replays a graph: nothing more captured.
+    alone = Alone(llm)
+    result = graphs.step([(0, prompt(1, 3))])[0]
+    _, logits = alone.feed(prompt(1, 3))
+    torch.testing.assert_close(result.logits, logits, **TIGHT)
+    assert graphs.captures == captured

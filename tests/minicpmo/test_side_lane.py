@@ -144,3 +144,108 @@ async def test_close_cancels_the_waiting_calls_and_lets_the_running_one_end(lane
     lane.thread.join(WAIT_S)
     assert not lane.thread.is_alive()
     assert called == []
+
+
+# --- gathered calls -----------------------------------------------------------------------
+
+
+async def test_gathered_calls_waiting_together_run_as_one_call_each_with_its_result(
+    lane: SideLane,
+):
+    calls: list[list[int]] = []
+
+    def squares(items: list[int]) -> list[int]:
+        calls.append(list(items))
+        return [item * item for item in items]
+
+    running, release = await hold(lane)
+    plain = asyncio.ensure_future(lane.call(lambda: "plain"))
+    gathered = [asyncio.ensure_future(lane.gather("sq", squares, k)) for k in range(5)]
+    await asyncio.sleep(0)  # all queued behind the held call
+    release.set()
+
+    assert await running == "released"
+    assert await asyncio.gather(*gathered) == [0, 1, 4, 9, 16]
+    assert await plain == "plain"
+    assert calls == [[0, 1, 2, 3, 4]]
+    assert lane.gathered == {5: 1}
+    assert lane.busy_count["sq"] == 1
+
+
+async def test_gathering_takes_only_its_own_key_and_at_most_max_gather_items():
+    lane = SideLane(torch.device("cpu"), name="test-side", max_gather=2)
+    try:
+        calls: list[tuple[str, list[int]]] = []
+
+        def tagged(tag: str):
+            def run(items: list[int]) -> list[str]:
+                calls.append((tag, list(items)))
+                return [f"{tag}{item}" for item in items]
+
+            return run
+
+        running, release = await hold(lane)
+        jobs = [
+            asyncio.ensure_future(lane.gather("a", tagged("a"), 1)),
+            asyncio.ensure_future(lane.gather("b", tagged("b"), 2)),
+            asyncio.ensure_future(lane.gather("a", tagged("a"), 3)),
+            asyncio.ensure_future(lane.gather("a", tagged("a"), 4)),
+        ]
+        await asyncio.sleep(0)
+        release.set()
+        await running
+
+        assert await asyncio.gather(*jobs) == ["a1", "b2", "a3", "a4"]
+        assert calls == [("a", [1, 3]), ("b", [2]), ("a", [4])]
+    finally:
+        lane.close()
+        lane.thread.join(WAIT_S)
+
+
+async def test_a_gathered_error_reaches_every_caller_and_a_short_answer_is_an_error(
+    lane: SideLane,
+):
+    def broken(items: list[int]) -> list[int]:
+        raise ValueError(f"no good: {items}")
+
+    def short(items: list[int]) -> list[int]:
+        return items[:1]
+
+    running, release = await hold(lane)
+    failing = [asyncio.ensure_future(lane.gather("bad", broken, k)) for k in range(3)]
+    await asyncio.sleep(0)
+    release.set()
+    await running
+    for job in failing:
+        with pytest.raises(ValueError, match=r"no good: \[0, 1, 2\]"):
+            await job
+
+    running, release = await hold(lane)
+    shorted = [asyncio.ensure_future(lane.gather("short", short, k)) for k in range(2)]
+    await asyncio.sleep(0)
+    release.set()
+    await running
+    for job in shorted:
+        with pytest.raises(RuntimeError, match="1 results for 2 items"):
+            await job
+    assert await lane.gather("short", short, 9) == 9  # alone it is fine; the lane goes on
+
+
+async def test_a_gathered_call_cancelled_before_it_starts_is_left_out(lane: SideLane):
+    seen: list[list[int]] = []
+
+    def record(items: list[int]) -> list[int]:
+        seen.append(list(items))
+        return items
+
+    running, release = await hold(lane)
+    jobs = [asyncio.ensure_future(lane.gather("r", record, k)) for k in range(3)]
+    await asyncio.sleep(0)
+    jobs[1].cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await jobs[1]
+    release.set()
+    await running
+
+    assert [await jobs[0], await jobs[2]] == [0, 2]
+    assert seen == [[0, 2]]

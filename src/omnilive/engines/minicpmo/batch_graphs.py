@@ -27,6 +27,7 @@ copy out), so CPU tests hold that bookkeeping to each session's own results.
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
@@ -141,7 +142,7 @@ class GraphCache:
         *,
         batch_sizes: Sequence[int] | None = None,
         step_lengths: Sequence[int] = STEP_BUCKETS,
-        max_graphs: int = 32,
+        max_graphs: int = 96,
         capture: bool | None = None,
     ) -> None:
         if max_graphs < 1:
@@ -156,6 +157,7 @@ class GraphCache:
         self.pool = torch.cuda.graph_pool_handle() if self.capture else None
         self.graphs: OrderedDict[Key, StepGraph] = OrderedDict()
         self.captures = 0  # graphs made, evicted ones included
+        self.capture_s = 0.0  # seconds spent making them (warm-up run and capture)
         self.eager = 0  # steps past the buckets
         self.gathers = 0  # graphed steps that read their rows through a gather
 
@@ -187,6 +189,30 @@ class GraphCache:
             for b, slot in enumerate(plan.slots)
         ]
 
+    def warm(self, lengths: Sequence[int] | None = None) -> int:
+        """Capture now, not in the middle of sessions (a capture holds every
+        session's next step for ~100 ms at full size), the graphs of every
+        batch bucket for the steps of ``lengths`` positions (default: every
+        step bucket), on the first width, over slots taken for it and emptied
+        after: call it while no session is live. Returns how many graphs it
+        captured."""
+        cache, before = self.steps.cache, self.captures
+        lengths = self.step_lengths if lengths is None else lengths
+        taken = [cache.acquire() for _ in range(max(self.batch_sizes))]
+        try:
+            for rows in self.batch_sizes:
+                for length in lengths:
+                    if bucket_for(length, self.step_lengths) is None:
+                        continue
+                    zeros = torch.zeros(length, dtype=torch.long, device=self.steps.device)
+                    self.step([(slot, zeros) for slot in taken[:rows]])
+                    for slot in taken[:rows]:
+                        cache.crop(slot, 0)
+        finally:
+            for slot in taken:
+                cache.release(slot)
+        return self.captures - before
+
     def _graph(self, key: Key, plan: StepPlan, embeds: torch.Tensor) -> StepGraph:
         graph = self.graphs.get(key)
         if graph is not None:
@@ -194,7 +220,9 @@ class GraphCache:
             return graph
         while len(self.graphs) >= self.max_graphs:
             self.graphs.popitem(last=False)
+        started = time.perf_counter()
         graph = StepGraph(self.steps, plan, embeds, capture=self.capture, pool=self.pool)
         self.graphs[key] = graph
         self.captures += 1
+        self.capture_s += time.perf_counter() - started
         return graph

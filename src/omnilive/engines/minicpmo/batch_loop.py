@@ -173,6 +173,21 @@ class BatchLoop:
             return await self.call(fn, *args)
         return await self.side.call(fn, *args)
 
+    async def side_gather(self, key: str, fn: Callable[[list[Any]], list[T]], item: Any) -> T:
+        """``fn`` over ``item`` and the other sessions' items of ``key``
+        waiting with it, as one call on the side lane (:meth:`SideLane.gather`)."""
+        if self.side is None:
+            return (await self.call(fn, [item]))[0]
+        return await self.side.gather(key, fn, item)
+
+    async def warm_graphs(self) -> int:
+        """Capture both models' CUDA graphs of every batch and step bucket now
+        (:meth:`GraphCache.warm`), before any session joins; how many."""
+        return await self.call(self._warm_graphs)
+
+    def _warm_graphs(self) -> int:
+        return sum(graphs.warm() for graphs in (self.graphs, self.speech_graphs) if graphs)
+
     async def release(self, slot: int) -> None:
         """End ``slot``'s session: its jobs not taken yet are dropped; the slot
         is emptied after its running batch, if any, even if this is cancelled."""
@@ -291,6 +306,10 @@ class BatchLoop:
         lane's calls (``side <name>``): seconds, count and mean milliseconds,
         since the loop started."""
         lanes = [("", self.busy_s, self.busy_count)]
+        for name, graphs in (("llm", self.graphs), ("speech", self.speech_graphs)):
+            if graphs is not None:  # within its batches' time, shown apart
+                captured = Counter({f"{name} graph captures": graphs.capture_s})
+                lanes.append(("", captured, Counter({f"{name} graph captures": graphs.captures})))
         if self.side is not None:
             lanes.append(("side ", self.side.busy_s, self.side.busy_count))
         return {

@@ -14,7 +14,9 @@ every piece of session state its own:
   of the session, swapped into the shared modules only for the length of a
   call on the model's side lane (:meth:`BatchLoop.side_call`), which runs one
   call at a time: no session sees another's. The voice is a
-  :class:`~omnilive.engines.minicpmo.vocoder.VoiceStream`.
+  :class:`~omnilive.engines.minicpmo.vocoder.VoiceStream`; the encoders are
+  :mod:`~omnilive.engines.minicpmo.encoders` (the vision encoder runs over
+  every waiting session's frames at once).
 
 The decisions themselves are :mod:`~omnilive.engines.minicpmo.unit_rules`.
 A unit feeds ``<unit>``, the frames (``<image>`` slices ``</image>``) and the
@@ -31,13 +33,23 @@ import logging
 import secrets
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 
 from omnilive.engines.minicpmo.batch_loop import BatchLoop
-from omnilive.engines.minicpmo.slot_model import SharedModel, swapped
+from omnilive.engines.minicpmo.encoders import (
+    VISION_KEY,
+    AudioStream,
+    Frames,
+    audio_embeddings,
+    audio_features,
+    vision_pieces,
+    voice_embeddings,
+)
+from omnilive.engines.minicpmo.slot_model import SharedModel
 from omnilive.engines.minicpmo.unit_rules import (
     SPEECH_TOKENS_PER_UNIT,
     SpeechSampling,
@@ -48,8 +60,6 @@ from omnilive.engines.minicpmo.unit_rules import (
 from omnilive.engines.minicpmo.vocoder import VoiceStream, runner_for
 
 log = logging.getLogger(__name__)
-
-SAMPLE_RATE = 16_000
 
 
 @dataclass
@@ -73,14 +83,6 @@ class UnitOutcome:
     llm_ms: float = 0.0
     speech_ms: float = 0.0
     vocoder_ms: float = 0.0
-
-
-@dataclass
-class _AudioStream:
-    mel: Any
-    whisper_kv: Any = None
-    buffer: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
-    chunks: int = 0
 
 
 class SlotDuplex:
@@ -113,7 +115,7 @@ class SlotDuplex:
         self.turn_ended = True
         self.pending_logits: torch.Tensor | None = None
         self.finalize_tokens: list[int] | None = None
-        self.audio = _AudioStream(mel=None)
+        self.audio = AudioStream(mel=None)
         # The next position of the running turn's speech LM context (0: a new
         # turn); the context itself is the session's slot of the loop's speech cache.
         self.speech_position = 0
@@ -137,28 +139,19 @@ class SlotDuplex:
         """The system turn: prefix text, the reference voice's audio
         embeddings, suffix text. Returns the context length."""
         shared = self.shared
-        self.audio = _AudioStream(mel=await asyncio.to_thread(shared.new_mel))
+        self.audio = AudioStream(mel=await asyncio.to_thread(shared.new_mel))
         if prompt_wav and shared.generate_audio:
             self.voice = await self.loop.side_call(self._open_voice, prompt_wav)
         parts: list[torch.Tensor] = []
         if prefix:
             parts.append(shared.embed(shared.tokenizer.encode(prefix, add_special_tokens=False)))
         if ref_audio is not None:
-            parts.append(await self.loop.side_call(self._voice_embeddings, ref_audio))
+            parts.append(await self.loop.side_call(voice_embeddings, shared, ref_audio))
         if suffix:
             parts.append(shared.embed(shared.tokenizer.encode(suffix, add_special_tokens=False)))
         if parts:
             await self._feed(torch.cat(parts, 0))
         return self.kv_length
-
-    def _voice_embeddings(self, ref_audio: np.ndarray) -> torch.Tensor:
-        model, shared = self.shared.model, self.shared
-        extractor = shared.processor.audio_processor
-        with shared.mel_lock, swapped(extractor, dict(shared.voice_mel_mode)):
-            data = shared.processor.process_audio([ref_audio])
-        with torch.no_grad():
-            nested = model.get_audio_embedding(data, chunk_length=model.config.audio_chunk_length)
-        return torch.cat([t for group in nested for t in group], 0)
 
     # --- prefill ------------------------------------------------------------------------
 
@@ -180,16 +173,17 @@ class SlotDuplex:
             processed = await asyncio.to_thread(
                 shared.processor.process_image, frames, max_slice_nums=max_slice_nums
             )
-            pieces = await self.loop.side_call(self._vision, processed, frames, max_slice_nums)
+            item = Frames(processed, frames, max_slice_nums)
+            pieces = await self.loop.side_gather(VISION_KEY, partial(vision_pieces, shared), item)
             parts += pieces
             # Each slice is its start token, its embeddings, its end token.
             slices = len(pieces) // 3
             vision = sum(int(piece.shape[0]) for piece in pieces[1::3])
         audio_positions = 0
         if has_audio:
-            feature = await asyncio.to_thread(self._audio_features, audio)
+            feature = await asyncio.to_thread(audio_features, shared, self.audio, audio)
             if feature is not None:
-                embeds = await self.loop.side_call(self._audio_embeddings, feature)
+                embeds = await self.loop.side_call(audio_embeddings, shared, self.audio, feature)
                 parts.append(embeds)
                 audio_positions = int(embeds.shape[0])
         elif frames:
@@ -197,80 +191,6 @@ class SlotDuplex:
         result = await self._feed(torch.cat(parts, 0))
         self.pending_logits = result.logits
         return {"slices": slices, "vision": vision, "audio": audio_positions}
-
-    def _vision(self, processed: Any, frames: list[Any], max_slice_nums: int) -> list[torch.Tensor]:
-        """Every frame (``processed`` by the processor) as ``<image>`` source
-        ``</image>`` then ``<slice>`` x ``</slice>`` per high-resolution
-        slice, in the model code's order."""
-        shared, vocab, model = self.shared, self.shared.vocab, self.shared.model
-        processed = processed.to(shared.device)
-        with torch.no_grad():
-            hidden = model.get_vision_embedding(processed)
-        if hidden is None or len(hidden) == 0:
-            return []
-        embeds = hidden[0]
-        pieces, index = [], 0
-        for frame in frames:
-            grid = shared.processor.image_processor.get_sliced_grid(
-                frame.size, max_slice_nums, nerver_split=False
-            )
-            slices = 1 + grid[0] * grid[1] if grid is not None else 1
-            for k in range(slices):
-                start, end = (
-                    (vocab.image_start, vocab.image_end)
-                    if k == 0
-                    else (vocab.slice_start, vocab.slice_end)
-                )
-                pieces += [shared.embed([start]), embeds[index], shared.embed([end])]
-                index += 1
-        return pieces
-
-    def _audio_features(self, audio: np.ndarray) -> Any:
-        """The mel features of the session's next second of audio (CPU work,
-        off the batch loop's thread), or None while too little has come. The
-        streaming mel processors share the feature extractor, whose mode they
-        switch: one session at a time (:attr:`SharedModel.mel_lock`)."""
-        shared, stream = self.shared, self.audio
-        stream.buffer = np.concatenate([stream.buffer, np.asarray(audio, np.float32)])
-        if stream.chunks == 0:
-            first = int(shared.first_chunk_ms * SAMPLE_RATE / 1000)
-            if len(stream.buffer) < first:
-                pad = np.zeros(first - len(stream.buffer), np.float32)
-                stream.buffer = np.concatenate([pad, stream.buffer])
-        processor = shared.processor
-        with shared.mel_lock, swapped(processor, {"_streaming_mel_processor": stream.mel}):
-            need = processor.get_streaming_chunk_size()
-            if len(stream.buffer) < need:
-                return None
-            feature = processor.process_audio_streaming(
-                stream.buffer[:need], reset=False, return_batch_feature=True
-            )
-            if feature is None or feature.audio_features.shape[-1] == 0:
-                return None
-            if stream.chunks == 0:
-                config = stream.mel.get_config()
-                consumed_ms = int(config.get("effective_first_chunk_ms", shared.first_chunk_ms))
-            else:
-                consumed_ms = shared.chunk_ms
-        stream.buffer = stream.buffer[int(consumed_ms * SAMPLE_RATE / 1000) :]
-        return feature
-
-    def _audio_embeddings(self, feature: Any) -> torch.Tensor:
-        """``feature`` through the Whisper encoder with the session's own cache."""
-        shared, stream, model = self.shared, self.audio, self.shared.model
-        prefix_frames = 0 if stream.chunks == 0 else 2
-        feature = feature.to(shared.device)
-        kv = {"audio_past_key_values": stream.whisper_kv}
-        with swapped(model, kv) as after, torch.no_grad():
-            nested = model.get_audio_embedding_streaming(
-                feature,
-                use_extra_context=True,
-                prefix_extra_frames=prefix_frames,
-                suffix_extra_frames=2,
-            )
-        stream.whisper_kv = after["audio_past_key_values"]
-        stream.chunks += 1
-        return torch.cat([t for group in nested for t in group], 0)
 
     # --- generate -----------------------------------------------------------------------
 

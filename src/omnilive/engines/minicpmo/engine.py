@@ -149,6 +149,8 @@ class MiniCPMoEngine(Engine):
         """One short chat answer and one duplex unit, so that kernel selection,
         allocator growth and lazy imports happen before the first client."""
         started = time.perf_counter()
+        if self._slots is not None:
+            self._slots.warm_graphs()
         chat = self.open_chat()
         try:
             options = ChatOptions(generation=GenerationOptions(max_new_tokens=8))

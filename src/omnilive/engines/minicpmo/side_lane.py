@@ -15,7 +15,10 @@ What makes the hand-over safe:
 - one job at a time, in submission order, so the shared modules' state that
   a job swaps in for its length (a session's Whisper cache, the vocoder's
   stream caches) has one user; and never during a CUDA graph capture on the
-  batch thread (``CAPTURE_LOCK``: the jobs draw random numbers);
+  batch thread (``CAPTURE_LOCK``: the jobs draw random numbers). The one
+  exception to the order: a *gathered* job (:meth:`SideLane.gather`) takes
+  the later jobs of its key along, which is safe because a session awaits
+  each of its side calls before making the next;
 - the lane waits for its stream after every job, so a result is computed
   before its session sees it;
 - the tensors a job returns are marked as used on the model's default stream
@@ -53,12 +56,17 @@ class _SideJob:
     future: asyncio.Future[Any]
     loop: asyncio.AbstractEventLoop
     started: bool = False
+    # Jobs of one gather key waiting together run as one call of ``fn`` over
+    # their items (see SideLane.gather); None: a plain call.
+    key: str | None = None
 
 
 class SideLane:
     """One thread (and, on CUDA, one stream) running calls one at a time."""
 
-    def __init__(self, device: torch.device, name: str = "minicpmo-side") -> None:
+    def __init__(
+        self, device: torch.device, name: str = "minicpmo-side", max_gather: int = 16
+    ) -> None:
         self.device = device
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.busy_s: Counter[str] = Counter()  # seconds per function name (bounded keys)
@@ -66,6 +74,8 @@ class SideLane:
         self._jobs: deque[_SideJob] = deque()
         self._changed = threading.Condition()
         self._closed = False
+        self.max_gather = max_gather
+        self.gathered: Counter[int] = Counter()  # items per gathered call (bounded keys)
         self.thread = threading.Thread(target=self._work, name=name, daemon=True)
         self.thread.start()
 
@@ -73,8 +83,22 @@ class SideLane:
         """``fn(*args)`` on the lane, after the calls submitted before it. A
         call cancelled before it started never runs; one already running
         finishes and its result is dropped."""
+        return await self._run(_SideJob(fn, args, *self._future()))
+
+    async def gather(self, key: str, fn: Callable[[list[Any]], list[T]], item: Any) -> T:
+        """``fn([item, ...])[i]``: the calls with ``key`` waiting when the lane
+        reaches the first of them run as ONE call of ``fn`` over their items
+        (up to :attr:`max_gather`), each caller getting its own result, in
+        place of the first. What makes it worth it: one batched encoder call
+        costs about what one session's does. ``fn`` must return one result
+        per item, in order; an error it raises reaches every caller."""
+        return await self._run(_SideJob(fn, (item,), *self._future(), key=key))
+
+    def _future(self) -> tuple[asyncio.Future[Any], asyncio.AbstractEventLoop]:
         loop = asyncio.get_running_loop()
-        job = _SideJob(fn, args, loop.create_future(), loop)
+        return loop.create_future(), loop
+
+    async def _run(self, job: _SideJob) -> Any:
         with self._changed:
             if self._closed:
                 raise RuntimeError("the side lane is closed")
@@ -98,36 +122,59 @@ class SideLane:
             with contextlib.suppress(RuntimeError):  # the loop is gone (shutdown)
                 job.loop.call_soon_threadsafe(job.future.cancel)
 
-    def _next(self) -> _SideJob | None:
+    def _next(self) -> list[_SideJob] | None:
+        """The next call's jobs: the first in line and, for a gather key, every
+        other job of that key in line (up to max_gather), marked started."""
         with self._changed:
             while not self._jobs and not self._closed:
                 self._changed.wait()
             if self._closed:
                 return None
-            job = self._jobs.popleft()
-            job.started = True
-            return job
+            first = self._jobs.popleft()
+            group = [first]
+            if first.key is not None:
+                group += [job for job in self._jobs if job.key == first.key][: self.max_gather - 1]
+                for job in group[1:]:
+                    self._jobs.remove(job)
+            for job in group:
+                job.started = True
+            return group
 
     def _work(self) -> None:
         streamed = torch.cuda.stream(self.stream) if self.stream is not None else None
         with streamed or contextlib.nullcontext():
-            while (job := self._next()) is not None:
-                started = time.perf_counter()
-                result: Any = None
-                error: BaseException | None = None
-                try:
-                    with CAPTURE_LOCK:  # see batch_graphs.CAPTURE_LOCK
-                        result = job.fn(*job.args)
-                    if self.stream is not None:
-                        self.stream.synchronize()
-                        _used_on(result, torch.cuda.default_stream(self.device))
-                except BaseException as exc:  # the caller's to handle: handed over
-                    error = exc
-                name = getattr(job.fn, "__name__", "call")
-                self.busy_s[name] += time.perf_counter() - started
-                self.busy_count[name] += 1
-                with contextlib.suppress(RuntimeError):  # the loop is gone (shutdown)
-                    job.loop.call_soon_threadsafe(_settle, job.future, result, error)
+            while (group := self._next()) is not None:
+                self._run_group(group)
+
+    def _run_group(self, group: list[_SideJob]) -> None:
+        first = group[0]
+        started = time.perf_counter()
+        results: list[Any] = []
+        error: BaseException | None = None
+        try:
+            with CAPTURE_LOCK:  # see batch_graphs.CAPTURE_LOCK
+                if first.key is None:
+                    results = [first.fn(*first.args)]
+                else:
+                    results = list(first.fn([job.args[0] for job in group]))
+                    if len(results) != len(group):
+                        raise RuntimeError(
+                            f"{first.key}: {len(results)} results for {len(group)} items"
+                        )
+            if self.stream is not None:
+                self.stream.synchronize()
+                _used_on(results, torch.cuda.default_stream(self.device))
+        except BaseException as exc:  # the callers' to handle: handed over
+            error = exc
+            results = [None] * len(group)
+        name = first.key or getattr(first.fn, "__name__", "call")
+        self.busy_s[name] += time.perf_counter() - started
+        self.busy_count[name] += 1
+        if first.key is not None:
+            self.gathered[len(group)] += 1
+        for job, result in zip(group, results, strict=True):
+            with contextlib.suppress(RuntimeError):  # the loop is gone (shutdown)
+                job.loop.call_soon_threadsafe(_settle, job.future, result, error)
 
 
 def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:

@@ -80,7 +80,8 @@ def slot_attention(
     out = scaled_dot_product_attention(
         folded, key, value, attn_mask=mask.repeat(1, 1, group, 1), dropout_p=dropout, scale=scaling
     )
-    return out.view(batch, heads, length, dim).transpose(1, 2).contiguous(), None
+    # reshape, not view: a kernel may hand its output back in another layout.
+    return out.reshape(batch, heads, length, dim).transpose(1, 2).contiguous(), None
 
 
 def gqa_slot_attention(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, None]:

@@ -98,6 +98,16 @@ class SharedModel:
             processor._streaming_mel_processor = before
 
 
+# Attention width buckets (SlotCache): each is a set of CUDA graphs, captured
+# the first time a session's context reaches it (~100 ms a graph, holding
+# every session's step; BatchLoop.warm_graphs takes the first width's at
+# start). Coarse, because reading masked columns is cheap: a decode step over
+# 2,048 columns instead of 512 reads ~230 MB more K/V per row (Qwen3-8B's 36
+# layers), ~50 us on an H200, beside ~16 GB of weights (~3.5 ms) a step.
+LLM_WIDTH_BUCKET = 2048
+SPEECH_WIDTH_BUCKET = 1024
+
+
 def slot_loop(
     model: Any,
     slots: int,
@@ -113,14 +123,22 @@ def slot_loop(
     needs no more memory for its contexts."""
     llm = model.llm
     weight = llm.lm_head.weight
-    cache = SlotCache(llm.config, slots, capacity, device=weight.device, dtype=weight.dtype)
+    device, dtype = weight.device, weight.dtype
+    cache = SlotCache(
+        llm.config, slots, capacity, bucket=LLM_WIDTH_BUCKET, device=device, dtype=dtype
+    )
     steps = BatchedSteps(llm.model, cache, head=llm.lm_head)
     speech = None
     tts = getattr(model, "tts", None)
     if tts is not None:
         param = next(tts.model.parameters())
         speech_cache = SlotCache(
-            tts.model.config, slots, speech_capacity, device=param.device, dtype=param.dtype
+            tts.model.config,
+            slots,
+            speech_capacity,
+            bucket=SPEECH_WIDTH_BUCKET,
+            device=param.device,
+            dtype=param.dtype,
         )
         speech = BatchedSteps(tts.model, speech_cache, head=tts.head_code[0])
     return BatchLoop(steps, speech=speech, graphs=graphs, side=SideLane(weight.device))

@@ -1,0 +1,151 @@
+"""The input encoders of slot sessions (vision, streaming Whisper, the
+reference voice), over the model's own modules.
+
+The CPU halves (the image processor, the mel features) run off every GPU
+thread; the GPU halves run on the model's side lane. The vision encoder is
+stateless, so the frames of every session waiting for it go through it as
+ONE batch (:func:`vision_pieces`, gathered by
+:meth:`~omnilive.engines.minicpmo.batch_loop.BatchLoop.side_gather`): one call
+over eight sessions' frames costs about what one session's does, where eight
+calls cost eight times as much (an encoder call at batch 1 is bound by kernel
+launches, not arithmetic). A session's Whisper state (its mel frames, its KV
+cache, the samples not yet consumed) is its :class:`AudioStream`, swapped into
+the shared modules for the length of one call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from omnilive.engines.minicpmo.slot_model import swapped
+
+if TYPE_CHECKING:
+    from omnilive.engines.minicpmo.slot_model import SharedModel
+
+SAMPLE_RATE = 16_000
+VISION_KEY = "vision"  # the side lane's gather key for vision_pieces
+
+
+@dataclass
+class AudioStream:
+    """One session's streaming audio encoder state."""
+
+    mel: Any
+    whisper_kv: Any = None
+    buffer: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    chunks: int = 0
+
+
+@dataclass(frozen=True)
+class Frames:
+    """One session's frames of a unit, ``processed`` by the image processor."""
+
+    processed: Any
+    frames: list[Any]
+    max_slice_nums: int
+
+
+def vision_pieces(shared: SharedModel, batch: list[Frames]) -> list[list[torch.Tensor]]:
+    """Per item of ``batch``: every frame as ``<image>`` source ``</image>``
+    then ``<slice>`` x ``</slice>`` per high-resolution slice, in the model
+    code's order; the vision encoder runs once over all of them."""
+    model = shared.model
+    pixel_values: list[Any] = []
+    tgt_sizes: list[Any] = []
+    counts: list[int] = []
+    for item in batch:
+        processed = item.processed.to(shared.device)
+        pixel_values += processed["pixel_values"]
+        tgt_sizes += processed["tgt_sizes"]
+        counts.append(len(processed["pixel_values"]))
+    with torch.no_grad():
+        hidden = model.get_vision_embedding({"pixel_values": pixel_values, "tgt_sizes": tgt_sizes})
+    results, start = [], 0
+    for item, count in zip(batch, counts, strict=True):
+        own = hidden[start : start + count] if hidden is not None else []
+        start += count
+        results.append(_framed(shared, item, own[0]) if len(own) and len(own[0]) else [])
+    return results
+
+
+def _framed(shared: SharedModel, item: Frames, embeds: Any) -> list[torch.Tensor]:
+    vocab = shared.vocab
+    pieces, index = [], 0
+    for frame in item.frames:
+        grid = shared.processor.image_processor.get_sliced_grid(
+            frame.size, item.max_slice_nums, nerver_split=False
+        )
+        slices = 1 + grid[0] * grid[1] if grid is not None else 1
+        for k in range(slices):
+            start, end = (
+                (vocab.image_start, vocab.image_end)
+                if k == 0
+                else (vocab.slice_start, vocab.slice_end)
+            )
+            pieces += [shared.embed([start]), embeds[index], shared.embed([end])]
+            index += 1
+    return pieces
+
+
+def audio_features(shared: SharedModel, stream: AudioStream, audio: np.ndarray) -> Any:
+    """The mel features of the session's next second of audio (CPU work,
+    off the GPU threads), or None while too little has come. The streaming
+    mel processors share the feature extractor, whose mode they switch: one
+    session at a time (:attr:`SharedModel.mel_lock`)."""
+    stream.buffer = np.concatenate([stream.buffer, np.asarray(audio, np.float32)])
+    if stream.chunks == 0:
+        first = int(shared.first_chunk_ms * SAMPLE_RATE / 1000)
+        if len(stream.buffer) < first:
+            pad = np.zeros(first - len(stream.buffer), np.float32)
+            stream.buffer = np.concatenate([pad, stream.buffer])
+    processor = shared.processor
+    with shared.mel_lock, swapped(processor, {"_streaming_mel_processor": stream.mel}):
+        need = processor.get_streaming_chunk_size()
+        if len(stream.buffer) < need:
+            return None
+        feature = processor.process_audio_streaming(
+            stream.buffer[:need], reset=False, return_batch_feature=True
+        )
+        if feature is None or feature.audio_features.shape[-1] == 0:
+            return None
+        if stream.chunks == 0:
+            config = stream.mel.get_config()
+            consumed_ms = int(config.get("effective_first_chunk_ms", shared.first_chunk_ms))
+        else:
+            consumed_ms = shared.chunk_ms
+    stream.buffer = stream.buffer[int(consumed_ms * SAMPLE_RATE / 1000) :]
+    return feature
+
+
+def audio_embeddings(shared: SharedModel, stream: AudioStream, feature: Any) -> torch.Tensor:
+    """``feature`` through the Whisper encoder with the session's own cache."""
+    model = shared.model
+    prefix_frames = 0 if stream.chunks == 0 else 2
+    feature = feature.to(shared.device)
+    kv = {"audio_past_key_values": stream.whisper_kv}
+    with swapped(model, kv) as after, torch.no_grad():
+        nested = model.get_audio_embedding_streaming(
+            feature,
+            use_extra_context=True,
+            prefix_extra_frames=prefix_frames,
+            suffix_extra_frames=2,
+        )
+    stream.whisper_kv = after["audio_past_key_values"]
+    stream.chunks += 1
+    return torch.cat([t for group in nested for t in group], 0)
+
+
+def voice_embeddings(shared: SharedModel, ref_audio: np.ndarray) -> torch.Tensor:
+    """The reference voice's audio embeddings for the system turn (the
+    offline encoder, in the mel mode the model code uses for it)."""
+    model = shared.model
+    extractor = shared.processor.audio_processor
+    with shared.mel_lock, swapped(extractor, dict(shared.voice_mel_mode)):
+        data = shared.processor.process_audio([ref_audio])
+    with torch.no_grad():
+        nested = model.get_audio_embedding(data, chunk_length=model.config.audio_chunk_length)
+    return torch.cat([t for group in nested for t in group], 0)
