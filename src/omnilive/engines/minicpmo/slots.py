@@ -320,12 +320,25 @@ class SlotDuplexSession(DuplexSession):
 
 
 class _Seated:
-    """A simplex view of the model's own code, holding the simplex seat for
-    its life, every step run on the model's side lane."""
+    """A simplex view of the model's own code, holding the simplex seat from
+    its first step to its close, every step run on the model's side lane.
+
+    The seat is taken at the first step, not when the view is made: views are
+    made on the worker's event loop, and waiting there for a seat that the
+    previous chat gives back only when that loop runs its close (a client who
+    left mid-answer) would stop the worker."""
 
     def __init__(self, model: SlotModel) -> None:
         self._model = model
-        if not model.seat.acquire(timeout=SEAT_WAIT_S):
+        self._seated = False
+        self._closed = False
+
+    def _sit(self) -> None:
+        if self._seated:
+            return
+        if self._closed:
+            raise EngineError("this session is closed")
+        if not self._model.seat.acquire(timeout=SEAT_WAIT_S):
             raise EngineError(
                 "another chat or half-duplex session holds this GPU's simplex seat "
                 f"(one at a time beside the duplex slots) for over {SEAT_WAIT_S:.0f} s"
@@ -333,6 +346,7 @@ class _Seated:
         self._seated = True
 
     def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        self._sit()
         return self._model.on_side_lane(fn, *args)
 
     def _stream(self, make: Callable[[], Iterator[T]]) -> Iterator[T]:
@@ -348,11 +362,12 @@ class _Seated:
                 self._run(close)
 
     def _stand_up(self, close: Callable[[], None]) -> None:
+        self._closed = True
         if not self._seated:
             return
         self._seated = False
         try:
-            self._run(close)
+            self._model.on_side_lane(close)
         finally:
             self._model.seat.release()
 

@@ -1,0 +1,118 @@
+"""The simplex seat of a slots engine (slots.py: SeatedChat): one chat or
+half-duplex session at a time beside the duplex slots. Opening a view must
+never wait for the seat (views are opened on the worker's event loop, which
+must stay free to close the previous holder); the first step waits for it.
+
+The model here is a stand-in with the two things a seated view uses: the
+seat and a way to run a step (on the caller's thread instead of a side lane).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from omnilive.engines.base import ChatMessage, ChatOptions, ChatSession, EngineError, TextPart
+from omnilive.engines.minicpmo import slots
+from omnilive.engines.minicpmo.slots import SeatedChat
+
+WAIT_S = 5.0
+HELLO = [ChatMessage("user", (TextPart("Hello."),))]
+
+
+class SeatModel:
+    def __init__(self) -> None:
+        self.seat = threading.Semaphore(1)
+        self.steps: list[str] = []
+
+    def on_side_lane(self, fn: Callable[..., Any], *args: Any) -> Any:
+        self.steps.append(getattr(fn, "__name__", "step"))
+        return fn(*args)
+
+
+class CountingChat(ChatSession):
+    """Answers ``words`` chunks; records its close."""
+
+    def __init__(self, words: int = 3) -> None:
+        self.words = words
+        self.closed = False
+
+    def prefill(self, messages: list[ChatMessage], options: ChatOptions) -> int:
+        return len(messages)
+
+    def generate(self) -> Iterator[Any]:
+        yield from range(self.words)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            out.append(fn())
+        except Exception as exc:  # handed to the test
+            out.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out
+
+
+def test_opening_a_view_while_the_seat_is_held_does_not_wait_and_its_first_step_does():
+    model = SeatModel()
+    first_inner = CountingChat()
+    first = SeatedChat(model, first_inner)
+    assert first.prefill(HELLO, ChatOptions()) == 1
+    answer = first.generate()
+    assert next(answer) == 0  # mid-answer: the seat is held
+
+    opened, made = in_thread(lambda: SeatedChat(model, CountingChat()))
+    opened.join(WAIT_S)
+    assert not opened.is_alive(), "opening a view waited for the seat"
+    second = made[0]
+
+    prefill, result = in_thread(lambda: second.prefill(HELLO, ChatOptions()))
+    prefill.join(0.3)
+    assert prefill.is_alive(), "the second chat stepped while the first held the seat"
+
+    answer.close()  # the first client left mid-answer
+    first.close()
+    prefill.join(WAIT_S)
+    assert result == [1]
+    assert list(second.generate()) == [0, 1, 2]
+    assert first_inner.closed
+    second.close()
+    assert model.seat.acquire(blocking=False), "the seat was not given back"
+
+
+def test_a_view_closed_before_any_step_never_takes_the_seat_and_refuses_steps():
+    model = SeatModel()
+    inner = CountingChat()
+    chat = SeatedChat(model, inner)
+    chat.close()
+
+    assert model.steps == []  # nothing ran, not even the inner close
+    assert model.seat.acquire(blocking=False)
+    model.seat.release()
+    with pytest.raises(EngineError, match="closed"):
+        chat.prefill(HELLO, ChatOptions())
+
+
+def test_a_seat_held_too_long_is_a_clear_error(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(slots, "SEAT_WAIT_S", 0.05)
+    model = SeatModel()
+    holder = SeatedChat(model, CountingChat())
+    holder.prefill(HELLO, ChatOptions())
+
+    waiting = SeatedChat(model, CountingChat())
+    with pytest.raises(EngineError, match="simplex seat"):
+        waiting.prefill(HELLO, ChatOptions())
+    holder.close()
+    assert waiting.prefill(HELLO, ChatOptions()) == 1  # free again: it goes on
+    waiting.close()
