@@ -3,6 +3,7 @@ code's decode rules, each case built so that only the rule under test decides.""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from omnilive.engines.minicpmo.unit_rules import (
@@ -91,6 +92,35 @@ def test_top_p_keeps_the_token_that_crosses_it() -> None:
     assert kept.tolist() == [True, False, False, False]
     kept = torch.isfinite(top_k_top_p(logits, 0, 0.8))
     assert kept.tolist() == [True, True, False, False]
+
+
+def full_sort_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """The filter written out over the whole vocabulary (the model code's way)."""
+    out = logits.clone()
+    if top_k > 0:
+        out[out < torch.topk(out, min(top_k, out.shape[-1])).values[-1]] = float("-inf")
+    if top_p > 0.0:
+        ordered, order = torch.sort(out, descending=True)
+        over = torch.cumsum(torch.softmax(ordered, -1), -1) > top_p
+        over[1:] = over[:-1].clone()
+        over[0] = False
+        out[order[over]] = float("-inf")
+    return out
+
+
+@pytest.mark.parametrize("top_k, top_p", [(20, 0.8), (0, 0.8), (5, 0.3), (50, 0.95), (20, 0.0)])
+def test_top_p_over_the_tokens_still_possible_keeps_what_the_full_sort_keeps(top_k, top_p):
+    generator = torch.Generator().manual_seed(top_k)
+    for _ in range(20):
+        logits = torch.randn(3000, generator=generator) * 3
+        logits[torch.randint(3000, (40,), generator=generator)] = float("-inf")  # forbidden
+        ours = top_k_top_p(logits, top_k, top_p)
+        assert torch.equal(
+            torch.isfinite(ours), torch.isfinite(full_sort_top_k_top_p(logits, top_k, top_p))
+        )
+        assert torch.equal(ours[torch.isfinite(ours)], logits[torch.isfinite(ours)])
+    everything_out = torch.full((10,), float("-inf"))
+    assert torch.equal(top_k_top_p(everything_out, 0, 0.8), everything_out)
 
 
 def test_speech_eos_waits_for_the_chunks_minimum() -> None:

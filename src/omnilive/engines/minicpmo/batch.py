@@ -275,7 +275,9 @@ class BatchedSteps:
 
     ``attention`` names the attention function of these forwards:
     :data:`SLOT_ATTENTION`, :data:`GQA_SLOT_ATTENTION`, or ``None`` for the
-    model's own (for comparisons: transformers' copies included)."""
+    model's own (for comparisons: transformers' copies included).
+    ``embedding`` is the table token ids go through (default: the backbone's
+    input embeddings; the speech LM's tokens have a table of their own)."""
 
     def __init__(
         self,
@@ -284,9 +286,11 @@ class BatchedSteps:
         head: Any = None,
         *,
         attention: str | None = SLOT_ATTENTION,
+        embedding: Any = None,
     ) -> None:
         register_attention()
         self.backbone = backbone
+        self.embedding = embedding if embedding is not None else backbone.get_input_embeddings()
         self.cache = cache
         self.head = head
         self.attention = attention
@@ -399,7 +403,7 @@ class BatchedSteps:
         embeddings as given, zero padding after each row's real positions (to
         ``length``) and as the empty rows up to ``rows`` (see :meth:`plan`);
         request ``k`` on row ``index[k]`` (a plan's :attr:`StepPlan.index`)."""
-        table = self.backbone.get_input_embeddings()
+        table = self.embedding
         with torch.no_grad():  # inputs, never differentiated: no history to keep
             embedded = [
                 table(request.inputs.to(self.device))

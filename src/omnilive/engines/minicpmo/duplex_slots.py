@@ -223,14 +223,15 @@ class SlotDuplex:
             else:
                 if self.keep_logits:
                     seen.append(logits.detach().float().cpu())
-                token = choose_token(
-                    logits,
-                    self.history,
-                    self.text,
-                    vocab,
-                    self.generator,
-                    self.text_choices if self.keep_logits else None,
-                )
+                with self.shared.sampling():
+                    token = choose_token(
+                        logits,
+                        self.history,
+                        self.text,
+                        vocab,
+                        self.generator,
+                        self.text_choices if self.keep_logits else None,
+                    )
                 if token == vocab.listen and not self.turn_ended:
                     token = vocab.tts_bos
             is_listen = token == vocab.listen
@@ -333,19 +334,19 @@ class SlotDuplex:
         inputs = condition
         decided: list[int] = []
         for t in range(SPEECH_TOKENS_PER_UNIT):
-            if t > 0:
-                with torch.no_grad():
-                    inputs = tts.emb_code[0](torch.tensor([decided[-1]], device=condition.device))
+            if t > 0:  # the token's id: the loop's thread looks its embedding up
+                inputs = torch.tensor([decided[-1]])
             result = await self.loop.speech_forward(self.slot, inputs)
-            token = choose_speech_token(
-                result.logits.float(),
-                decided,
-                self.speech,
-                eos,
-                allow_eos=t >= least,
-                generator=self.generator,
-                seen=self.speech_logits if self.keep_logits else None,
-            )
+            with self.shared.sampling():
+                token = choose_speech_token(
+                    result.logits.float(),
+                    decided,
+                    self.speech,
+                    eos,
+                    allow_eos=t >= least,
+                    generator=self.generator,
+                    seen=self.speech_logits if self.keep_logits else None,
+                )
             if token == eos:
                 break
             decided.append(token)
@@ -367,4 +368,6 @@ class SlotDuplex:
         return result
 
     async def _feed_tokens(self, tokens: list[int]) -> Any:
-        return await self._feed(self.shared.embed(tokens))
+        # Ids, not embeddings: the lookup (and its copy to the GPU, which
+        # waits for the GPU's queue) happens on the batch loop's thread.
+        return await self._feed(torch.tensor(tokens))

@@ -39,6 +39,8 @@ class SharedModel:
     mel_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
     # The vocoder's chunk runner (vocoder.runner_for), made by the first voice.
     vocoder: Any = field(init=False, default=None)
+    # Where the sessions' token choices run on CUDA (see sampling()).
+    sampling_stream: Any = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.vocab = DuplexVocab.of(self.tokenizer)
@@ -66,6 +68,20 @@ class SharedModel:
     @property
     def device(self) -> torch.device:
         return self.model.llm.lm_head.weight.device
+
+    def sampling(self) -> Any:
+        """A context in which a session chooses its tokens: on CUDA, a stream
+        of their own. On the batch loop's stream, the reads that end a choice
+        (the token, an index copied to the GPU) would wait for the batch then
+        running on the GPU, ~10 ms, and they wait holding the interpreter
+        lock, which every other thread of the worker needs. The logits were
+        ready when handed back (the loop synchronized), and a choice ends in a
+        read, so nothing of it is pending when it returns."""
+        if self.device.type != "cuda":
+            return contextlib.nullcontext()
+        if self.sampling_stream is None:
+            self.sampling_stream = torch.cuda.Stream(self.device)
+        return torch.cuda.stream(self.sampling_stream)
 
     def embed(self, tokens: list[int]) -> torch.Tensor:
         ids = torch.tensor(tokens, device=self.device)
@@ -140,7 +156,9 @@ def slot_loop(
             device=param.device,
             dtype=param.dtype,
         )
-        speech = BatchedSteps(tts.model, speech_cache, head=tts.head_code[0])
+        speech = BatchedSteps(
+            tts.model, speech_cache, head=tts.head_code[0], embedding=tts.emb_code[0]
+        )
     return BatchLoop(steps, speech=speech, graphs=graphs, side=SideLane(weight.device))
 
 

@@ -188,11 +188,18 @@ def top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
         kth = torch.topk(out, min(top_k, out.shape[-1])).values[-1]
         out[out < kth] = float("-inf")
     if top_p > 0.0:
-        ordered, order = torch.sort(out, descending=True)
+        # Over the tokens still possible only (after top-k, about k of a
+        # vocabulary of 151k): the excluded weigh nothing in the softmax and
+        # sort last, so the kept set is the same; sorting the whole vocabulary
+        # on the CPU would take milliseconds a token.
+        alive = torch.nonzero(out > float("-inf")).flatten()
+        if alive.numel() == 0:
+            return out
+        ordered, order = torch.sort(out[alive], descending=True)
         over = torch.cumsum(torch.softmax(ordered, -1), -1) > top_p
         over[1:] = over[:-1].clone()
         over[0] = False
-        out[order[over]] = float("-inf")
+        out[alive[order[over]]] = float("-inf")
     return out
 
 
