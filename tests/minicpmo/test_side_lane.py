@@ -249,3 +249,34 @@ async def test_a_gathered_call_cancelled_before_it_starts_is_left_out(lane: Side
 
     assert [await jobs[0], await jobs[2]] == [0, 2]
     assert seen == [[0, 2]]
+
+
+async def test_a_lane_without_random_draws_runs_through_a_capture_and_the_other_waits():
+    from omnilive.engines.minicpmo.batch_graphs import CAPTURE_LOCK
+
+    drawing = SideLane(torch.device("cpu"), name="test-side")
+    encoders = SideLane(torch.device("cpu"), name="test-encoders", random_draws=False)
+    capturing, let_go = threading.Event(), threading.Event()
+
+    def capture() -> None:  # another thread holds the lock, as a graph capture does
+        with CAPTURE_LOCK:
+            capturing.set()
+            let_go.wait(WAIT_S)
+
+    holder = threading.Thread(target=capture)
+    holder.start()
+    try:
+        assert capturing.wait(WAIT_S)
+        drawn = asyncio.ensure_future(drawing.call(lambda: "drawn"))
+        # The encoders' call ends while the capture still holds the lock...
+        assert await asyncio.wait_for(encoders.call(lambda: "encoded"), WAIT_S) == "encoded"
+        await asyncio.sleep(0.05)
+        assert not drawn.done()  # ...the other lane's waits for it
+        let_go.set()
+        assert await asyncio.wait_for(drawn, WAIT_S) == "drawn"
+    finally:
+        let_go.set()
+        holder.join(WAIT_S)
+        for lane in (drawing, encoders):
+            lane.close()
+            lane.thread.join(WAIT_S)

@@ -106,6 +106,8 @@ class BatchLoop:
 
     ``side`` (optional) runs :meth:`side_call` work on a second thread;
     without it that work runs on this loop's thread, between batches.
+    ``encoders`` (optional) runs :meth:`encoder_call` work on a third, so a
+    unit's encoders never wait behind another session's vocoder chunk.
     """
 
     def __init__(
@@ -117,11 +119,13 @@ class BatchLoop:
         max_positions: int = 2048,
         graphs: GraphCache | bool | None = None,
         side: SideLane | None = None,
+        encoders: SideLane | None = None,
         name: str = "minicpmo-batch",
     ) -> None:
         self.steps = steps
         self.speech = speech
         self.side = side
+        self.encoders = encoders
         if speech is not None and speech.cache.slots != steps.cache.slots:
             raise ValueError("the speech LM's cache needs as many slots as the LLM's")
         if graphs is None:
@@ -173,12 +177,21 @@ class BatchLoop:
             return await self.call(fn, *args)
         return await self.side.call(fn, *args)
 
-    async def side_gather(self, key: str, fn: Callable[[list[Any]], list[T]], item: Any) -> T:
+    async def encoder_call(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the encoders' lane (beside the side lane's vocoder
+        and simplex steps), or on the side lane where there is none."""
+        if self.encoders is None:
+            return await self.side_call(fn, *args)
+        return await self.encoders.call(fn, *args)
+
+    async def encoder_gather(self, key: str, fn: Callable[[list[Any]], list[T]], item: Any) -> T:
         """``fn`` over ``item`` and the other sessions' items of ``key``
-        waiting with it, as one call on the side lane (:meth:`SideLane.gather`)."""
-        if self.side is None:
+        waiting with it, as one call on the encoders' lane (or the side lane;
+        :meth:`SideLane.gather`)."""
+        lane = self.encoders or self.side
+        if lane is None:
             return (await self.call(fn, [item]))[0]
-        return await self.side.gather(key, fn, item)
+        return await lane.gather(key, fn, item)
 
     async def warm_graphs(self) -> int:
         """Capture both models' CUDA graphs of every batch and step bucket now
@@ -212,8 +225,9 @@ class BatchLoop:
             self._changed.notify()
         for job in pending:
             _cancel(job)
-        if self.side is not None:
-            self.side.close()
+        for lane in (self.side, self.encoders):
+            if lane is not None:
+                lane.close()
 
     # --- the queue ------------------------------------------------------------------------
 
@@ -310,8 +324,9 @@ class BatchLoop:
             if graphs is not None:  # within its batches' time, shown apart
                 captured = Counter({f"{name} graph captures": graphs.capture_s})
                 lanes.append(("", captured, Counter({f"{name} graph captures": graphs.captures})))
-        if self.side is not None:
-            lanes.append(("side ", self.side.busy_s, self.side.busy_count))
+        for prefix, lane in (("side ", self.side), ("encoders ", self.encoders)):
+            if lane is not None:
+                lanes.append((prefix, lane.busy_s, lane.busy_count))
         return {
             prefix + kind: {
                 "s": round(seconds, 2),

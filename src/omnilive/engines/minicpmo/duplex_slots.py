@@ -12,8 +12,9 @@ every piece of session state its own:
   unconsumed samples), the speech LM's KV cache and position, the vocoder's
   stream caches, the repetition history and the random generator are fields
   of the session, swapped into the shared modules only for the length of a
-  call on the model's side lane (:meth:`BatchLoop.side_call`), which runs one
-  call at a time: no session sees another's. The voice is a
+  call on one of the model's lanes (:meth:`BatchLoop.encoder_call`,
+  :meth:`BatchLoop.side_call`), each running one call at a time: no session
+  sees another's. The voice is a
   :class:`~omnilive.engines.minicpmo.vocoder.VoiceStream`; the encoders are
   :mod:`~omnilive.engines.minicpmo.encoders` (the vision encoder runs over
   every waiting session's frames at once).
@@ -146,7 +147,7 @@ class SlotDuplex:
         if prefix:
             parts.append(shared.embed(shared.tokenizer.encode(prefix, add_special_tokens=False)))
         if ref_audio is not None:
-            parts.append(await self.loop.side_call(voice_embeddings, shared, ref_audio))
+            parts.append(await self.loop.encoder_call(voice_embeddings, shared, ref_audio))
         if suffix:
             parts.append(shared.embed(shared.tokenizer.encode(suffix, add_special_tokens=False)))
         if parts:
@@ -174,7 +175,9 @@ class SlotDuplex:
                 shared.processor.process_image, frames, max_slice_nums=max_slice_nums
             )
             item = Frames(processed, frames, max_slice_nums)
-            pieces = await self.loop.side_gather(VISION_KEY, partial(vision_pieces, shared), item)
+            pieces = await self.loop.encoder_gather(
+                VISION_KEY, partial(vision_pieces, shared), item
+            )
             parts += pieces
             # Each slice is its start token, its embeddings, its end token.
             slices = len(pieces) // 3
@@ -183,7 +186,7 @@ class SlotDuplex:
         if has_audio:
             feature = await asyncio.to_thread(audio_features, shared, self.audio, audio)
             if feature is not None:
-                embeds = await self.loop.side_call(audio_embeddings, shared, self.audio, feature)
+                embeds = await self.loop.encoder_call(audio_embeddings, shared, self.audio, feature)
                 parts.append(embeds)
                 audio_positions = int(embeds.shape[0])
         elif frames:

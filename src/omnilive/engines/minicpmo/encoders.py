@@ -127,7 +127,7 @@ def audio_embeddings(shared: SharedModel, stream: AudioStream, feature: Any) -> 
     prefix_frames = 0 if stream.chunks == 0 else 2
     feature = feature.to(shared.device)
     kv = {"audio_past_key_values": stream.whisper_kv}
-    with swapped(model, kv) as after, torch.no_grad():
+    with shared.audio_state_lock, swapped(model, kv) as after, torch.no_grad():
         nested = model.get_audio_embedding_streaming(
             feature,
             use_extra_context=True,

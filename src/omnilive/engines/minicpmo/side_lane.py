@@ -1,21 +1,25 @@
-"""The second worker thread of a loaded model: the per-session work that
-touches no slot cache (the vision and audio encoders, the vocoder, the
-simplex seat's steps), on a CUDA stream of its own.
+"""The worker threads of a loaded model beside its batch loop (*lanes*):
+the per-session work that touches no slot cache, each lane on a CUDA stream
+of its own. A model has two: the side lane (the vocoder, the simplex seat's
+steps) and the encoders' lane (vision, Whisper), so that a unit's encoders
+never wait behind another session's vocoder chunk.
 
-Why a second thread: the batch loop's thread replays the LLM's and the
+Why threads of their own: the batch loop's thread replays the LLM's and the
 speech LM's graphs for every session; a vocoder chunk or an encoder call run
 there would hold every session's next token for its length (the vocoder
 alone is ~150 ms eagerly). Here they run beside the batches: the GPU
-interleaves the two streams' kernels, and the batch thread, which mostly
-waits for its graphs (``replay`` and ``synchronize`` release the GIL), leaves
-the Python interpreter to this one.
+interleaves the streams' kernels, and the batch thread, which mostly waits
+for its graphs (``replay`` and ``synchronize`` release the GIL), leaves the
+Python interpreter to the lanes.
 
 What makes the hand-over safe:
 
-- one job at a time, in submission order, so the shared modules' state that
-  a job swaps in for its length (a session's Whisper cache, the vocoder's
-  stream caches) has one user; and never during a CUDA graph capture on the
-  batch thread (``CAPTURE_LOCK``: the jobs draw random numbers). The one
+- one job at a time per lane, in submission order, so the shared modules'
+  state that a job swaps in for its length (a session's Whisper cache, the
+  vocoder's stream caches) has one user (the Whisper cache attribute, which
+  the seat's steps use too, also has a lock: ``SharedModel.audio_state_lock``);
+  and, on a lane whose jobs draw random numbers, never during a CUDA graph
+  capture on the batch thread (``CAPTURE_LOCK``). The one
   exception to the order: a *gathered* job (:meth:`SideLane.gather`) takes
   the later jobs of its key along, which is safe because a session awaits
   each of its side calls before making the next;
@@ -65,8 +69,16 @@ class SideLane:
     """One thread (and, on CUDA, one stream) running calls one at a time."""
 
     def __init__(
-        self, device: torch.device, name: str = "minicpmo-side", max_gather: int = 16
+        self,
+        device: torch.device,
+        name: str = "minicpmo-side",
+        max_gather: int = 16,
+        *,
+        random_draws: bool = True,
     ) -> None:
+        # A lane whose jobs may draw random numbers holds CAPTURE_LOCK for each
+        # job; one that never does (the encoders) runs through captures.
+        self.capture_lock: Any = CAPTURE_LOCK if random_draws else contextlib.nullcontext()
         self.device = device
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.busy_s: Counter[str] = Counter()  # seconds per function name (bounded keys)
@@ -152,7 +164,7 @@ class SideLane:
         results: list[Any] = []
         error: BaseException | None = None
         try:
-            with CAPTURE_LOCK:  # see batch_graphs.CAPTURE_LOCK
+            with self.capture_lock:  # see batch_graphs.CAPTURE_LOCK
                 if first.key is None:
                     results = [first.fn(*first.args)]
                 else:

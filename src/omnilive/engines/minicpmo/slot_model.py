@@ -37,6 +37,10 @@ class SharedModel:
     # voice prompt's features are made with this one, as a fresh model makes them.
     voice_mel_mode: dict[str, Any] = field(init=False)
     mel_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
+    # Held while the model's Whisper cache attribute is in use: a slot
+    # session's encoder call swaps its own in (on the encoders' lane) and the
+    # model code's simplex steps (on the side lane) use the attribute too.
+    audio_state_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
     # The vocoder's chunk runner (vocoder.runner_for), made by the first voice.
     vocoder: Any = field(init=False, default=None)
     # Where the sessions' token choices run on CUDA (see sampling()).
@@ -159,7 +163,13 @@ def slot_loop(
         speech = BatchedSteps(
             tts.model, speech_cache, head=tts.head_code[0], embedding=tts.emb_code[0]
         )
-    return BatchLoop(steps, speech=speech, graphs=graphs, side=SideLane(weight.device))
+    return BatchLoop(
+        steps,
+        speech=speech,
+        graphs=graphs,
+        side=SideLane(device),
+        encoders=SideLane(device, "minicpmo-encoders", random_draws=False),
+    )
 
 
 def clone_tensors(value: Any) -> Any:

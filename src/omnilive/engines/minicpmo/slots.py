@@ -179,7 +179,8 @@ class SlotModel:
 
     def _seat_step(self, fn: Callable[..., T], *args: Any) -> T:
         try:
-            return fn(*args)
+            with self.shared.audio_state_lock:  # the model code's Whisper cache
+                return fn(*args)
         finally:
             # The model code's stream caches may be views of the vocoder's
             # scratch buffers, which the next session's chunk overwrites:
