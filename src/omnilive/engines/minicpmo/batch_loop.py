@@ -316,9 +316,10 @@ class BatchLoop:
 
     def busy(self) -> dict[str, dict[str, float]]:
         """Where the loop's thread spent its time, per kind of work (plain
-        calls by function name, the batches, the hand-backs), then the side
-        lane's calls (``side <name>``): seconds, count and mean milliseconds,
-        since the loop started."""
+        calls by function name, the batches, the hand-backs, the graph
+        captures within the batches), then the lanes' calls (``side <name>``,
+        ``encoders <name>``): seconds, count and mean milliseconds, since the
+        loop started."""
         lanes = [("", self.busy_s, self.busy_count)]
         for name, graphs in (("llm", self.graphs), ("speech", self.speech_graphs)):
             if graphs is not None:  # within its batches' time, shown apart

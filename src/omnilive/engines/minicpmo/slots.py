@@ -72,7 +72,7 @@ SEAT_WAIT_S = 60.0
 # loop, the server's) share one interpreter lock, and CPython lets a thread
 # keep it for up to its switch interval (5 ms by default) while another waits
 # for it: the batch loop, which gives it up at every graph replay and
-# synchronize, would wait that long each time the side lane launches kernels.
+# synchronize, would wait that long each time a lane launches kernels.
 GIL_SWITCH_S = 0.0005
 
 
@@ -159,7 +159,7 @@ class SlotModel:
         sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_S))
         # No cuDNN attention in this process: it builds an execution plan for
         # every new shape (on an H200 up to ~0.8 s the first time), and the
-        # side lane's shapes keep changing (a session's Whisper cache grows by
+        # encoders' shapes keep changing (a session's Whisper cache grows by
         # a chunk every second; each reference voice has its own length). The
         # switch is process-wide (torch's sdpa_kernel() is not per thread), so
         # it is made once, before any step graph is captured.
