@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from websockets.asyncio.client import connect
+from websockets.asyncio.client import ClientConnection, connect
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -158,6 +158,18 @@ async def chat_once(server: Server, payload: dict[str, Any], timeout: float = 30
             async for raw in ws:
                 received.append(json.loads(raw))
     return received
+
+
+async def recv(ws: ClientConnection, timeout: float = 20) -> dict[str, Any]:
+    """The next message on ``ws``, parsed (a timeout fails the test)."""
+    return json.loads(await asyncio.wait_for(ws.recv(), timeout))
+
+
+async def until(ws: ClientConnection, *types: str, timeout: float = 20) -> dict[str, Any]:
+    """The first message on ``ws`` of one of ``types``, those before it skipped."""
+    while (message := await recv(ws, timeout))["type"] not in types:
+        pass
+    return message
 
 
 def user(text: str, **extra: Any) -> dict[str, Any]:

@@ -19,19 +19,9 @@ from tests.clients import Client, open_client
 from tests.cluster.conftest import GPUS
 from tests.cluster.local import Cluster
 from tests.recordings import meta_when
-from tests.servers import Server, chat_once, user
+from tests.servers import Server, chat_once, recv, until, user
 
 SECOND = np.full(16000, 0.01, np.float32)
-
-
-async def recv(ws: ClientConnection, timeout: float = 20) -> dict[str, Any]:
-    return json.loads(await asyncio.wait_for(ws.recv(), timeout))
-
-
-async def until(ws: ClientConnection, *types: str, timeout: float = 20) -> dict[str, Any]:
-    while (message := await recv(ws, timeout))["type"] not in types:
-        pass
-    return message
 
 
 async def queued_chat(gateway: Server, text: str) -> tuple[ClientConnection, dict[str, Any]]:

@@ -24,7 +24,7 @@ from websockets.exceptions import ConnectionClosed
 
 from tests.clients import open_client
 from tests.recordings import load, meta_when, recording_dir
-from tests.servers import Server, chat_once, user
+from tests.servers import Server, chat_once, recv, until, user
 from tests.speech import silence, speak
 
 SECOND = np.full(16000, 0.01, np.float32)
@@ -40,16 +40,6 @@ async def chat_ws(server: Server, text: str) -> ClientConnection:
     ws = await connect(f"{server.ws}/ws/chat", max_size=None)
     await ws.send(json.dumps(user(text)))
     return ws
-
-
-async def recv(ws: ClientConnection, timeout: float = 20) -> dict[str, Any]:
-    return json.loads(await asyncio.wait_for(ws.recv(), timeout))
-
-
-async def until(ws: ClientConnection, *types: str, timeout: float = 20) -> dict[str, Any]:
-    while (message := await recv(ws, timeout))["type"] not in types:
-        pass
-    return message
 
 
 class Session:

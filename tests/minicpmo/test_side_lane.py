@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any, TypeVar
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ import torch
 from omnilive.engines.minicpmo.side_lane import SideLane
 
 WAIT_S = 5.0
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -41,6 +43,17 @@ async def hold(lane: SideLane) -> tuple[asyncio.Task[str], threading.Event]:
     task = asyncio.ensure_future(lane.call(blocker))
     assert await asyncio.to_thread(entered.wait, WAIT_S), "the lane never started the call"
     return task, release
+
+
+async def queued_together(lane: SideLane, calls: list[Coroutine[Any, Any, T]]) -> list[Any]:
+    """``calls`` (the lane's coroutines) all queued behind a held call before
+    the lane goes on; their futures, once the held call has ended."""
+    running, release = await hold(lane)
+    futures = [asyncio.ensure_future(call) for call in calls]
+    await asyncio.sleep(0)  # all queued behind the held call
+    release.set()
+    assert await running == "released"
+    return futures
 
 
 async def test_calls_run_in_submission_order_on_one_thread_off_the_loop(lane: SideLane):
@@ -158,13 +171,10 @@ async def test_gathered_calls_waiting_together_run_as_one_call_each_with_its_res
         calls.append(list(items))
         return [item * item for item in items]
 
-    running, release = await hold(lane)
-    plain = asyncio.ensure_future(lane.call(lambda: "plain"))
-    gathered = [asyncio.ensure_future(lane.gather("sq", squares, k)) for k in range(5)]
-    await asyncio.sleep(0)  # all queued behind the held call
-    release.set()
+    plain, *gathered = await queued_together(
+        lane, [lane.call(lambda: "plain"), *(lane.gather("sq", squares, k) for k in range(5))]
+    )
 
-    assert await running == "released"
     assert await asyncio.gather(*gathered) == [0, 1, 4, 9, 16]
     assert await plain == "plain"
     assert calls == [[0, 1, 2, 3, 4]]
@@ -184,16 +194,10 @@ async def test_gathering_takes_only_its_own_key_and_at_most_max_gather_items():
 
             return run
 
-        running, release = await hold(lane)
-        jobs = [
-            asyncio.ensure_future(lane.gather("a", tagged("a"), 1)),
-            asyncio.ensure_future(lane.gather("b", tagged("b"), 2)),
-            asyncio.ensure_future(lane.gather("a", tagged("a"), 3)),
-            asyncio.ensure_future(lane.gather("a", tagged("a"), 4)),
-        ]
-        await asyncio.sleep(0)
-        release.set()
-        await running
+        keys = ["a", "b", "a", "a"]
+        jobs = await queued_together(
+            lane, [lane.gather(key, tagged(key), k + 1) for k, key in enumerate(keys)]
+        )
 
         assert await asyncio.gather(*jobs) == ["a1", "b2", "a3", "a4"]
         assert calls == [("a", [1, 3]), ("b", [2]), ("a", [4])]
@@ -211,20 +215,12 @@ async def test_a_gathered_error_reaches_every_caller_and_a_short_answer_is_an_er
     def short(items: list[int]) -> list[int]:
         return items[:1]
 
-    running, release = await hold(lane)
-    failing = [asyncio.ensure_future(lane.gather("bad", broken, k)) for k in range(3)]
-    await asyncio.sleep(0)
-    release.set()
-    await running
+    failing = await queued_together(lane, [lane.gather("bad", broken, k) for k in range(3)])
     for job in failing:
         with pytest.raises(ValueError, match=r"no good: \[0, 1, 2\]"):
             await job
 
-    running, release = await hold(lane)
-    shorted = [asyncio.ensure_future(lane.gather("short", short, k)) for k in range(2)]
-    await asyncio.sleep(0)
-    release.set()
-    await running
+    shorted = await queued_together(lane, [lane.gather("short", short, k) for k in range(2)])
     for job in shorted:
         with pytest.raises(RuntimeError, match="1 results for 2 items"):
             await job

@@ -168,7 +168,7 @@ class SlotDuplex:
         has_audio = audio is not None and len(audio) > 0
         if not frames and not has_audio:
             return {"slices": 0, "vision": 0, "audio": 0}
-        parts = [shared.embed([vocab.unit])]
+        parts = [shared.marker(vocab.unit)]
         vision = slices = 0
         if frames:
             processed = await asyncio.to_thread(

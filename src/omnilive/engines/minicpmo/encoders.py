@@ -5,7 +5,7 @@ The CPU halves (the image processor, the mel features) run off every GPU
 thread; the GPU halves run on the model's side lane. The vision encoder is
 stateless, so the frames of every session waiting for it go through it as
 ONE batch (:func:`vision_pieces`, gathered by
-:meth:`~omnilive.engines.minicpmo.batch_loop.BatchLoop.side_gather`): one call
+:meth:`~omnilive.engines.minicpmo.batch_loop.BatchLoop.encoder_gather`): one call
 over eight sessions' frames costs about what one session's does, where eight
 calls cost eight times as much (an encoder call at batch 1 is bound by kernel
 launches, not arithmetic). A session's Whisper state (its mel frames, its KV
@@ -86,7 +86,7 @@ def _framed(shared: SharedModel, item: Frames, embeds: Any) -> list[torch.Tensor
                 if k == 0
                 else (vocab.slice_start, vocab.slice_end)
             )
-            pieces += [shared.embed([start]), embeds[index], shared.embed([end])]
+            pieces += [shared.marker(start), embeds[index], shared.marker(end)]
             index += 1
     return pieces
 

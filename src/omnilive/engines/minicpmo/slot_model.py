@@ -45,6 +45,7 @@ class SharedModel:
     vocoder: Any = field(init=False, default=None)
     # Where the sessions' token choices run on CUDA (see sampling()).
     sampling_stream: Any = field(init=False, default=None)
+    markers: dict[int, torch.Tensor] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.vocab = DuplexVocab.of(self.tokenizer)
@@ -91,6 +92,16 @@ class SharedModel:
         ids = torch.tensor(tokens, device=self.device)
         with torch.no_grad():
             return self.model.llm.get_input_embeddings()(ids)
+
+    def marker(self, token: int) -> torch.Tensor:
+        """``[1, hidden]``: the embedding of a structural token (``<unit>``,
+        ``<image>``, ``<slice>`` and their ends), looked up once: every unit
+        and frame needs them, and each lookup copies its id to the GPU, which
+        waits for the work queued on the calling thread's stream."""
+        cached = self.markers.get(token)
+        if cached is None:
+            cached = self.markers[token] = self.embed([token])
+        return cached
 
     def new_mel(self) -> Any:
         """A streaming mel processor of the session's own (the model's

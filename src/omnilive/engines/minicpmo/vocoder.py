@@ -357,12 +357,11 @@ class _EstimatorGraphs:
     ) -> torch.Tensor:
         inputs = [x, t, cnn_cache, att_cache]
         key = tuple((tuple(value.shape), value.dtype) for value in inputs)
-        if mask is not None or self.failed or key not in self.seen:
-            self.seen.add(key)
-            return self.blocks(self.estimator, x, t, mask, cnn_cache, att_cache, cnn_buffer,
-                               att_buffer)  # fmt: skip
-        graph = self.graphs.get(key) or self._capture(key, inputs, cnn_buffer, att_buffer)
-        if graph is None:
+        graph = None
+        if mask is None and not self.failed and key in self.seen:  # a shape's second call on
+            graph = self.graphs.get(key) or self._capture(key, inputs, cnn_buffer, att_buffer)
+        self.seen.add(key)
+        if graph is None:  # eager: masked, a shape's first call, or graphs are off
             return self.blocks(self.estimator, x, t, mask, cnn_cache, att_cache, cnn_buffer,
                                att_buffer)  # fmt: skip
         self.graphs.move_to_end(key)
