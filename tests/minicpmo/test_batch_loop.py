@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from omnilive.engines.minicpmo.batch import SlotError, SlotOverflow
-from omnilive.engines.minicpmo.batch_loop import BatchLoop
+from omnilive.engines.minicpmo.batch_loop import BatchLoop, Program, Step
 from tests.minicpmo.test_batch import (
     TIGHT,
     VOCAB,
@@ -341,3 +341,112 @@ async def test_calls_run_on_the_loop_thread_in_order_with_their_sessions_forward
     assert isinstance(results[4], ValueError)
     assert threads == {loop.thread} and loop.steps.cache.lengths == [5, 7]
     assert await loop.call(threading.current_thread) is loop.thread
+
+
+# --- programs: decoding loops on the worker thread --------------------------------------
+
+
+def greedy(first: int, steps: int, threads: set[threading.Thread],
+           stepped: threading.Event | None = None) -> Program[list[int]]:  # fmt: skip
+    """A session's decoding loop as a program: ``steps`` greedy tokens after
+    ``first``, noting the thread each step was decided on (and setting
+    ``stepped`` after the first)."""
+    tokens = [first]
+    for _ in range(steps):
+        result = yield Step(torch.tensor(tokens[-1:]))
+        threads.add(threading.current_thread())
+        if stepped is not None:
+            stepped.set()
+        bookkeeping()
+        tokens.append(int(result.logits.argmax()))
+    return tokens
+
+
+async def test_programs_decode_in_lockstep_on_the_worker_and_match_each_session_alone(
+    make: Make,
+):
+    """Programs started together share every batch however long their work
+    between steps, run on the worker thread, and decide what each session
+    alone on the stock model decides; a program started later joins the
+    running ones' batches at once."""
+    llm = llm_with("sdpa", 16)
+    loop = make(llm, slots=5, capacity=64)
+    slots = [await loop.acquire() for _ in range(5)]
+    gate = Gate()
+    held = asyncio.ensure_future(loop.call(gate.hold))
+    threads: set[threading.Thread] = set()
+    stepped = threading.Event()
+    together = [asyncio.ensure_future(loop.run(slot, greedy(slot + 3, 24, threads, stepped)))
+                for slot in slots[:4]]  # fmt: skip
+    await asyncio.sleep(0)
+    gate.opened.set()
+    await held
+    assert await asyncio.to_thread(stepped.wait, 5)  # the four are running: one more joins
+    late = await loop.run(slots[4], greedy(9, 3, threads))
+    results = await asyncio.gather(*together)
+
+    assert threads == {loop.thread}
+    assert loop.batch_sizes[4] + loop.batch_sizes[5] == 24 and loop.batch_sizes[5] == 3
+    for slot, tokens in zip([*slots[:4], slots[4]], [*results, late], strict=True):
+        alone, want = Alone(llm), [tokens[0]]
+        for _ in range(len(tokens) - 1):
+            want.append(int(alone.feed(torch.tensor(want[-1:]))[1].argmax()))
+        assert tokens == want and loop.steps.cache.lengths[slot] == len(tokens) - 1
+    assert loop.pending() == 0
+
+
+async def test_a_program_keeps_its_place_among_its_sessions_jobs(make: Make):
+    """A slot's job submitted after its program runs after the program's last
+    step; a program that fails or yields what is not a step fails alone."""
+    llm = llm_with("sdpa", 17)
+    loop = make(llm, slots=3, capacity=64)
+    a, b, c = [await loop.acquire() for _ in range(3)]
+    threads: set[threading.Thread] = set()
+
+    def failing() -> Program[None]:
+        yield Step(torch.tensor([1]))
+        raise ValueError("a program failed")
+
+    def wrong() -> Program[None]:
+        yield torch.tensor([1])  # type: ignore[misc]
+
+    results = await asyncio.gather(
+        loop.run(a, greedy(5, 4, threads)),
+        loop.call(lambda: loop.steps.cache.lengths[a], slot=a),
+        loop.run(b, failing()),
+        loop.run(c, wrong()),
+        loop.forward(b, torch.tensor([2])),
+        return_exceptions=True,
+    )
+    assert results[1] == 4  # after the program's four steps
+    assert isinstance(results[2], ValueError) and isinstance(results[3], TypeError)
+    assert "not a Step" in str(results[3])
+    assert loop.steps.cache.lengths == [4, 2, 0]
+
+
+async def test_a_cancelled_program_is_closed_after_its_batch_and_its_slot_released(make: Make):
+    llm = llm_with("sdpa", 18)
+    loop = make(llm, slots=2, capacity=64)
+    a, b = await loop.acquire(), await loop.acquire()
+    closed, stepped = threading.Event(), threading.Event()
+
+    def endless() -> Program[None]:
+        try:
+            while True:
+                yield Step(torch.tensor([3]))
+                stepped.set()
+        finally:
+            closed.set()
+
+    running = asyncio.ensure_future(loop.run(a, endless()))
+    assert await asyncio.to_thread(stepped.wait, 5)
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    await loop.release(a)
+    assert closed.is_set() and not loop.steps.cache.is_live(a) and loop.pending() == 0
+    # The other slot goes on as alone, and the released one serves a new session.
+    alone = Alone(llm)
+    result = await loop.forward(b, torch.tensor([4]))
+    torch.testing.assert_close(result.logits, alone.feed(torch.tensor([4]))[1], **TIGHT)
+    assert await loop.acquire() == a and loop.steps.cache.lengths[a] == 0

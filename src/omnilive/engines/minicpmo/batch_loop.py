@@ -13,6 +13,14 @@ waits for the next tick, so each session's jobs run in the order it submitted
 them), runs the plain calls one by one, then every forward of the tick as ONE
 :meth:`~omnilive.engines.minicpmo.batch.BatchedSteps.step`.
 
+A session's decoding loop can run on the worker thread itself as a *program*
+(``await loop.run(slot, program)``): a generator that yields each
+:class:`Step` it needs and is sent that step's result. The worker advances
+every running program right after each batch and puts its next step in the
+next one, so sessions decoding at once share every batch (lockstep), and a
+unit's dozens of steps cost one hand-off to the worker and one back instead
+of one each way per step.
+
 After a tick the worker hands the results to the sessions' event loop and
 waits until that loop has run the sessions it woke (a handshake, not a
 delay): a session that goes straight on to its next step has submitted it by
@@ -46,7 +54,7 @@ import logging
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -65,6 +73,22 @@ T = TypeVar("T")
 HANDOFF_TIMEOUT = 0.5
 
 
+@dataclass(frozen=True)
+class Step:
+    """What a program asks for next: ``inputs`` (token ids ``[n]`` or
+    embeddings ``[n, hidden]``) appended to its slot's context of the LLM
+    or, with ``speech``, of the speech LM; it is sent the :class:`StepResult`."""
+
+    inputs: torch.Tensor
+    speech: bool = False
+
+
+# A decoding loop run on the worker thread (see the module's docstring): it
+# yields steps, is sent their results and returns its outcome. Between its
+# steps it may use the slot's caches directly: the worker owns them.
+Program = Generator[Step, StepResult, T]
+
+
 @dataclass(eq=False)
 class _Job:
     slot: int | None  # the session whose order it keeps; None: nobody's
@@ -76,6 +100,8 @@ class _Job:
     droppable: bool = True
     orphan: Callable[[Any], None] | None = None  # takes a result nobody awaits any more
     speech: bool = False  # a forward of the speech LM (else of the LLM)
+    program: Program[Any] | None = None  # advanced on the worker thread
+    abandoned: bool = False  # a started program nobody awaits any more
     started: bool = False
     result: Any = None
     error: BaseException | None = None
@@ -142,6 +168,8 @@ class BatchLoop:
         self.busy_s: Counter[str] = Counter()
         self.busy_count: Counter[str] = Counter()
         self._pending: deque[_Job] = deque()
+        # Programs whose next step waits for a batch (their jobs hold it).
+        self._running: list[_Job] = []
         self._changed = threading.Condition()
         self._closed = False
         self.thread = threading.Thread(target=self._work, name=name, daemon=True)
@@ -164,6 +192,12 @@ class BatchLoop:
         if self.speech is None:
             raise RuntimeError("this batch loop has no speech LM")
         return await self._submit(slot, inputs=inputs, speech=True)
+
+    async def run(self, slot: int, program: Program[T]) -> T:
+        """Run ``program`` for ``slot`` on the worker thread, in order with
+        that session's other jobs; what it returns. Cancelled, it is closed
+        after its running batch (the steps it took stay in the slot)."""
+        return await self._submit(slot, program=program)
 
     async def call(self, fn: Callable[..., T], *args: Any, slot: int | None = None) -> T:
         """``fn(*args)`` on the worker thread, between batches; with ``slot``,
@@ -207,21 +241,26 @@ class BatchLoop:
         with self._changed:
             dropped = [job for job in self._pending if job.slot == slot and job.droppable]
             self._pending = deque(job for job in self._pending if job not in dropped)
+            for job in self._running:
+                if job.slot == slot:
+                    job.abandoned = True
         for job in dropped:
             _cancel(job)
         await self._submit(slot, fn=self._release_slot, args=(slot,), droppable=False)
 
     def pending(self) -> int:
-        """Jobs waiting for a tick (what ``/status`` may show, tests check)."""
+        """Jobs waiting for a tick, running programs included (what
+        ``/status`` may show, tests check)."""
         with self._changed:
-            return len(self._pending)
+            return len(self._pending) + len(self._running)
 
     def close(self) -> None:
         """Accept nothing more and cancel what is pending; the worker ends after
         its running tick (join :attr:`thread` to wait for it)."""
         with self._changed:
             self._closed = True
-            pending, self._pending = self._pending, deque()
+            pending, self._pending = [*self._running, *self._pending], deque()
+            self._running = []
             self._changed.notify()
         for job in pending:
             _cancel(job)
@@ -241,9 +280,11 @@ class BatchLoop:
         droppable: bool = True,
         orphan: Callable[[Any], None] | None = None,
         speech: bool = False,
+        program: Program[Any] | None = None,
     ) -> Any:
         loop = asyncio.get_running_loop()
-        job = _Job(slot, inputs, fn, args, loop.create_future(), loop, droppable, orphan, speech)
+        job = _Job(slot, inputs, fn, args, loop.create_future(), loop, droppable, orphan, speech,
+                   program)  # fmt: skip
         self._enqueue(job)
         try:
             return await job.future  # type: ignore[misc]
@@ -252,6 +293,7 @@ class BatchLoop:
                 with self._changed:
                     if not job.started and job in self._pending:
                         self._pending.remove(job)
+                    job.abandoned = True  # a running program: closed at its next step
             raise
 
     def _enqueue(self, job: _Job) -> None:
@@ -284,14 +326,25 @@ class BatchLoop:
     def _work(self) -> None:
         while (tick := self._next_tick()) is not None:
             plain, batch = tick
+            done: list[_Job] = []  # what goes back to the sessions after this tick
             for job in plain:
                 started = time.perf_counter()
+                if job.program is not None:  # starts; its first step joins this batch if it fits
+                    if self._advance(job, None):
+                        done.append(job)
+                    elif _fits(batch, job, self.max_rows, self.max_positions):
+                        batch.append(job)
+                    else:
+                        self._keep_running(job)
+                    self._account("program steps", started)
+                    continue
                 try:
                     job.result = job.fn(*job.args)  # type: ignore[misc]
                     self._settle_device()
                 except BaseException as exc:  # the caller's to handle: handed over
                     job.error = exc
                 self._account(getattr(job.fn, "__name__", "call"), started)
+                done.append(job)
             started = time.perf_counter()
             self._run_batch([job for job in batch if not job.speech], self.steps, self.graphs)
             self._account("llm batch", started)
@@ -301,8 +354,48 @@ class BatchLoop:
                 self._run_batch(speech, self.speech, self.speech_graphs)
                 self._account("speech batch", started)
             started = time.perf_counter()
-            self._hand_back([*plain, *batch])
-            self._account("hand back", started)
+            for job in batch:
+                if job.program is None:
+                    done.append(job)
+                elif job.error is not None or self._advance(job, job.result):
+                    job.program.close()
+                    done.append(job)
+                else:
+                    self._keep_running(job)
+            self._account("program steps", started)
+            if done:
+                started = time.perf_counter()
+                self._hand_back(done)
+                self._account("hand back", started)
+
+    def _advance(self, job: _Job, result: StepResult | None) -> bool:
+        """Send a program its last step's result (None to start it): True when
+        it is done (its outcome or error in the job), else its next step is
+        the job's forward."""
+        program = job.program
+        assert program is not None
+        job.inputs, job.result, job.error = None, None, None
+        if job.abandoned:  # its waiter gave up, or its slot is being released
+            program.close()
+            job.error = RuntimeError(f"the program of slot {job.slot} was stopped")
+            return True
+        try:
+            step = program.send(result)  # type: ignore[arg-type]
+        except StopIteration as stop:
+            job.result = stop.value
+            return True
+        except BaseException as exc:  # the program's caller gets it
+            job.error = exc
+            return True
+        if not isinstance(step, Step):
+            job.error = TypeError(f"a program yielded {type(step).__name__}, not a Step")
+            return True
+        job.inputs, job.speech = step.inputs, step.speech
+        return False
+
+    def _keep_running(self, job: _Job) -> None:
+        with self._changed:
+            self._running.append(job)
 
     def _settle_device(self) -> None:
         """Wait for the GPU work a plain call queued: its time is its own in
@@ -343,15 +436,22 @@ class BatchLoop:
         nobody's), forwards within the batch bounds. Marked started under the
         lock, so a cancelled waiter either removed its job first or lets it run."""
         with self._changed:
-            while not self._pending and not self._closed:
+            while not self._pending and not self._running and not self._closed:
                 self._changed.wait()
             if self._closed:
                 return None
             plain: list[_Job] = []
             batch: list[_Job] = []
-            seen: set[int] = set()  # slots with a job taken or left waiting this tick
-            rows = {False: 0, True: 0}  # forwards taken per model (speech or not)
-            longest = {False: 0, True: 0}
+            # Running programs first: they are in the middle of their work.
+            running, self._running = self._running, []
+            seen = {job.slot for job in running}  # slots with a job taken or left waiting
+            for job in running:
+                if job.abandoned:
+                    plain.append(job)  # closed when the tick starts it again
+                elif _fits(batch, job, self.max_rows, self.max_positions):
+                    batch.append(job)
+                else:
+                    self._running.append(job)
             for job in self._pending:
                 if job.slot is not None:
                     if job.slot in seen:
@@ -359,15 +459,8 @@ class BatchLoop:
                     seen.add(job.slot)
                 if job.inputs is None:
                     plain.append(job)
-                    continue
-                # With CUDA graphs, rows are padded up to the next captured
-                # batch-size bucket; max_rows is then the largest bucket.
-                taken = rows[job.speech]
-                wider = max(longest[job.speech], job.count)
-                if taken and (taken >= self.max_rows or (taken + 1) * wider > self.max_positions):
-                    continue
-                batch.append(job)
-                rows[job.speech], longest[job.speech] = taken + 1, wider
+                elif _fits(batch, job, self.max_rows, self.max_positions):
+                    batch.append(job)
             for job in (*plain, *batch):
                 job.started = True
             self._pending = deque(job for job in self._pending if not job.started)
@@ -416,6 +509,18 @@ class BatchLoop:
                 turns.append(turned)
         for turned in turns:
             turned.wait(HANDOFF_TIMEOUT)
+
+
+def _fits(batch: list[_Job], job: _Job, max_rows: int, max_positions: int) -> bool:
+    """Whether ``job``'s forward joins ``batch`` within its model's bounds:
+    at most ``max_rows`` rows (with CUDA graphs, rows are padded up to the
+    next captured bucket; max_rows is then the largest) and, padded to the
+    longest, ``max_positions`` positions; a first forward always fits."""
+    same = [other.count for other in batch if other.speech == job.speech]
+    if not same:
+        return True
+    wider = max(*same, job.count)
+    return len(same) < max_rows and (len(same) + 1) * wider <= max_positions
 
 
 def _settle(jobs: list[_Job], turned: threading.Event) -> None:

@@ -40,7 +40,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from omnilive.engines.minicpmo.batch_loop import BatchLoop
+from omnilive.engines.minicpmo.batch import StepResult
+from omnilive.engines.minicpmo.batch_loop import BatchLoop, Program, Step
 from omnilive.engines.minicpmo.encoders import (
     VISION_KEY,
     AudioStream,
@@ -61,6 +62,8 @@ from omnilive.engines.minicpmo.unit_rules import (
 from omnilive.engines.minicpmo.vocoder import VoiceStream, runner_for
 
 log = logging.getLogger(__name__)
+
+_Decided = tuple["UnitOutcome", bool]  # a unit's outcome; whether its voice flushes
 
 
 @dataclass
@@ -199,16 +202,32 @@ class SlotDuplex:
 
     async def generate(self, force_listen: bool = False) -> UnitOutcome:
         """Listen, or speak up to ``max_speak_tokens`` text tokens and voice
-        them; the unit stays open until :meth:`finalize`."""
-        vocab, rules = self.shared.vocab, self.shared.rules
-        started = time.perf_counter()
+        them; the unit stays open until :meth:`finalize`. The text and the
+        speech tokens are decided on the batch loop's thread (one program,
+        in step with the other sessions decoding), the audio on the side lane."""
         if self.pending_logits is None:
             return UnitOutcome(True, [], [], "", [], None, False, self.kv_length)
         logits, self.pending_logits = self.pending_logits, None
+        outcome, flush = await self.loop.run(self.slot, self._decide(logits, force_listen))
+        voice = self.voice
+        if voice is not None and not outcome.is_listen and self.shared.generate_audio:
+            vocoding = time.perf_counter()
+            outcome.audio = await self.loop.side_call(
+                voice.push, outcome.speech_tokens, outcome.end_of_turn, flush
+            )
+            outcome.vocoder_ms = (time.perf_counter() - vocoding) * 1000
+        return outcome
+
+    def _decide(self, logits: torch.Tensor, force_listen: bool) -> Program[_Decided]:
+        """The unit's text tokens from the prefill's ``logits`` on, then (when
+        it speaks) its speech tokens; the outcome and whether the vocoder
+        voices everything it can (see :meth:`VoiceStream.push`)."""
+        vocab, rules = self.shared.vocab, self.shared.rules
+        started = time.perf_counter()
         decided: list[int] = []
         if force_listen and rules.close_turn_on_forced_listen and not self.turn_ended:
             decided.append(vocab.turn_eos)
-            logits = (await self._feed_tokens([vocab.turn_eos])).logits
+            logits = (yield from self._step_tokens([vocab.turn_eos])).logits
             self.turn_ended = True
             if self.voice is not None:
                 self.voice.restart()
@@ -248,7 +267,7 @@ class SlotDuplex:
                 if len(text) >= rules.char_limit:
                     terminator = decided[-1] = vocab.chunk_eos
                     break
-            result = await self._feed_tokens([token])
+            result = yield from self._step_tokens([token])
             logits = result.logits
             end_of_turn = token == vocab.turn_eos
             if end_of_turn:
@@ -257,18 +276,18 @@ class SlotDuplex:
                 spoken.append((token, result.hidden))
         self.finalize_tokens = ([terminator] if terminator is not None else []) + [vocab.unit_end]
         tokens = [t for t, _ in spoken]
-        text = self._decode(tokens)
         llm_ms = (time.perf_counter() - started) * 1000
         if is_listen:
-            return UnitOutcome(
+            outcome = UnitOutcome(
                 True, decided, tokens, "", [], None, False, self.kv_length, seen, llm_ms
             )
-        outcome = UnitOutcome(
-            False, decided, tokens, text, [], None, end_of_turn, self.kv_length, seen, llm_ms
-        )
+            return outcome, False
+        outcome = UnitOutcome(False, decided, tokens, self._decode(tokens), [], None, end_of_turn,
+                              self.kv_length, seen, llm_ms)  # fmt: skip
+        flush = False
         if self.shared.generate_audio:
-            await self._speak(spoken, outcome)
-        return outcome
+            flush = yield from self._speak(spoken, outcome)
+        return outcome, flush
 
     async def finalize(self) -> None:
         """Close the unit: its terminator (if any) and ``</unit>`` into the context."""
@@ -279,34 +298,29 @@ class SlotDuplex:
     def _decode(self, tokens: list[int]) -> str:
         return self.shared.tokenizer.decode(tokens, skip_special_tokens=True) if tokens else ""
 
-    # --- the speech LM and the vocoder -------------------------------------------------
+    # --- the speech LM ------------------------------------------------------------------
 
-    async def _speak(self, spoken: list[tuple[int, torch.Tensor]], outcome: UnitOutcome) -> None:
-        """Voice the unit's text: its speech tokens and audio into ``outcome``."""
-        loop, slot, end_of_turn = self.loop, self.slot, outcome.end_of_turn
+    def _speak(self, spoken: list[tuple[int, torch.Tensor]], outcome: UnitOutcome) -> Program[bool]:
+        """The unit's speech tokens into ``outcome``; whether the vocoder
+        voices all it can (a turn's start, or the flavour always does)."""
         started = time.perf_counter()
-        condition = await loop.call(self._speech_condition, spoken, slot=slot)
+        condition = self._speech_condition(spoken)
         needed = self.speech_position + int(condition.shape[0]) + SPEECH_TOKENS_PER_UNIT
         if needed > self.speech_capacity:
             # A turn longer than the speech LM's context (minutes of speech):
             # its speech goes on from a fresh context, as a new turn's would.
-            log.warning("slot %d: the speech LM's context is full; restarting it", slot)
+            log.warning("slot %d: the speech LM's context is full; restarting it", self.slot)
             self.speech_position = 0
         turn_start = self.speech_position == 0
-        least = 0 if end_of_turn or turn_start else SPEECH_TOKENS_PER_UNIT
-        tokens = await self._speech_chunk(condition, least)
-        if end_of_turn:
+        least = 0 if outcome.end_of_turn or turn_start else SPEECH_TOKENS_PER_UNIT
+        tokens = yield from self._speech_tokens(condition, least)
+        if outcome.end_of_turn:
             self.speech_position = 0
         else:
             self.speech_position += int(condition.shape[0]) + len(tokens)
-        flush = turn_start or self.shared.rules.always_flush
-        vocoding = time.perf_counter()
-        voice = self.voice
-        if voice is not None:
-            outcome.audio = await loop.side_call(voice.push, tokens, end_of_turn, flush)
         outcome.speech_tokens = tokens
-        outcome.speech_ms = (vocoding - started) * 1000
-        outcome.vocoder_ms = (time.perf_counter() - vocoding) * 1000
+        outcome.speech_ms = (time.perf_counter() - started) * 1000
+        return turn_start or self.shared.rules.always_flush
 
     def _speech_condition(self, spoken: list[tuple[int, torch.Tensor]]) -> torch.Tensor:
         """``[n + 1, tts hidden]``: each spoken token's text embedding plus its
@@ -322,7 +336,7 @@ class SlotDuplex:
             projected = torch.nn.functional.normalize(tts.projector_semantic(hidden), p=2, dim=-1)
             return torch.cat([tts.emb_text(ids) + projected, bos], 0)
 
-    async def _speech_chunk(self, condition: torch.Tensor, least: int) -> list[int]:
+    def _speech_tokens(self, condition: torch.Tensor, least: int) -> Program[list[int]]:
         """Up to :data:`SPEECH_TOKENS_PER_UNIT` speech tokens after
         ``condition``, continuing the turn's speech LM context (the session's
         slot of the loop's speech cache, batched with the other sessions'):
@@ -333,13 +347,13 @@ class SlotDuplex:
         eos = int(tts.config.num_audio_tokens) - 1
         cache = self.loop.speech.cache  # type: ignore[union-attr]
         if cache.lengths[self.slot] != self.speech_position:  # a new turn: from position 0
-            await self.loop.call(cache.crop, self.slot, self.speech_position, slot=self.slot)
+            cache.crop(self.slot, self.speech_position)  # a program owns its slot's caches
         inputs = condition
         decided: list[int] = []
         for t in range(SPEECH_TOKENS_PER_UNIT):
             if t > 0:  # the token's id: the loop's thread looks its embedding up
                 inputs = torch.tensor([decided[-1]])
-            result = await self.loop.speech_forward(self.slot, inputs)
+            result = yield Step(inputs, speech=True)
             with self.shared.sampling():
                 token = choose_speech_token(
                     result.logits.float(),
@@ -374,3 +388,9 @@ class SlotDuplex:
         # Ids, not embeddings: the lookup (and its copy to the GPU, which
         # waits for the GPU's queue) happens on the batch loop's thread.
         return await self._feed(torch.tensor(tokens))
+
+    def _step_tokens(self, tokens: list[int]) -> Program[StepResult]:
+        """:meth:`_feed_tokens` within a program."""
+        result = yield Step(torch.tensor(tokens))
+        self.kv_length += len(tokens)
+        return result
