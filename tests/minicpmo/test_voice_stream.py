@@ -19,6 +19,7 @@ from omnilive.engines.minicpmo.vocoder import (
     VOCODER_CHUNK,
     ModelCodeRunner,
     VoiceStream,
+    one_by_one,
 )
 
 SAMPLES_PER_TOKEN = OUT_RATE // VOCODER_CHUNK  # 960: 40 ms at 24 kHz
@@ -47,6 +48,9 @@ class FakeRunner:
 
     def open(self, prompt_wav: str) -> State:
         return (prompt_wav,)
+
+    def chunks(self, calls: list[tuple[State, list[int], bool]]) -> list[tuple[np.ndarray, State]]:
+        return one_by_one(self, calls)
 
     def chunk(self, state: State, tokens: list[int], last: bool) -> tuple[np.ndarray, State]:
         self.calls.append((state, list(tokens), last))

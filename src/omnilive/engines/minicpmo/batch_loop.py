@@ -211,6 +211,13 @@ class BatchLoop:
             return await self.call(fn, *args)
         return await self.side.call(fn, *args)
 
+    async def side_gather(self, key: str, fn: Callable[[list[Any]], list[T]], item: Any) -> T:
+        """``fn`` over ``item`` and the other sessions' items of ``key``
+        waiting with it, as one call on the side lane (:meth:`SideLane.gather`)."""
+        if self.side is None:
+            return (await self.call(fn, [item]))[0]
+        return await self.side.gather(key, fn, item)
+
     async def encoder_call(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on the encoders' lane (beside the side lane's vocoder
         and simplex steps), or on the side lane where there is none."""

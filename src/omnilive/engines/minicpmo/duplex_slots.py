@@ -59,10 +59,11 @@ from omnilive.engines.minicpmo.unit_rules import (
     choose_speech_token,
     choose_token,
 )
-from omnilive.engines.minicpmo.vocoder import VoiceStream, runner_for
+from omnilive.engines.minicpmo.vocoder import VoiceStream, runner_for, voice_together
 
 log = logging.getLogger(__name__)
 
+VOICE_KEY = "voice"  # the side lane's gather key for sessions' vocoder pushes
 _Decided = tuple["UnitOutcome", bool]  # a unit's outcome; whether its voice flushes
 
 
@@ -212,8 +213,11 @@ class SlotDuplex:
         voice = self.voice
         if voice is not None and not outcome.is_listen and self.shared.generate_audio:
             vocoding = time.perf_counter()
-            outcome.audio = await self.loop.side_call(
-                voice.push, outcome.speech_tokens, outcome.end_of_turn, flush
+            # With the other sessions' pushes waiting for the side lane: one
+            # vocoder batch a round.
+            push = (voice, outcome.speech_tokens, outcome.end_of_turn, flush)
+            outcome.audio = await self.loop.side_gather(
+                VOICE_KEY, partial(voice_together, voice.runner), push
             )
             outcome.vocoder_ms = (time.perf_counter() - vocoding) * 1000
         return outcome

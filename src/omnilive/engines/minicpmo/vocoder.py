@@ -4,17 +4,17 @@ model, then HiFT), with stream caches of the session's own.
 
 The vocoder's own ``stream()`` keeps one stream's caches on the object, and
 some of them are views of the flow's scratch buffers, which its next call
-overwrites: two sessions cannot share it as it is. :class:`FlowRunner` runs a
-chunk from a session's caches and hands back new ones that are the session's
+overwrites: two sessions cannot share it as it is. :class:`FlowRunner` runs
+chunks from sessions' caches and hands back new ones that are each session's
 alone, with the same steps as ``stream()`` (the flow's ``inference_chunk``,
 the caches cut back to the prompt plus 100 frames, HiFT with its mel and
-source caches, the cross-fade, the held-back tail). On CUDA the flow
-estimator's blocks, run ten times a chunk and nearly all of its thousands of
-small kernels, are a CUDA graph per cache shape (captured the second time a
-shape comes, so the first is its warm-up). :class:`ModelCodeRunner` calls the
-vocoder's own ``stream()`` with the session's caches swapped in (and copied
-out after, breaking the aliasing); it serves vocoders without a flow model
-(the test stand-ins).
+source caches, the cross-fade, the held-back tail), the chunks of streams of
+one shape as one batch (:func:`voice_together` runs many sessions' pushes in
+rounds of one chunk each). On CUDA the flow estimator's blocks are CUDA
+graphs (:mod:`~omnilive.engines.minicpmo.flow_graphs`).
+:class:`ModelCodeRunner` calls the vocoder's own ``stream()`` with the
+session's caches swapped in (and copied out after, breaking the aliasing);
+it serves vocoders without a flow model (the test stand-ins).
 
 Everything here runs on the model's side lane, one call at a time.
 """
@@ -23,14 +23,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections import OrderedDict
-from dataclasses import dataclass, field
+from collections import Counter
+from collections.abc import Generator
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-from omnilive.engines.minicpmo.batch_graphs import CAPTURE_LOCK
+from omnilive.engines.minicpmo.flow_graphs import BlockGraphs
 from omnilive.engines.minicpmo.slot_model import clone_tensors, swapped
 from omnilive.engines.minicpmo.unit_rules import SILENCE_TOKEN
 
@@ -39,7 +40,10 @@ log = logging.getLogger(__name__)
 OUT_RATE = 24_000
 VOCODER_CHUNK = 25  # speech tokens per chunk (one second)
 PROMPT_TAIL_FRAMES = 100  # the flow's caches keep the prompt plus this many frames
-MAX_GRAPHS = 8  # captured chunk shapes kept (a voice needs about four)
+MAX_BATCH = 8  # sessions' chunks run as one flow batch; more wait for the next
+# Flow batches are padded up to these sizes (repeating a row), so a handful
+# of CUDA graphs serves any number of sessions.
+BATCH_BUCKETS = (1, 2, 4, 8)
 
 
 class ChunkRunner(Protocol):
@@ -51,6 +55,19 @@ class ChunkRunner(Protocol):
     def chunk(self, state: Any, tokens: list[int], last: bool) -> tuple[np.ndarray, Any]:
         """``tokens`` (with the lookahead, unless ``last``) to samples, and the
         state after them (``state`` itself is left as it was)."""
+
+    def chunks(self, calls: list[ChunkCall]) -> list[tuple[np.ndarray, Any]]:
+        """:meth:`chunk` of each call (of different streams), batched where
+        the runner can."""
+
+
+# One chunk of one stream: its state, its tokens, whether it is the turn's last.
+ChunkCall = tuple[Any, list[int], bool]
+
+
+def one_by_one(runner: ChunkRunner, calls: list[ChunkCall]) -> list[tuple[np.ndarray, Any]]:
+    """:meth:`ChunkRunner.chunks` for a runner that batches nothing."""
+    return [runner.chunk(*call) for call in calls]
 
 
 def runner_for(token2wav: Any, graphs: bool | None = None) -> ChunkRunner:
@@ -82,6 +99,14 @@ class VoiceStream:
         buffered so far, or with ``flush`` whatever is enough for a chunk;
         ``last`` voices the rest and restarts the turn. Under a second of
         audio (not at the end) is padded in front to one second."""
+        return voice_together(self.runner, [(self, tokens, last, flush)])[0]
+
+    def pushing(
+        self, tokens: list[int], last: bool, flush: bool
+    ) -> Generator[tuple[list[int], bool], np.ndarray, np.ndarray | None]:
+        """:meth:`push` as a program: it yields each chunk's tokens and
+        ``last`` and is sent the chunk's samples (the caller runs the chunk
+        from :attr:`live` and stores the state after it there)."""
         self.buffer += tokens
         lookahead = self.runner.lookahead
         step = VOCODER_CHUNK + lookahead
@@ -89,14 +114,14 @@ class VoiceStream:
         if flush:
             while len(self.buffer) >= lookahead + 5:
                 take = min(step, len(self.buffer))
-                pcm.append(self._chunk(self.buffer[:take], last=False))
+                pcm.append((yield self.buffer[:take], False))
                 self.buffer = self.buffer[min(VOCODER_CHUNK, take - lookahead) :]
         else:
             while len(self.buffer) >= step:
-                pcm.append(self._chunk(self.buffer[:step], last=False))
+                pcm.append((yield self.buffer[:step], False))
                 self.buffer = self.buffer[VOCODER_CHUNK:]
         if last and self.buffer:
-            pcm.append(self._chunk(self.buffer, last=True))
+            pcm.append((yield self.buffer, True))
             self.buffer = []
         if last:
             self.restart()
@@ -107,9 +132,38 @@ class VoiceStream:
             samples = np.pad(samples, (OUT_RATE - len(samples), 0))
         return samples
 
-    def _chunk(self, tokens: list[int], last: bool) -> np.ndarray:
-        samples, self.live = self.runner.chunk(self.live, tokens, last)
-        return samples
+
+# One push of one stream: the stream, its tokens, ``last``, ``flush``.
+Push = tuple[VoiceStream, list[int], bool, bool]
+
+
+def voice_together(runner: ChunkRunner, pushes: list[Push]) -> list[np.ndarray | None]:
+    """Each push's audio (:meth:`VoiceStream.push`), the pushes of different
+    streams on one runner at once: in rounds, each round every unfinished
+    push's next chunk, as one :meth:`ChunkRunner.chunks` call."""
+    streams = [push[0] for push in pushes]
+    if len({id(stream) for stream in streams}) != len(streams):
+        raise ValueError("a stream's pushes run one after another, not together")
+    programs = [stream.pushing(tokens, last, flush) for stream, tokens, last, flush in pushes]
+    audio: list[np.ndarray | None] = [None] * len(pushes)
+    asks: dict[int, tuple[list[int], bool]] = {}
+
+    def advance(index: int, samples: np.ndarray | None) -> None:
+        try:
+            asks[index] = programs[index].send(samples)  # type: ignore[arg-type]
+        except StopIteration as done:
+            audio[index] = done.value
+
+    for index in range(len(programs)):
+        advance(index, None)
+    while asks:
+        order, rounds = list(asks), asks.copy()
+        asks.clear()
+        made = runner.chunks([(streams[i].live, *rounds[i]) for i in order])
+        for index, (samples, state) in zip(order, made, strict=True):
+            streams[index].live = state
+            advance(index, samples)
+    return audio
 
 
 # --- the model code's stream() ------------------------------------------------------------
@@ -129,6 +183,9 @@ class ModelCodeRunner:
             vocoder.stream_cache, vocoder.hift_cache_dict = vocoder.set_stream_cache(prompt_wav)
         state["prompt_wav"] = prompt_wav
         return clone_tensors(state)
+
+    def chunks(self, calls: list[ChunkCall]) -> list[tuple[np.ndarray, Any]]:
+        return one_by_one(self, calls)
 
     def chunk(self, state: dict[str, Any], tokens: list[int], last: bool) -> tuple[np.ndarray, Any]:
         vocoder = self.token2wav
@@ -172,19 +229,36 @@ class FlowState:
     source: torch.Tensor
     speech: torch.Tensor
 
+    def shape(self) -> tuple[Any, ...]:
+        """What chunks must share to run as one batch."""
+        tensors = (self.speaker, *self.flow.values(), self.mel, self.source, self.speech)
+        return (self.prompt_frames, *(tuple(tensor.shape) for tensor in tensors))
+
 
 class FlowRunner:
-    """A chunk of any session's stream on the shared flow model and HiFT."""
+    """Chunks of any sessions' streams on the shared flow model and HiFT.
+
+    Chunks whose streams have the same shapes (the same voice prompt's
+    length, as far into their turns, the same number of tokens) run as one
+    batch: the flow's classifier-free guidance already runs each stream as
+    two rows (with and without its conditions), a batch of ``B`` streams
+    runs ``2B`` rows, the conditioned ones first, and HiFT runs ``B``. The
+    flow's steps are written here over the package's modules (its own loop
+    keeps its caches in scratch buffers of two rows); the estimator's blocks,
+    nearly all of a chunk's kernels, are CUDA graphs per batch and cache
+    shape on CUDA (:class:`~omnilive.engines.minicpmo.flow_graphs.BlockGraphs`)."""
 
     def __init__(self, token2wav: Any, graphs: bool | None = None) -> None:
         self.token2wav = token2wav
         self.flow = token2wav.flow
         self.hift = token2wav.hift
+        self.estimator = self.flow.decoder.estimator
         self.lookahead = int(self.flow.pre_lookahead_len)
+        self.steps = int(token2wav.n_timesteps)
         self.device = next(self.hift.parameters()).device
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
-        estimator = self.flow.decoder.estimator
-        self._estimator_graphs = _EstimatorGraphs(estimator) if self.graphs else None
+        self._blocks = BlockGraphs(self._blocks_eager) if self.graphs else self._blocks_eager
+        self.batch_sizes: Counter[int] = Counter()  # streams per flow batch (bounded keys)
 
     def open(self, prompt_wav: str) -> FlowState:
         vocoder = self.token2wav
@@ -192,92 +266,205 @@ class FlowRunner:
             flow, hift = vocoder.set_stream_cache(prompt_wav)
             prompt = vocoder.cache
         speaker, prompt_mels = prompt[2], prompt[3]
+        caches = {name: flow[name] for name in _FLOW_CACHES}
+        blocks = len(self.estimator.blocks)
+        for name in ("estimator_cnn_cache", "estimator_att_cache"):
+            # The package's scratch buffers hold 16 flow steps of 16 blocks;
+            # a chunk reads its steps' and blocks' (and makes as many).
+            caches[name] = caches[name][: self.steps, :blocks]
         return FlowState(
             speaker=speaker.clone(),
             prompt_frames=int(prompt_mels.shape[1]),
-            flow={name: flow[name].clone() for name in _FLOW_CACHES},
+            flow={name: cache.clone() for name, cache in caches.items()},
             mel=hift["mel"].clone(),
             source=hift["source"].clone(),
             speech=hift["speech"].clone(),
         )
 
     def chunk(self, state: FlowState, tokens: list[int], last: bool) -> tuple[np.ndarray, Any]:
-        token = torch.tensor([tokens], dtype=torch.int32, device=self.device)
+        return self.chunks([(state, tokens, last)])[0]
+
+    def chunks(self, calls: list[ChunkCall]) -> list[tuple[np.ndarray, Any]]:
+        made: list[tuple[np.ndarray, Any] | None] = [None] * len(calls)
+        groups: dict[tuple[Any, ...], list[int]] = {}
+        for index, (state, tokens, last) in enumerate(calls):
+            groups.setdefault((state.shape(), len(tokens), last), []).append(index)
         with torch.inference_mode():
-            mel, caches = self._flow_chunk(state, token, last)
-            return self._hift_chunk(state, mel, caches, last)
+            for indices in groups.values():
+                for start in range(0, len(indices), MAX_BATCH):
+                    part = indices[start : start + MAX_BATCH]
+                    states = [calls[index][0] for index in part]
+                    token = torch.tensor([calls[index][1] for index in part], dtype=torch.int32)
+                    last = calls[part[0]][2]
+                    mel, caches = self.flow_batch(states, token.to(self.device), last)
+                    self.batch_sizes[len(part)] += 1
+                    for index, result in zip(part, self._hift_batch(states, mel, caches, last),
+                                             strict=True):  # fmt: skip
+                        made[index] = result
+        return [result for result in made if result is not None]
 
-    def _flow_chunk(
-        self, state: FlowState, token: torch.Tensor, last: bool
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The chunk's mel frames and the flow's next caches (the session's own)."""
-        graphs = self._estimator_graphs
-        with graphs.installed() if graphs is not None else contextlib.nullcontext():
-            mel, caches = self.flow_step(
-                token, state.speaker, state.flow, last, state.prompt_frames
-            )
-        return mel, {name: caches[name].clone() for name in _FLOW_CACHES}
+    # --- the flow model -----------------------------------------------------------------
 
-    def flow_step(
-        self,
-        token: torch.Tensor,
-        speaker: torch.Tensor,
-        caches: dict[str, torch.Tensor],
-        last: bool,
-        prompt_frames: int,
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The flow model's chunk, the caches cut back as ``stream()`` does:
-        the prompt's frames and the last :data:`PROMPT_TAIL_FRAMES`."""
+    def flow_batch(
+        self, states: list[FlowState], token: torch.Tensor, last: bool
+    ) -> tuple[torch.Tensor, list[dict[str, torch.Tensor]]]:
+        """The chunk's mel frames ``[B, mels, frames]`` of streams of one shape
+        (``token`` ``[B, tokens]``), and each stream's next flow caches (its
+        own tensors), cut back as ``stream()`` does: the prompt's frames and
+        the last :data:`PROMPT_TAIL_FRAMES`."""
+        rows = len(states)
+        padded = states + [states[-1]] * (_bucket(rows) - rows)
+        token = torch.cat([token, token[-1:].expand(len(padded) - rows, -1)])
+        flow = self.flow
+        conformer_cnn = torch.cat([s.flow["conformer_cnn_cache"] for s in padded], 0)
+        conformer_att = torch.cat([s.flow["conformer_att_cache"] for s in padded], 1)
+        estimator_cnn = _guided_rows([s.flow["estimator_cnn_cache"] for s in padded])
+        estimator_att = _guided_rows([s.flow["estimator_att_cache"] for s in padded])
+        speaker = torch.cat([s.speaker for s in padded], 0)
         precision = (
             torch.autocast(self.device.type, dtype=torch.float16, cache_enabled=False)
             if self.token2wav.float16
             else contextlib.nullcontext()
         )
         with precision:
-            mel, after = self.flow.inference_chunk(
-                token=token,
-                spk=speaker,
-                cache=dict(caches),
+            speaker = flow.spk_embed_affine_layer(torch.nn.functional.normalize(speaker, dim=1))
+            hidden, conformer_cnn, conformer_att = flow.encoder.forward_chunk(
+                xs=flow.input_embedding(token),
                 last_chunk=last,
-                n_timesteps=self.token2wav.n_timesteps,
+                cnn_cache=conformer_cnn,
+                att_cache=conformer_att,
             )
-        after = dict(after)
-        keep = prompt_frames + PROMPT_TAIL_FRAMES
-        for name, dim in (("estimator_att_cache", 4), ("conformer_att_cache", 3)):
-            cache = after[name]
-            if cache.shape[dim] > keep:
-                head = cache.narrow(dim, 0, prompt_frames)
-                tail = cache.narrow(dim, cache.shape[dim] - PROMPT_TAIL_FRAMES, PROMPT_TAIL_FRAMES)
-                after[name] = torch.cat([head, tail], dim)
-        return mel, after
+            mu = flow.encoder_proj(hidden).transpose(1, 2).contiguous()
+            mel, estimator_cnn, estimator_att = self._solve(mu, speaker, estimator_cnn,
+                                                            estimator_att)  # fmt: skip
+        keep = states[0].prompt_frames + PROMPT_TAIL_FRAMES
+        if estimator_att.shape[4] > keep:
+            estimator_att = _cut_back(estimator_att, 4, states[0].prompt_frames)
+        if conformer_att.shape[3] > keep:
+            conformer_att = _cut_back(conformer_att, 3, states[0].prompt_frames)
+        width = len(padded)
+        caches = [
+            {
+                "conformer_cnn_cache": conformer_cnn[row : row + 1].clone(),
+                "conformer_att_cache": conformer_att[:, row : row + 1].clone(),
+                "estimator_cnn_cache": _own_rows(estimator_cnn, row, width),
+                "estimator_att_cache": _own_rows(estimator_att, row, width),
+            }
+            for row in range(rows)
+        ]
+        return mel[:rows], caches
 
-    def _hift_chunk(
-        self, state: FlowState, chunk_mel: torch.Tensor, caches: dict[str, torch.Tensor], last: bool
-    ) -> tuple[np.ndarray, FlowState]:
-        """HiFT over the chunk after the cached mel frames, cross-faded into
-        the previous chunk's held-back tail; all but a new tail (unless
-        ``last``) is this chunk's audio."""
+    def _solve(
+        self, mu: torch.Tensor, speaker: torch.Tensor, cnn: torch.Tensor, att: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The flow matching's Euler steps from the decoder's fixed noise, each
+        step's estimate guided (conditioned rows against unconditioned):
+        the mel frames and every step's new estimator caches."""
+        decoder = self.flow.decoder
+        rows, _, frames = mu.shape
+        offset = int(att.shape[4])
+        x = decoder.rand_noise[:, :, offset : offset + frames].expand(rows, -1, -1)
+        times = torch.linspace(0, 1, self.steps + 1, device=mu.device, dtype=mu.dtype)
+        times = 1 - torch.cos(times * 0.5 * torch.pi)
+        t, dt = times[:1], times[1] - times[0]
+        mu_in = torch.cat([mu, torch.zeros_like(mu)], 0)
+        speaker_in = torch.cat([speaker, torch.zeros_like(speaker)], 0)
+        cond_in = torch.zeros_like(mu_in)
+        rate = decoder.inference_cfg_rate
+        new_cnn, new_att = [], []
+        for step in range(self.steps):
+            embedded = self.estimator.t_embedder(t.repeat(2 * rows)).unsqueeze(1)
+            speakers = speaker_in[:, :, None].expand(-1, -1, frames)
+            inputs = torch.cat([x.repeat(2, 1, 1), mu_in, speakers, cond_in], 1)
+            estimate, step_cnn, step_att = self._blocks(inputs, embedded, cnn[step], att[step])
+            guided, unguided = estimate.chunk(2, 0)
+            x = x + dt * ((1.0 + rate) * guided - rate * unguided)
+            t = t + dt
+            if step + 1 < self.steps:
+                dt = times[step + 2] - t
+            new_cnn.append(step_cnn)
+            new_att.append(step_att)
+        return x, torch.stack(new_cnn), torch.stack(new_att)
+
+    def _blocks_eager(
+        self, x: torch.Tensor, t: torch.Tensor, cnn: torch.Tensor, att: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The estimator's blocks over ``x`` ``[rows, channels, frames]``: its
+        output and each block's new caches (stacked)."""
+        estimator = self.estimator
+        x = estimator.in_proj(x.transpose(1, 2))
+        new_cnn, new_att = [], []
+        for index, block in enumerate(estimator.blocks):
+            x, block_cnn, block_att = block.forward_chunk(x, t, cnn[index], att[index], None)
+            new_cnn.append(block_cnn)
+            new_att.append(block_att)
+        x = estimator.final_layer(x, t).transpose(1, 2)
+        return x, torch.stack(new_cnn), torch.stack(new_att)
+
+    # --- HiFT ---------------------------------------------------------------------------
+
+    def _hift_batch(
+        self,
+        states: list[FlowState],
+        chunk_mel: torch.Tensor,
+        caches: list[dict[str, torch.Tensor]],
+        last: bool,
+    ) -> list[tuple[np.ndarray, FlowState]]:
+        """HiFT over each chunk after its stream's cached mel frames,
+        cross-faded into the previous chunk's held-back tail; all but a new
+        tail (unless ``last``) is the chunk's audio."""
         vocoder = self.token2wav
         tail = int(vocoder.source_cache_len)
-        mel = torch.cat([state.mel, chunk_mel], 2)
-        speech, source = self.hift(mel, state.source)
-        first = state.speech.shape[-1] == 0
+        mel = torch.cat([torch.cat([state.mel for state in states]), chunk_mel], 2)
+        speech, source = self.hift(mel, torch.cat([state.source for state in states]))
+        first = states[0].speech.shape[-1] == 0
         if not first:
-            speech = _crossfade(speech, state.speech, vocoder.speech_window)
-        after = FlowState(
-            speaker=state.speaker,
-            prompt_frames=state.prompt_frames,
-            flow=caches,
-            mel=mel[..., -int(vocoder.mel_cache_len) :].clone(),
-            source=source[:, :, -tail:].clone(),
-            speech=speech[:, -tail:].clone(),
-        )
+            previous = torch.cat([state.speech for state in states])
+            speech = _crossfade(speech, previous, vocoder.speech_window)
+        kept = int(vocoder.mel_cache_len)
+        afters = [
+            FlowState(
+                speaker=state.speaker,
+                prompt_frames=state.prompt_frames,
+                flow=caches[row],
+                mel=mel[row : row + 1, :, -kept:].clone(),
+                source=source[row : row + 1, :, -tail:].clone(),
+                speech=speech[row : row + 1, -tail:].clone(),
+            )
+            for row, state in enumerate(states)
+        ]
         if not last:
             speech = speech[:, :-tail]
             if first:  # the first chunk starts with silence in the tail's place
                 speech = torch.nn.functional.pad(speech, (tail, 0))
-        samples = speech.float().clamp(-1.0, 1.0).reshape(-1).cpu().numpy()
-        return samples, after
+        samples = speech.float().clamp(-1.0, 1.0).cpu().numpy()
+        return [(samples[row], after) for row, after in enumerate(afters)]
+
+
+def _bucket(rows: int) -> int:
+    return next((size for size in BATCH_BUCKETS if size >= rows), rows)
+
+
+def _guided_rows(caches: list[torch.Tensor]) -> torch.Tensor:
+    """Streams' estimator caches ``[steps, blocks, 2, ...]`` (each stream's
+    conditioned row, then its unconditioned one) as one ``[steps, blocks,
+    2B, ...]``: every conditioned row, then every unconditioned one, the
+    order the guided batch runs in."""
+    return torch.cat(
+        [cache[:, :, :1] for cache in caches] + [cache[:, :, 1:] for cache in caches], 2
+    )
+
+
+def _own_rows(cache: torch.Tensor, row: int, width: int) -> torch.Tensor:
+    """Stream ``row``'s two rows of a guided batch's cache, as its own tensor."""
+    return torch.cat([cache[:, :, row : row + 1], cache[:, :, width + row : width + row + 1]], 2)
+
+
+def _cut_back(cache: torch.Tensor, dim: int, prompt_frames: int) -> torch.Tensor:
+    """The prompt's frames and the last :data:`PROMPT_TAIL_FRAMES` along ``dim``."""
+    head = cache.narrow(dim, 0, prompt_frames)
+    tail = cache.narrow(dim, cache.shape[dim] - PROMPT_TAIL_FRAMES, PROMPT_TAIL_FRAMES)
+    return torch.cat([head, tail], dim)
 
 
 def _crossfade(speech: torch.Tensor, previous: torch.Tensor, window: torch.Tensor) -> torch.Tensor:
@@ -287,125 +474,3 @@ def _crossfade(speech: torch.Tensor, previous: torch.Tensor, window: torch.Tenso
     faded = speech.clone()
     faded[..., :half] = speech[..., :half] * window[:half] + previous[..., -half:] * window[half:]
     return faded
-
-
-# --- CUDA graphs of the flow estimator's blocks ----------------------------------------------
-
-
-@dataclass
-class _Arena:
-    """Flat buffers the graphs' static inputs are views of, one per input:
-    graphs of different shapes share them (one graph replays at a time)."""
-
-    buffers: dict[int, torch.Tensor] = field(default_factory=dict)
-
-    def view(self, index: int, like: torch.Tensor) -> torch.Tensor | None:
-        """A view shaped like ``like``, or None when the buffer is too small
-        (it is then regrown, and the graphs over the old one must go)."""
-        buffer = self.buffers.get(index)
-        if buffer is None or buffer.numel() < like.numel() or buffer.dtype != like.dtype:
-            self.buffers[index] = torch.empty(like.numel(), dtype=like.dtype, device=like.device)
-            return None
-        return buffer[: like.numel()].view(like.shape)
-
-
-@dataclass
-class _BlocksGraph:
-    graph: torch.cuda.CUDAGraph
-    inputs: list[torch.Tensor]
-    output: torch.Tensor
-
-
-class _EstimatorGraphs:
-    """The DiT estimator's blocks (what a chunk runs ten times, once per
-    flow step: nearly all of its kernels) as CUDA graphs by shape, the part
-    the vocoder package itself graphs; the rest of the chunk (the conformer,
-    the time embedding, HiFT) stays eager: it copies from host memory, which
-    a capture refuses. A shape's first call runs eagerly (its warm-up), its
-    second is captured; at most :data:`MAX_GRAPHS` are kept, the least
-    recently used dropped. If a capture fails, graphs are off from then on."""
-
-    def __init__(self, estimator: Any) -> None:
-        self.estimator = estimator
-        self.blocks = type(estimator).blocks_forward_chunk  # the package's own method
-        self.arena = _Arena()
-        self.graphs: OrderedDict[tuple[Any, ...], _BlocksGraph] = OrderedDict()
-        self.seen: set[tuple[Any, ...]] = set()
-        self.failed = False
-
-    @contextlib.contextmanager
-    def installed(self) -> Any:
-        """The estimator's blocks run through the graphs for the block."""
-        if self.failed:
-            yield
-            return
-        self.estimator.blocks_forward_chunk = self._run
-        try:
-            yield
-        finally:
-            del self.estimator.blocks_forward_chunk
-
-    def _run(
-        self,
-        x: torch.Tensor,
-        t: torch.Tensor,
-        mask: Any,
-        cnn_cache: torch.Tensor,
-        att_cache: torch.Tensor,
-        cnn_buffer: torch.Tensor,
-        att_buffer: torch.Tensor,
-    ) -> torch.Tensor:
-        inputs = [x, t, cnn_cache, att_cache]
-        key = tuple((tuple(value.shape), value.dtype) for value in inputs)
-        graph = None
-        if mask is None and not self.failed and key in self.seen:  # a shape's second call on
-            graph = self.graphs.get(key) or self._capture(key, inputs, cnn_buffer, att_buffer)
-        self.seen.add(key)
-        if graph is None:  # eager: masked, a shape's first call, or graphs are off
-            return self.blocks(self.estimator, x, t, mask, cnn_cache, att_cache, cnn_buffer,
-                               att_buffer)  # fmt: skip
-        self.graphs.move_to_end(key)
-        for static, value in zip(graph.inputs, inputs, strict=True):
-            static.copy_(value)
-        graph.graph.replay()  # writes the new caches into the estimator's buffers
-        return graph.output.clone()
-
-    def _capture(
-        self,
-        key: tuple[Any, ...],
-        inputs: list[torch.Tensor],
-        cnn_buffer: torch.Tensor,
-        att_buffer: torch.Tensor,
-    ) -> _BlocksGraph | None:
-        views = [self.arena.view(index, value) for index, value in enumerate(inputs)]
-        if any(view is None for view in views):  # a buffer grew: old graphs read the old one
-            self.graphs.clear()
-            views = [self.arena.view(index, value) for index, value in enumerate(inputs)]
-        static = [view for view in views if view is not None]
-        for view, value in zip(static, inputs, strict=True):
-            view.copy_(value)
-        while len(self.graphs) >= MAX_GRAPHS:
-            self.graphs.popitem(last=False)
-        graph = torch.cuda.CUDAGraph()
-        x, t, cnn_cache, att_cache = static
-        try:
-            # Warm-up on a stream of its own right before the capture, as
-            # torch's notes ask; it writes what the replay writes again.
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                self.blocks(self.estimator, x, t, None, cnn_cache, att_cache, cnn_buffer,
-                            att_buffer)  # fmt: skip
-            torch.cuda.current_stream().wait_stream(stream)
-            # Each graph its own memory pool: a few MB of activations each.
-            with CAPTURE_LOCK, torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                output = self.blocks(self.estimator, x, t, None, cnn_cache, att_cache,
-                                     cnn_buffer, att_buffer)  # fmt: skip
-        except Exception:
-            log.exception("the vocoder's estimator did not capture as a CUDA graph; eager from now")
-            self.failed = True
-            self.graphs.clear()
-            return None
-        captured = _BlocksGraph(graph, static, output)
-        self.graphs[key] = captured
-        return captured
