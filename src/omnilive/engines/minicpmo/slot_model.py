@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from omnilive.engines.minicpmo.batch import BatchedSteps, SlotCache
-from omnilive.engines.minicpmo.batch_loop import BatchLoop
+from omnilive.engines.minicpmo.batch_loop import LOOP_STREAM_PRIORITY, BatchLoop
 from omnilive.engines.minicpmo.side_lane import SideLane
 from omnilive.engines.minicpmo.unit_rules import DuplexVocab, UnitRules
 
@@ -84,8 +84,8 @@ class SharedModel:
         read, so nothing of it is pending when it returns."""
         if self.device.type != "cuda":
             return contextlib.nullcontext()
-        if self.sampling_stream is None:
-            self.sampling_stream = torch.cuda.Stream(self.device)
+        if self.sampling_stream is None:  # as urgent as the batch loop's
+            self.sampling_stream = torch.cuda.Stream(self.device, priority=LOOP_STREAM_PRIORITY)
         return torch.cuda.stream(self.sampling_stream)
 
     def embed(self, tokens: list[int]) -> torch.Tensor:

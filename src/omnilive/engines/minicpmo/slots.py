@@ -136,6 +136,10 @@ class EngineLoop:
         if self.loop.is_running():
             self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=5)
+        if not self.thread.is_alive():
+            # Closed, not just stopped: a loop left to the garbage collector
+            # warns (and fails a test that happens to be running then).
+            self.loop.close()
 
 
 @dataclass

@@ -15,6 +15,7 @@ characters and closes a spoken turn (``<|turn_eos|>``) before a forced listen.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,7 +153,7 @@ def choose_token(
     )
     if first == vocab.chunk_eos:
         return first
-    logits[list(vocab.forbidden)] = float("-inf")
+    logits[_forbidden(vocab, logits.device)] = float("-inf")
     penalty = sampling.repetition_penalty
     if penalty != 1.0 and history:
         recent = torch.tensor(sorted(set(history[-sampling.repetition_window :])))
@@ -177,6 +178,14 @@ def choose_token(
         token = int(torch.multinomial(torch.softmax(filtered, -1), 1, generator=generator))
     history.append(token)
     return token
+
+
+@functools.lru_cache(maxsize=8)
+def _forbidden(vocab: DuplexVocab, device: torch.device) -> torch.Tensor:
+    """:attr:`DuplexVocab.forbidden` as an index on ``device``, made once: a
+    list of the tokenizer's bad tokens turned into an index every token cost
+    milliseconds of interpreter time."""
+    return torch.tensor(vocab.forbidden, dtype=torch.long, device=device)
 
 
 def top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
