@@ -450,3 +450,26 @@ async def test_a_cancelled_program_is_closed_after_its_batch_and_its_slot_releas
     result = await loop.forward(b, torch.tensor([4]))
     torch.testing.assert_close(result.logits, alone.feed(torch.tensor([4]))[1], **TIGHT)
     assert await loop.acquire() == a and loop.steps.cache.lengths[a] == 0
+
+
+async def test_a_tick_runs_its_single_tokens_and_its_prefills_as_two_steps(make: Make):
+    """Rows are padded to the batch's longest: a decoding row in a prefill's
+    batch would cost as much as the prefill, so a tick runs them apart."""
+    llm = llm_with("sdpa", 19)
+    loop = make(llm, slots=3, capacity=64)
+    slots = [await loop.acquire() for _ in range(3)]
+    steps: list[int] = []
+    llm.model.register_forward_pre_hook(lambda _, args, kwargs: steps.append(1), with_kwargs=True)
+    gate = Gate()
+    held = asyncio.ensure_future(loop.call(gate.hold))
+    await asyncio.to_thread(gate.entered.wait, 5)
+    inputs = [torch.randint(VOCAB, (20,)), torch.tensor([5]), torch.tensor([6, 7])]
+    jobs = [asyncio.ensure_future(loop.forward(slot, x))
+            for slot, x in zip(slots, inputs, strict=True)]  # fmt: skip
+    await asyncio.sleep(0)
+    gate.opened.set()
+    await held
+    results = await asyncio.gather(*jobs)
+    assert len(steps) == 2 and loop.batch_sizes == {1: 1, 2: 1}
+    for x, result in zip(inputs, results, strict=True):
+        torch.testing.assert_close(result.logits, Alone(llm).feed(x)[1], **TIGHT)

@@ -73,6 +73,10 @@ T = TypeVar("T")
 # what the sessions' steps leave of the GPU instead of slowing every step.
 LOOP_STREAM_PRIORITY = -5
 
+# Forwards of at most this many positions (decoding steps, a unit's closing
+# tokens) run as one step, longer ones (prefills) as another.
+SHORT_STEP = 8
+
 # The longest the worker waits for an event loop to take a tick's results
 # before it goes on: the handshake normally ends within one turn of the loop;
 # this bound only covers a loop that stopped turning.
@@ -376,8 +380,12 @@ class BatchLoop:
                 self._account(getattr(job.fn, "__name__", "call"), started)
                 done.append(job)
             started = time.perf_counter()
-            self._run_batch([job for job in batch if not job.speech], self.steps, self.graphs)
-            self._account("llm batch", started)
+            llm = [job for job in batch if not job.speech]
+            self._run_batch(llm, self.steps, self.graphs)
+            # Apart: a batch with a unit's prefill (tens of positions a row)
+            # and one of single tokens cost very differently.
+            prefill = any(job.count > 1 for job in llm)
+            self._account("llm prefill batch" if prefill else "llm batch", started)
             if self.speech is not None:
                 started = time.perf_counter()
                 speech = [job for job in batch if job.speech]
@@ -505,8 +513,15 @@ class BatchLoop:
                 job.error = exc
             else:
                 ready.append(job)
-        if not ready:
-            return
+        # Single tokens and a unit's prefill as two steps: in one, every row
+        # would be padded to the longest, a decoding row costing as much as a
+        # prefill of a hundred positions.
+        short = [job for job in ready if job.count <= SHORT_STEP]
+        for group in (short, [job for job in ready if job.count > SHORT_STEP]):
+            if group:
+                self._step(group, steps, graphs)
+
+    def _step(self, ready: list[_Job], steps: BatchedSteps, graphs: GraphCache | None) -> None:
         sizes = self.batch_sizes if steps is self.steps else self.speech_batch_sizes
         sizes[len(ready)] += 1
         try:
