@@ -338,6 +338,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         args.speak_tokens,
         OMNILIVE_MINICPMO__TORCH_COMPILE="true" if args.torch_compile else "false",
         OMNILIVE_MINICPMO__CUDA_GRAPHS="false" if args.no_cuda_graphs else "true",
+        OMNILIVE_MINICPMO__SLOTS=str(args.slots),
     )
     sampler = GpuSampler()
     baseline_mib = sampler.used_mib()
@@ -465,6 +466,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--turns", type=int, default=5)
     run.add_argument("--torch-compile", action="store_true", help="minicpmo.torch_compile")
     run.add_argument("--no-cuda-graphs", action="store_true", help="minicpmo.cuda_graphs off")
+    run.add_argument(
+        "--slots", type=int, default=1, help="minicpmo.slots (1: the model code, the baseline)"
+    )
     args = parser.parse_args(argv)
     if args.command == "checkpoint":
         build_checkpoint(args.code, args.out, args.tiny, args.device, args.tone_vocoder)

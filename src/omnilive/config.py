@@ -240,16 +240,17 @@ class MiniCPMoSettings(_Section):
         True,
         description="Run duplex LLM and speech-LM steps from CUDA graphs (not with torch_compile).",
     )
-    # 1 by default: the batched path is not yet faster than the model's own
-    # code for one session (README, "Many sessions on one GPU").
+    # As many as fit, at most 4 by default: the most an H200 served in real
+    # time in benchmarks/gpu_density.py (README, "Many sessions on one GPU").
     slots: int = Field(
-        1,
+        0,
         ge=0,
         le=64,
         description="Sessions one GPU serves at once, their steps batched; 0: as many as fit "
-        "in GPU memory (at most max_slots); 1: the model's own code, one at a time.",
+        "in GPU memory (at most max_slots; none fitting: one at a time); 1: the model's own "
+        "code, one at a time.",
     )
-    max_slots: int = Field(16, ge=1, le=64, description="The most slots `slots = 0` takes.")
+    max_slots: int = Field(4, ge=1, le=64, description="The most slots `slots = 0` takes.")
     context_length: int = Field(
         8192, ge=512, le=32768, description="LLM context positions each slot holds."
     )

@@ -135,6 +135,13 @@ class MiniCPMoEngine(Engine):
         headroom = int(settings.memory_headroom_gb * 2**30)
         wanted = settings.slots or None  # 0: as many as fit
         slots = plan_slots(free, headroom, per_slot, wanted, settings.max_slots)
+        if slots == 0:
+            log.warning(
+                "no session slot fits (%.2f GiB each, %.1f GiB free beyond %.1f GiB of "
+                "headroom): one session at a time on the model's own code",
+                per_slot / 2**30, free / 2**30, headroom / 2**30,
+            )  # fmt: skip
+            return
         self._slots = SlotModel.build(host, slots, settings.context_length)
         self.capabilities = dataclasses.replace(self.capabilities, slots=slots)
         log.info(

@@ -102,10 +102,14 @@ def plan_slots(
     free_bytes: int, headroom_bytes: int, per_slot: int, requested: int | None, cap: int
 ) -> int:
     """How many slots to allocate: ``requested``, or as many as fit (at most
-    ``cap``). Raises :class:`EngineUnavailable` when that does not fit."""
+    ``cap``; 0 when none does: the engine then serves one session at a time
+    on the model's own code). Raises :class:`EngineUnavailable` when a
+    requested count does not fit."""
     usable = free_bytes - headroom_bytes
     fits = max(0, usable // per_slot)
-    wanted = requested if requested is not None else min(cap, fits)
+    if requested is None:
+        return min(cap, fits)
+    wanted = requested
     if wanted < 1 or wanted > fits:
         wanted = max(wanted, 1)
         raise EngineUnavailable(
