@@ -142,7 +142,10 @@ class GraphCache:
         *,
         batch_sizes: Sequence[int] | None = None,
         step_lengths: Sequence[int] = STEP_BUCKETS,
-        max_graphs: int = 96,
+        # Every key of 8 slots (4 batch x 8 step buckets x 4 widths x read
+        # or gathered): a session's context crosses a width every ~20 s of
+        # omni, and an evicted graph is captured again (~150 ms for everyone).
+        max_graphs: int = 256,
         capture: bool | None = None,
     ) -> None:
         if max_graphs < 1:
