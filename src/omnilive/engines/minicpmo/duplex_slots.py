@@ -115,7 +115,11 @@ class SlotDuplex:
         self.generator = torch.Generator(device=shared.device)
         # Not torch.seed(): it reseeds the process's default generators, which a
         # CUDA graph capture on another thread may be holding.
-        self.generator.manual_seed(seed if seed is not None else secrets.randbits(63))
+        seed = seed if seed is not None else secrets.randbits(62)
+        self.generator.manual_seed(seed)
+        # The speech LM's tokens are chosen on the CPU (a row of 6,562 logits:
+        # cheaper read once than worked on with a dozen launches).
+        self.speech_generator = torch.Generator().manual_seed(seed + 1)
         self.history: list[int] = []  # the repetition penalty's memory
         self.turn_ended = True
         self.pending_logits: torch.Tensor | None = None
@@ -358,16 +362,15 @@ class SlotDuplex:
             if t > 0:  # the token's id: the loop's thread looks its embedding up
                 inputs = torch.tensor([decided[-1]])
             result = yield Step(inputs, speech=True)
-            with self.shared.sampling():
-                token = choose_speech_token(
-                    result.logits.float(),
-                    decided,
-                    self.speech,
-                    eos,
-                    allow_eos=t >= least,
-                    generator=self.generator,
-                    seen=self.speech_logits if self.keep_logits else None,
-                )
+            token = choose_speech_token(
+                result.logits.float().cpu(),
+                decided,
+                self.speech,
+                eos,
+                allow_eos=t >= least,
+                generator=self.speech_generator,
+                seen=self.speech_logits if self.keep_logits else None,
+            )
             if token == eos:
                 break
             decided.append(token)

@@ -146,13 +146,13 @@ def choose_token(
     choice is made again (greedy, or temperature + top-k + top-p sampling).
     ``seen`` (if given) gets the logits the final choice was made from."""
     logits = logits.detach().float().clone()
-    first = (
-        int(torch.argmax(logits))
+    # Both looks' choices stay on the device until the second is made: one
+    # read (a wait for the device) for the two.
+    first_pick = (
+        torch.argmax(logits)
         if sampling.greedy
-        else int(torch.multinomial(torch.softmax(logits, -1), 1, generator=generator))
+        else torch.multinomial(torch.softmax(logits, -1), 1, generator=generator)[0]
     )
-    if first == vocab.chunk_eos:
-        return first
     logits[_forbidden(vocab, logits.device)] = float("-inf")
     penalty = sampling.repetition_penalty
     if penalty != 1.0 and history:
@@ -164,18 +164,22 @@ def choose_token(
         )
     if sampling.length_penalty != 1.0:
         eos = logits[vocab.turn_eos]
-        logits[vocab.turn_eos] = (
-            eos / sampling.length_penalty if eos > 0 else eos * sampling.length_penalty
+        logits[vocab.turn_eos] = torch.where(
+            eos > 0, eos / sampling.length_penalty, eos * sampling.length_penalty
         )
     if sampling.listen_prob_scale != 1.0:
         logits[vocab.decoder_listen] *= sampling.listen_prob_scale
-    if seen is not None:
-        seen.append(logits.cpu())
+    seen_logits = logits.cpu() if seen is not None else None
     if sampling.greedy:
-        token = int(torch.argmax(logits))
+        final = torch.argmax(logits)
     else:
         filtered = top_k_top_p(logits / sampling.temperature, sampling.top_k, sampling.top_p)
-        token = int(torch.multinomial(torch.softmax(filtered, -1), 1, generator=generator))
+        final = torch.multinomial(torch.softmax(filtered, -1), 1, generator=generator)[0]
+    first, token = torch.stack([first_pick, final]).tolist()
+    if first == vocab.chunk_eos:
+        return first
+    if seen is not None:
+        seen.append(seen_logits)
     history.append(token)
     return token
 
