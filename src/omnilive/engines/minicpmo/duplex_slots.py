@@ -253,15 +253,15 @@ class SlotDuplex:
             else:
                 if self.keep_logits:
                     seen.append(logits.detach().float().cpu())
-                with self.shared.sampling():
-                    token = choose_token(
-                        logits,
-                        self.history,
-                        self.text,
-                        vocab,
-                        self.generator,
-                        self.text_choices if self.keep_logits else None,
-                    )
+                # On the loop's thread between batches: its stream is idle.
+                token = choose_token(
+                    logits,
+                    self.history,
+                    self.text,
+                    vocab,
+                    self.generator,
+                    self.text_choices if self.keep_logits else None,
+                )
                 if token == vocab.listen and not self.turn_ended:
                     token = vocab.tts_bos
             is_listen = token == vocab.listen

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from omnilive.engines.minicpmo.batch import BatchedSteps, SlotCache
-from omnilive.engines.minicpmo.batch_loop import LOOP_STREAM_PRIORITY, BatchLoop
+from omnilive.engines.minicpmo.batch_loop import BatchLoop
 from omnilive.engines.minicpmo.side_lane import SideLane
 from omnilive.engines.minicpmo.unit_rules import DuplexVocab, UnitRules
 
@@ -43,8 +43,6 @@ class SharedModel:
     audio_state_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
     # The vocoder's chunk runner (vocoder.runner_for), made by the first voice.
     vocoder: Any = field(init=False, default=None)
-    # Where the sessions' token choices run on CUDA (see sampling()).
-    sampling_stream: Any = field(init=False, default=None)
     markers: dict[int, torch.Tensor] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -73,20 +71,6 @@ class SharedModel:
     @property
     def device(self) -> torch.device:
         return self.model.llm.lm_head.weight.device
-
-    def sampling(self) -> Any:
-        """A context in which a session chooses its tokens: on CUDA, a stream
-        of their own. On the batch loop's stream, the reads that end a choice
-        (the token, an index copied to the GPU) would wait for the batch then
-        running on the GPU, ~10 ms, and they wait holding the interpreter
-        lock, which every other thread of the worker needs. The logits were
-        ready when handed back (the loop synchronized), and a choice ends in a
-        read, so nothing of it is pending when it returns."""
-        if self.device.type != "cuda":
-            return contextlib.nullcontext()
-        if self.sampling_stream is None:  # as urgent as the batch loop's
-            self.sampling_stream = torch.cuda.Stream(self.device, priority=LOOP_STREAM_PRIORITY)
-        return torch.cuda.stream(self.sampling_stream)
 
     def embed(self, tokens: list[int]) -> torch.Tensor:
         ids = torch.tensor(tokens, device=self.device)

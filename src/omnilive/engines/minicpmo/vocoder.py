@@ -40,10 +40,10 @@ log = logging.getLogger(__name__)
 OUT_RATE = 24_000
 VOCODER_CHUNK = 25  # speech tokens per chunk (one second)
 PROMPT_TAIL_FRAMES = 100  # the flow's caches keep the prompt plus this many frames
-MAX_BATCH = 8  # sessions' chunks run as one flow batch; more wait for the next
 # Flow batches are padded up to these sizes (repeating a row), so a handful
 # of CUDA graphs serves any number of sessions.
 BATCH_BUCKETS = (1, 2, 4, 8)
+MAX_BATCH = BATCH_BUCKETS[-1]  # chunks in one flow batch; more wait for the next
 
 
 class ChunkRunner(Protocol):
