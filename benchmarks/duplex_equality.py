@@ -120,16 +120,21 @@ def follow_ties(followers: dict[int, TieFollower]) -> Any:
     generator) follows the reference through ties; returns the undo."""
     from omnilive.engines.minicpmo import duplex_slots
 
-    text, speech = duplex_slots.choose_token, duplex_slots.choose_speech_token
+    text, speech = duplex_slots.choose_tokens, duplex_slots.choose_speech_token
 
-    def choose_text(logits, history, sampling, vocab, generator=None, seen=None):
-        before = len(seen) if seen is not None else 0
-        token = text(logits, history, sampling, vocab, generator, seen)
-        follower = followers.get(id(generator))
-        if follower is None:
-            return token
-        processed = seen[-1] if seen is not None and len(seen) > before else None
-        return follower.text_choice(token, processed, history)
+    def choose_text(rows):
+        before = [len(choice.seen) if choice.seen is not None else 0 for _, choice in rows]
+        tokens = text(rows)
+        followed = []
+        for (_, choice), seen_before, token in zip(rows, before, tokens, strict=True):
+            follower = followers.get(id(choice.generator))
+            if follower is None:
+                followed.append(token)
+                continue
+            seen = choice.seen
+            processed = seen[-1] if seen is not None and len(seen) > seen_before else None
+            followed.append(follower.text_choice(token, processed, choice.history))
+        return followed
 
     def choose_speech(logits, previous, sampling, eos, allow_eos, generator=None, seen=None):
         token = speech(logits, previous, sampling, eos, allow_eos, generator, seen)
@@ -138,10 +143,10 @@ def follow_ties(followers: dict[int, TieFollower]) -> Any:
             return token
         return follower.speech_choice(token, seen[-1], previous)
 
-    duplex_slots.choose_token, duplex_slots.choose_speech_token = choose_text, choose_speech
+    duplex_slots.choose_tokens, duplex_slots.choose_speech_token = choose_text, choose_speech
 
     def undo() -> None:
-        duplex_slots.choose_token, duplex_slots.choose_speech_token = text, speech
+        duplex_slots.choose_tokens, duplex_slots.choose_speech_token = text, speech
 
     return undo
 
@@ -309,7 +314,10 @@ async def run_batched(
             keep_logits=True,
         )
         if reference is not None:
-            followers[id(duplex_session.generator)] = TieFollower(reference[index], tie, index)
+            follower = TieFollower(reference[index], tie, index)
+            # The text choices draw from one generator, the speech choices from another.
+            followers[id(duplex_session.generator)] = follower
+            followers[id(duplex_session.speech_generator)] = follower
         await duplex_session.prepare(given.prompt, None, voice, wav)
         units = []
         for u, audio in enumerate(given.audio):

@@ -10,6 +10,7 @@ import torch
 from omnilive.engines.minicpmo.batch import BatchedSteps, StepRequest, _rows_view
 from omnilive.engines.minicpmo.batch_graphs import (
     PREFIX_SPAN,
+    PREFIX_STEP,
     GraphCache,
     batch_buckets,
     bucket_for,
@@ -42,7 +43,7 @@ def test_padded_ticks_match_each_session_alone(real: int):
     # Slots in falling order from the last: a prefix of all 8 when there are
     # enough requests, else gathered rows (never a neighbours' view).
     slots = [steps.cache.acquire() for _ in range(8)][::-1][:real]
-    feeds = [prompt(k, 3 + 2 * k) for k in range(real)]  # ragged: padded to 4, 8, 16
+    feeds = [prompt(k, 9 + 2 * k) for k in range(real)]  # ragged prefills: padded to 16, 32
     for tick in range(7):  # a prefill, greedy decode steps, ragged steps
         if tick in (3, 5):  # counts of 1 to 4 (bucket 4), other rows' the second time
             feeds = [torch.cat([feed, prompt(10 * tick + k, (k + tick) % 4)])
@@ -54,10 +55,15 @@ def test_padded_ticks_match_each_session_alone(real: int):
             torch.testing.assert_close(result.hidden, hidden, **TIGHT)
             assert int(result.logits.argmax()) == int(logits.argmax())
             feeds[k] = torch.tensor([int(result.logits.argmax())])
+    # Single tokens read the prefix of 8 when there are enough requests;
+    # longer steps only when their own bucket is 8 (an empty row of a
+    # prefill computes as much as a real one).
+    rows = bucket_for(real, graphs.batch_sizes)
     prefix = PREFIX_SPAN * real >= 8
-    rows = 8 if prefix else bucket_for(real, graphs.batch_sizes)
-    assert {(key[0], key[3]) for key in graphs.graphs} == {(rows, not prefix)}
-    assert graphs.gathers == (0 if prefix else 7)
+    short = {(8, False) if prefix else (rows, True)}
+    long = {(8, False) if rows == 8 else (rows, True)}
+    assert {(key[0], key[3]) for key in graphs.graphs if key[1] <= PREFIX_STEP} == short
+    assert {(key[0], key[3]) for key in graphs.graphs if key[1] > PREFIX_STEP} == long
     assert {key[1] for key in graphs.graphs} >= {1, 4} and graphs.eager == 0
 
 
@@ -75,7 +81,8 @@ def test_empty_rows_change_no_slot():
     assert plan.mask[1:, 0, :, 0].eq(0).all()
     # One real row of 3 positions in a bucket of 4 rows and 4 positions.
     graphs.step([(slots[2], prompt(9, 3))])
-    assert list(graphs.graphs) == [(4, 4, 16, True)]  # 1 request, a prefix of 3: gathered
+    # 1 request on slot 2: the prefix of 3 slots, in the request's own bucket of 4.
+    assert list(graphs.graphs) == [(4, 4, 16, False)]
     for now, then in zip(buffers(steps), before, strict=True):
         changed = (now != then).any(dim=(1, 3)).nonzero().tolist()  # [row, column]
         for row, column in changed:
@@ -171,16 +178,21 @@ def test_warm_captures_every_batch_bucket_and_leaves_the_slots_free_and_empty():
     graphs = GraphCache(steps, step_lengths=(1, 2, 4, 8, 16))
     before = buffers(steps)
 
-    captured = graphs.warm((1, 4, 32))  # 32: past the step buckets, not graphed
+    captured = graphs.warm((1, 4, 16, 32))  # 32: past the step buckets, not graphed
 
-    assert captured == graphs.captures == len(graphs.batch_sizes) * 2
-    assert {(key[0], key[1]) for key in graphs.graphs} == {
-        (rows, length) for rows in graphs.batch_sizes for length in (1, 4)
-    }
+    prefixes = {(rows, length, False) for rows in (1, 2, 4) for length in (1, 4, 16)}
+    # Gathered: one request on the last slot; two there, for a prefill (a
+    # decoding step of the two reads the prefix of 4); three read the prefix.
+    gathered = {(1, 1, True), (1, 4, True), (1, 16, True), (2, 16, True)}
+    assert {(key[0], key[1], key[3]) for key in graphs.graphs} == prefixes | gathered
+    assert captured == graphs.captures == len(prefixes | gathered)
     assert steps.cache.lengths[: steps.cache.slots] == [0] * steps.cache.slots
     assert [steps.cache.acquire() for _ in range(4)] == [0, 1, 2, 3]  # all free again
+    # Emptied: the next owners inherit nothing (empty rows write only the
+    # idle row and the scratch column, which no step ever reads).
+    slots, scratch = steps.cache.slots, steps.cache.scratch
     for was, now in zip(before, buffers(steps), strict=True):
-        assert torch.equal(was, now)  # emptied: the next owners inherit nothing
+        assert torch.equal(was[:slots, :, :scratch], now[:slots, :, :scratch])
     # A session's step of a warmed shape replays a graph: nothing more captured.
     alone = Alone(llm)
     result = graphs.step([(0, prompt(1, 3))])[0]

@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from omnilive.engines.minicpmo.batch import SlotError, SlotOverflow
-from omnilive.engines.minicpmo.batch_loop import BatchLoop, Program, Step
+from omnilive.engines.minicpmo.batch_loop import BatchLoop
+from omnilive.engines.minicpmo.programs import Pick, Program, Step
 from tests.minicpmo.test_batch import (
     TIGHT,
     VOCAB,
@@ -422,6 +423,49 @@ async def test_a_program_keeps_its_place_among_its_sessions_jobs(make: Make):
     assert isinstance(results[2], ValueError) and isinstance(results[3], TypeError)
     assert "not a Step" in str(results[3])
     assert loop.steps.cache.lengths == [4, 2, 0]
+
+
+async def test_the_picks_of_a_tick_are_made_together_and_a_failing_pick_fails_alone(make: Make):
+    """Programs stepping together get their steps' picks from ONE call of the
+    pick function a tick (the tokens of all sessions chosen at once); a
+    pick that raises fails its own programs, not the others'."""
+    llm = llm_with("sdpa", 20)
+    loop = make(llm, slots=4, capacity=64)
+    slots = [await loop.acquire() for _ in range(4)]
+    calls: list[list[int]] = []
+
+    def argmaxes(steps: list[tuple[Any, int]]) -> list[int]:
+        calls.append(sorted(slot for _, slot in steps))
+        return [int(result.logits.argmax()) for result, _ in steps]
+
+    def broken(steps: list[tuple[Any, int]]) -> list[int]:
+        raise ValueError("a pick failed")
+
+    def picking(slot: int, first: int, fn: Any) -> Program[list[int]]:
+        tokens = [first]
+        for _ in range(6):
+            tokens.append((yield Step(torch.tensor(tokens[-1:]), pick=Pick(fn, slot))).picked)
+        return tokens
+
+    gate = Gate()
+    held = asyncio.ensure_future(loop.call(gate.hold))
+    runs = [asyncio.ensure_future(loop.run(slot, picking(slot, slot + 3, argmaxes)))
+            for slot in slots[:3]]  # fmt: skip
+    failing = asyncio.ensure_future(loop.run(slots[3], picking(slots[3], 2, broken)))
+    await asyncio.sleep(0)
+    gate.opened.set()
+    await held
+    results = await asyncio.gather(*runs)
+    with pytest.raises(ValueError, match="a pick failed"):
+        await failing
+
+    assert calls == [slots[:3]] * 6
+    for tokens in results:
+        alone, want = Alone(llm), [tokens[0]]
+        for _ in range(6):
+            want.append(int(alone.feed(torch.tensor(want[-1:]))[1].argmax()))
+        assert tokens == want
+    assert loop.steps.cache.lengths == [6, 6, 6, 1] and loop.pending() == 0
 
 
 async def test_a_cancelled_program_is_closed_after_its_batch_and_its_slot_released(make: Make):

@@ -9,10 +9,12 @@ import torch
 from omnilive.engines.minicpmo.unit_rules import (
     DuplexVocab,
     SpeechSampling,
+    TextChoice,
     TextSampling,
     UnitRules,
     choose_speech_token,
     choose_token,
+    choose_tokens,
     top_k_top_p,
 )
 
@@ -84,6 +86,53 @@ def test_sampling_draws_from_the_sessions_generator_within_top_k() -> None:
         draws.append([choose_token(logits, [], sampling, VOCAB, generator) for _ in range(20)])
     assert draws[0] == draws[1]  # the same seed, the same choices
     assert set(draws[0]) | set(draws[2]) <= {1, 2}
+
+
+def test_choices_made_together_are_each_sessions_own() -> None:
+    """Sessions' tokens chosen as one batch are what each chooses alone:
+    greedy over its own history, sampled from its own generator."""
+    generator = torch.Generator().manual_seed(7)
+    rows = [torch.randn(SIZE, generator=generator) * 2 for _ in range(4)]
+    for sampling in (GREEDY, TextSampling(top_k=5, top_p=0.9, temperature=0.8)):
+        histories = [[1, 2], [5], [], [6, 7, 8]]
+        alone = [list(history) for history in histories]
+        together = [list(history) for history in histories]
+        draws_alone, draws_together = [], []
+        for _ in range(10):
+            draws_alone.append([
+                choose_token(row, history, sampling, VOCAB, torch.Generator().manual_seed(s))
+                for s, (row, history) in enumerate(zip(rows, alone, strict=True))
+            ])  # fmt: skip
+            choices = [TextChoice(history, sampling, VOCAB, torch.Generator().manual_seed(s))
+                       for s, history in enumerate(together)]  # fmt: skip
+            draws_together.append(choose_tokens(list(zip(rows, choices, strict=True))))
+        assert draws_together == draws_alone and together == alone
+
+
+def test_a_sampled_first_look_follows_the_raw_distribution() -> None:
+    """The first look draws from the unfiltered softmax: a chunk end as likely
+    as the rest together ends about half the chunks."""
+    logits = torch.full((SIZE,), -30.0)
+    logits[VOCAB.chunk_eos], logits[5] = 1.0, 1.0
+    sampling = TextSampling(top_k=20, top_p=1.0, temperature=1.0, repetition_penalty=1.0)
+    generator = torch.Generator().manual_seed(3)
+    ends = sum(
+        choose_token(logits, [], sampling, VOCAB, generator) == VOCAB.chunk_eos for _ in range(400)
+    )
+    assert 150 < ends < 250
+
+
+def test_top_k_keeps_every_token_tied_with_its_last_even_past_the_read_window() -> None:
+    """Top-k keeps the tokens tied with its k-th (as the model code's filter
+    does): 60 tied tokens with k=20 are all drawn, though a batched choice
+    reads back only k + a margin of the best per row."""
+    logits = torch.full((200,), -5.0)
+    logits[100:160] = 2.0
+    sampling = TextSampling(top_k=20, top_p=1.0, temperature=1.0, repetition_penalty=1.0,
+                            length_penalty=1.0)  # fmt: skip
+    generator = torch.Generator().manual_seed(11)
+    drawn = {choose_token(logits, [], sampling, VOCAB, generator) for _ in range(600)}
+    assert drawn == set(range(100, 160))
 
 
 def test_top_p_keeps_the_token_that_crosses_it() -> None:

@@ -75,11 +75,13 @@ class StepRequest(NamedTuple):
 @dataclass(frozen=True)
 class StepResult:
     """The last new position's hidden state ``[hidden]`` (after the final
-    norm) and, with a head, its logits ``[vocab]``."""
+    norm) and, with a head, its logits ``[vocab]``; for a program's step
+    with a pick, the pick's value (:mod:`~omnilive.engines.minicpmo.programs`)."""
 
     slot: int
     hidden: torch.Tensor
     logits: torch.Tensor | None
+    picked: Any = None
 
 
 @dataclass(frozen=True)

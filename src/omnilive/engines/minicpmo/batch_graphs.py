@@ -17,7 +17,10 @@ slots ``0 ..`` its highest: each request on its slot's row, the buffers read
 as one view (a *prefix* plan, no gather), the other rows empty. Released
 slots leave holes that are not compacted: when the prefix up to the highest
 requested slot is more than :data:`PREFIX_SPAN` times the requests, the step
-gathers its rows instead, on the bucket of its request count.
+gathers its rows instead, on the bucket of its request count. Steps longer
+than :data:`PREFIX_STEP` positions (prefills) take a prefix only when it has
+no more rows than that bucket: an empty row computes all of the step's
+positions, which costs a decoding step little and a prefill a whole row's work.
 
 On the CPU there is nothing to capture: a *simulated* graph runs the same
 static-input code path eagerly (copy in, ``run`` over the static tensors,
@@ -55,6 +58,9 @@ Key = tuple[int, int, int, bool]  # (batch bucket, step bucket, width, gather)
 PREFIX_SPAN = 2
 """At most this many prefix rows per request, or a step gathers its rows: a
 prefix row costs a row of the forward, a gathered one a copy of its K/V."""
+
+PREFIX_STEP = 8
+"""The longest step that takes a prefix with more rows than its requests' bucket."""
 
 
 def batch_buckets(slots: int) -> tuple[int, ...]:
@@ -177,7 +183,9 @@ class GraphCache:
         steps = self.steps
         span = max(int(r.slot) for r in requests) + 1
         prefix = bucket_for(span, self.batch_sizes)
-        if prefix is not None and span <= PREFIX_SPAN * len(requests):
+        if prefix is not None and (
+            prefix == rows or (length <= PREFIX_STEP and span <= PREFIX_SPAN * len(requests))
+        ):
             plan = steps.plan(requests, rows=prefix, length=length, prefix=True)
         else:
             plan = steps.plan(requests, rows=rows, length=length, gather=True)
@@ -196,21 +204,25 @@ class GraphCache:
         """Capture now, not in the middle of sessions (a capture holds every
         session's next step for ~100 ms at full size), the graphs of every
         batch bucket for the steps of ``lengths`` positions (default: every
-        step bucket), on the first width, over slots taken for it and emptied
-        after: call it while no session is live. Returns how many graphs it
-        captured."""
+        step bucket), on the first width, read as a prefix and gathered,
+        over slots taken for it and emptied after: call it while no session
+        is live. Returns how many graphs it captured."""
         cache, before = self.steps.cache, self.captures
         lengths = self.step_lengths if lengths is None else lengths
         taken = [cache.acquire() for _ in range(max(self.batch_sizes))]
         try:
-            for rows in self.batch_sizes:
-                for length in lengths:
-                    if bucket_for(length, self.step_lengths) is None:
-                        continue
-                    zeros = torch.zeros(length, dtype=torch.long, device=self.steps.device)
-                    self.step([(slot, zeros) for slot in taken[:rows]])
-                    for slot in taken[:rows]:
-                        cache.crop(slot, 0)
+            for smaller, rows in zip((0, *self.batch_sizes), self.batch_sizes, strict=False):
+                # The prefix of ``rows`` slots, and the fewest requests of this
+                # bucket on the last slots: gathered (or, where a prefix serves
+                # them, a graph just captured).
+                for chosen in (taken[:rows], taken[len(taken) - smaller - 1 :]):
+                    for length in lengths:
+                        if bucket_for(length, self.step_lengths) is None:
+                            continue
+                        zeros = torch.zeros(length, dtype=torch.long, device=self.steps.device)
+                        self.step([(slot, zeros) for slot in chosen])
+                        for slot in chosen:
+                            cache.crop(slot, 0)
         finally:
             for slot in taken:
                 cache.release(slot)

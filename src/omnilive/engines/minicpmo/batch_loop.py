@@ -19,7 +19,9 @@ A session's decoding loop can run on the worker thread itself as a *program*
 every running program right after each batch and puts its next step in the
 next one, so sessions decoding at once share every batch (lockstep), and a
 unit's dozens of steps cost one hand-off to the worker and one back instead
-of one each way per step.
+of one each way per step. A step's *pick* (the next token's choice) is made
+right after its batch, together with the other programs' picks of the same
+kind (:mod:`~omnilive.engines.minicpmo.programs`).
 
 After a tick the worker hands the results to the sessions' event loop and
 waits until that loop has run the sessions it woke (a handshake, not a
@@ -54,7 +56,7 @@ import logging
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -62,6 +64,7 @@ import torch
 
 from omnilive.engines.minicpmo.batch import BatchedSteps, StepResult
 from omnilive.engines.minicpmo.batch_graphs import GraphCache
+from omnilive.engines.minicpmo.programs import Pick, Program, Step, run_picks
 from omnilive.engines.minicpmo.side_lane import SideLane
 
 log = logging.getLogger(__name__)
@@ -83,22 +86,6 @@ SHORT_STEP = 8
 HANDOFF_TIMEOUT = 0.5
 
 
-@dataclass(frozen=True)
-class Step:
-    """What a program asks for next: ``inputs`` (token ids ``[n]`` or
-    embeddings ``[n, hidden]``) appended to its slot's context of the LLM
-    or, with ``speech``, of the speech LM; it is sent the :class:`StepResult`."""
-
-    inputs: torch.Tensor
-    speech: bool = False
-
-
-# A decoding loop run on the worker thread (see the module's docstring): it
-# yields steps, is sent their results and returns its outcome. Between its
-# steps it may use the slot's caches directly: the worker owns them.
-Program = Generator[Step, StepResult, T]
-
-
 @dataclass(eq=False)
 class _Job:
     slot: int | None  # the session whose order it keeps; None: nobody's
@@ -111,6 +98,7 @@ class _Job:
     orphan: Callable[[Any], None] | None = None  # takes a result nobody awaits any more
     speech: bool = False  # a forward of the speech LM (else of the LLM)
     program: Program[Any] | None = None  # advanced on the worker thread
+    pick: Pick | None = None  # made of its step's result, with the tick's others
     abandoned: bool = False  # a started program nobody awaits any more
     started: bool = False
     result: Any = None
@@ -393,6 +381,10 @@ class BatchLoop:
                 speech = [job for job in batch if job.speech]
                 self._run_batch(speech, self.speech, self.speech_graphs)
                 self._account("speech batch", started)
+            if picking := [job for job in batch if job.pick is not None and job.error is None]:
+                started = time.perf_counter()
+                run_picks(picking)  # the programs' next tokens, chosen together
+                self._account("picks", started)
             started = time.perf_counter()
             for job in batch:
                 if job.program is None:
@@ -430,7 +422,7 @@ class BatchLoop:
         if not isinstance(step, Step):
             job.error = TypeError(f"a program yielded {type(step).__name__}, not a Step")
             return True
-        job.inputs, job.speech = step.inputs, step.speech
+        job.inputs, job.speech, job.pick = step.inputs, step.speech, step.pick
         return False
 
     def _keep_running(self, job: _Job) -> None:

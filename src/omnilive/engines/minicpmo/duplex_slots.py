@@ -35,13 +35,13 @@ import secrets
 import time
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from omnilive.engines.minicpmo.batch import StepResult
-from omnilive.engines.minicpmo.batch_loop import BatchLoop, Program, Step
+from omnilive.engines.minicpmo.batch_loop import BatchLoop
 from omnilive.engines.minicpmo.encoders import (
     VISION_KEY,
     AudioStream,
@@ -51,13 +51,15 @@ from omnilive.engines.minicpmo.encoders import (
     vision_pieces,
     voice_embeddings,
 )
+from omnilive.engines.minicpmo.programs import Pick, Program, Step
 from omnilive.engines.minicpmo.slot_model import SharedModel
 from omnilive.engines.minicpmo.unit_rules import (
     SPEECH_TOKENS_PER_UNIT,
     SpeechSampling,
+    TextChoice,
     TextSampling,
     choose_speech_token,
-    choose_token,
+    choose_tokens,
 )
 from omnilive.engines.minicpmo.vocoder import VoiceStream, runner_for, voice_together
 
@@ -112,13 +114,13 @@ class SlotDuplex:
         self.speech = speech or SpeechSampling()
         self.max_speak_tokens = max_speak_tokens
         self.keep_logits = keep_logits
-        self.generator = torch.Generator(device=shared.device)
         # Not torch.seed(): it reseeds the process's default generators, which a
         # CUDA graph capture on another thread may be holding.
         seed = seed if seed is not None else secrets.randbits(62)
-        self.generator.manual_seed(seed)
-        # The speech LM's tokens are chosen on the CPU (a row of 6,562 logits:
-        # cheaper read once than worked on with a dozen launches).
+        # Draws are made on the CPU (see choose_tokens); the speech LM's
+        # tokens are chosen there too (a row of 6,562 logits: cheaper read
+        # once than worked on with a dozen launches).
+        self.generator = torch.Generator().manual_seed(seed)
         self.speech_generator = torch.Generator().manual_seed(seed + 1)
         self.history: list[int] = []  # the repetition penalty's memory
         self.turn_ended = True
@@ -243,25 +245,22 @@ class SlotDuplex:
         terminator: int | None = None
         is_listen = end_of_turn = False
         seen: list[torch.Tensor] = []
+        last = self.max_speak_tokens - 1  # the step that decides no token: the budget's end
+        # The first token from the prefill's logits, alone; each later one
+        # picked with the other sessions' of the same batch (programs.py).
+        chosen = None if force_listen or last == 0 else choose_tokens([(logits, self._text())])[0]
         for j in range(self.max_speak_tokens):
-            if j == self.max_speak_tokens - 1:
+            if j == last:
                 terminator = vocab.chunk_eos
                 decided.append(terminator)
                 break
             if force_listen:
                 token = vocab.listen
             else:
+                assert chosen is not None
+                token = chosen
                 if self.keep_logits:
                     seen.append(logits.detach().float().cpu())
-                # On the loop's thread between batches: its stream is idle.
-                token = choose_token(
-                    logits,
-                    self.history,
-                    self.text,
-                    vocab,
-                    self.generator,
-                    self.text_choices if self.keep_logits else None,
-                )
                 if token == vocab.listen and not self.turn_ended:
                     token = vocab.tts_bos
             is_listen = token == vocab.listen
@@ -275,8 +274,10 @@ class SlotDuplex:
                 if len(text) >= rules.char_limit:
                     terminator = decided[-1] = vocab.chunk_eos
                     break
-            result = yield from self._step_tokens([token])
-            logits = result.logits
+            # The next token is picked unless no choice comes next.
+            pick = Pick(_text_picks, self) if not force_listen and j + 1 < last else None
+            result = yield from self._step_tokens([token], pick)
+            logits, chosen = result.logits, result.picked
             end_of_turn = token == vocab.turn_eos
             if end_of_turn:
                 self.turn_ended = True
@@ -361,16 +362,9 @@ class SlotDuplex:
         for t in range(SPEECH_TOKENS_PER_UNIT):
             if t > 0:  # the token's id: the loop's thread looks its embedding up
                 inputs = torch.tensor([decided[-1]])
-            result = yield Step(inputs, speech=True)
-            token = choose_speech_token(
-                result.logits.float().cpu(),
-                decided,
-                self.speech,
-                eos,
-                allow_eos=t >= least,
-                generator=self.speech_generator,
-                seen=self.speech_logits if self.keep_logits else None,
-            )
+            pick = Pick(_speech_picks, _SpeechPick(self, decided, t >= least, eos))
+            result = yield Step(inputs, speech=True, pick=pick)
+            token = result.picked
             if token == eos:
                 break
             decided.append(token)
@@ -396,8 +390,44 @@ class SlotDuplex:
         # waits for the GPU's queue) happens on the batch loop's thread.
         return await self._feed(torch.tensor(tokens))
 
-    def _step_tokens(self, tokens: list[int]) -> Program[StepResult]:
+    def _step_tokens(self, tokens: list[int], pick: Pick | None = None) -> Program[StepResult]:
         """:meth:`_feed_tokens` within a program."""
-        result = yield Step(torch.tensor(tokens))
+        result = yield Step(torch.tensor(tokens), pick=pick)
         self.kv_length += len(tokens)
         return result
+
+    def _text(self) -> TextChoice:
+        """What this session's next text token's choice needs besides logits."""
+        seen = self.text_choices if self.keep_logits else None
+        return TextChoice(self.history, self.text, self.shared.vocab, self.generator, seen)
+
+
+class _SpeechPick(NamedTuple):
+    session: SlotDuplex
+    previous: list[int]  # the unit's speech tokens so far (the penalty's window)
+    allow_eos: bool
+    eos: int
+
+
+def _text_picks(steps: list[tuple[StepResult, SlotDuplex]]) -> list[int]:
+    """The next text token of every session whose step of this tick named
+    this pick, chosen together (:func:`choose_tokens`)."""
+    return choose_tokens([(result.logits, session._text()) for result, session in steps])
+
+
+def _speech_picks(steps: list[tuple[StepResult, _SpeechPick]]) -> list[int]:
+    """The next speech token of every session whose step of this tick named
+    this pick: their logits read back at once, each chosen on the CPU."""
+    rows = torch.stack([result.logits for result, _ in steps]).float().cpu()
+    return [
+        choose_speech_token(
+            row,
+            pick.previous,
+            pick.session.speech,
+            pick.eos,
+            pick.allow_eos,
+            pick.session.speech_generator,
+            pick.session.speech_logits if pick.session.keep_logits else None,
+        )
+        for row, (_, pick) in zip(rows, steps, strict=True)
+    ]

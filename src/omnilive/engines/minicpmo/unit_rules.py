@@ -16,6 +16,7 @@ characters and closes a spoken turn (``<|turn_eos|>``) before a forced listen.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,6 +129,26 @@ class SpeechSampling:
     repetition_penalty: float = 1.05
 
 
+@dataclass(frozen=True)
+class TextChoice:
+    """What a text token's choice needs besides its logits: the session's
+    repetition history (appended to), its sampling, its vocabulary, its
+    generator (a CPU one; None: torch's default) and, if kept, where the
+    logits the final choice was made from go."""
+
+    history: list[int]
+    sampling: TextSampling
+    vocab: DuplexVocab
+    generator: torch.Generator | None = None
+    seen: list[torch.Tensor] | None = None
+
+
+# A batched choice reads back each row's best top_k + this many tokens: all
+# that top-k keeps, ties with its last included (a row with more ties than
+# that is chosen again from its whole row).
+TOP_K_MARGIN = 16
+
+
 def choose_token(
     logits: torch.Tensor,
     history: list[int],
@@ -136,52 +157,116 @@ def choose_token(
     generator: torch.Generator | None = None,
     seen: list[torch.Tensor] | None = None,
 ) -> int:
-    """The next text token from ``logits`` ``[vocab]``; appends it to
-    ``history`` (the repetition penalty's memory) unless it is the first
-    look's ``<|chunk_eos|>``.
+    """The next text token from ``logits`` ``[vocab]``: :func:`choose_tokens`
+    of one session."""
+    return choose_tokens([(logits, TextChoice(history, sampling, vocab, generator, seen))])[0]
+
+
+def choose_tokens(rows: Sequence[tuple[torch.Tensor, TextChoice]]) -> list[int]:
+    """The next text token of each row's session from its ``logits``
+    ``[vocab]``; each token is appended to its session's history unless it
+    is the first look's ``<|chunk_eos|>``.
 
     First look: the raw distribution's choice; ``<|chunk_eos|>`` there ends
     the chunk as the model decided. Otherwise the forbidden tokens are masked,
     repeated tokens and ``<|turn_eos|>`` (length penalty) are damped, and the
     choice is made again (greedy, or temperature + top-k + top-p sampling).
-    ``seen`` (if given) gets the logits the final choice was made from."""
-    logits = logits.detach().float().clone()
-    # Both looks' choices stay on the device until the second is made: one
-    # read (a wait for the device) for the two.
-    first_pick = (
-        torch.argmax(logits)
-        if sampling.greedy
-        else torch.multinomial(torch.softmax(logits, -1), 1, generator=generator)[0]
-    )
-    logits[_forbidden(vocab, logits.device)] = float("-inf")
+
+    Rows of one sampling and vocabulary are worked on together, as one
+    matrix, and read back once; every random draw comes from the row's own
+    generator, on the CPU, so a session's choices do not depend on which
+    others it was batched with."""
+    tokens = [0] * len(rows)
+    groups: dict[tuple[TextSampling, DuplexVocab, torch.device], list[int]] = {}
+    for index, (logits, choice) in enumerate(rows):
+        groups.setdefault((choice.sampling, choice.vocab, logits.device), []).append(index)
+    for members in groups.values():
+        chosen = _choose_together([rows[index] for index in members])
+        for index, token in zip(members, chosen, strict=True):
+            tokens[index] = token
+    return tokens
+
+
+def _choose_together(rows: Sequence[tuple[torch.Tensor, TextChoice]]) -> list[int]:
+    """:func:`choose_tokens` over rows of one sampling and vocabulary."""
+    choices = [choice for _, choice in rows]
+    sampling, vocab = choices[0].sampling, choices[0].vocab
+    logits = torch.stack([row.detach().reshape(-1) for row, _ in rows]).float()
+    size, device = logits.shape[1], logits.device
+    first_pick = logits.argmax(-1) if sampling.greedy else _draw(logits, choices)
+    logits[:, _forbidden(vocab, device)] = float("-inf")
     penalty = sampling.repetition_penalty
-    if penalty != 1.0 and history:
-        recent = torch.tensor(sorted(set(history[-sampling.repetition_window :])))
-        recent = recent[recent < logits.shape[0]]
-        # Divides positive and negative logits alike, as the model code does.
-        logits[recent] = (
-            logits[recent] / penalty if penalty > 1.0 else logits[recent] * (1 / penalty)
-        )
+    if penalty != 1.0:
+        rows_at, tokens_at = [], []
+        for b, choice in enumerate(choices):
+            recent = sorted(set(choice.history[-sampling.repetition_window :]))
+            tokens_at += [token for token in recent if token < size]
+            rows_at += [b] * (len(tokens_at) - len(rows_at))
+        if tokens_at:
+            at = (torch.tensor(rows_at, device=device), torch.tensor(tokens_at, device=device))
+            # Divides positive and negative logits alike, as the model code does.
+            logits[at] = logits[at] / penalty if penalty > 1.0 else logits[at] * (1 / penalty)
     if sampling.length_penalty != 1.0:
-        eos = logits[vocab.turn_eos]
-        logits[vocab.turn_eos] = torch.where(
+        eos = logits[:, vocab.turn_eos]
+        logits[:, vocab.turn_eos] = torch.where(
             eos > 0, eos / sampling.length_penalty, eos * sampling.length_penalty
         )
     if sampling.listen_prob_scale != 1.0:
-        logits[vocab.decoder_listen] *= sampling.listen_prob_scale
-    seen_logits = logits.cpu() if seen is not None else None
+        logits[:, vocab.decoder_listen] *= sampling.listen_prob_scale
+    kept = logits.cpu() if any(choice.seen is not None for choice in choices) else None
     if sampling.greedy:
-        final = torch.argmax(logits)
+        picks = torch.stack([first_pick, logits.argmax(-1)], 1).tolist()
+        finals = [final for _, final in picks]
     else:
-        filtered = top_k_top_p(logits / sampling.temperature, sampling.top_k, sampling.top_p)
-        final = torch.multinomial(torch.softmax(filtered, -1), 1, generator=generator)[0]
-    first, token = torch.stack([first_pick, final]).tolist()
-    if first == vocab.chunk_eos:
-        return first
-    if seen is not None:
-        seen.append(seen_logits)
-    history.append(token)
-    return token
+        picks, finals = _sample(logits / sampling.temperature, first_pick, choices)
+    tokens = []
+    for b, (choice, (first, *_), final) in enumerate(zip(choices, picks, finals, strict=True)):
+        if int(first) == vocab.chunk_eos:
+            tokens.append(vocab.chunk_eos)
+            continue
+        if choice.seen is not None and kept is not None:
+            choice.seen.append(kept[b])
+        choice.history.append(final)
+        tokens.append(final)
+    return tokens
+
+
+def _draw(logits: torch.Tensor, choices: Sequence[TextChoice]) -> torch.Tensor:
+    """A token of each row drawn from its softmax, by the inverse of its
+    cumulative distribution at a uniform number of the row's generator."""
+    uniform = torch.cat([torch.rand(1, generator=choice.generator) for choice in choices])
+    cumulative = torch.softmax(logits, -1).cumsum_(-1)
+    at = uniform.to(logits.device)[:, None] * cumulative[:, -1:]
+    drawn = torch.searchsorted(cumulative, at.contiguous()).squeeze(-1)
+    return drawn.clamp_(max=logits.shape[1] - 1)
+
+
+def _sample(
+    scaled: torch.Tensor, first_pick: torch.Tensor, choices: Sequence[TextChoice]
+) -> tuple[list[list[float]], list[int]]:
+    """Each row's first look and its top-k + top-p draw from ``scaled``
+    logits: the best tokens of every row read back at once, the draw made
+    on the CPU over them."""
+    sampling = choices[0].sampling
+    size = scaled.shape[1]
+    window = min(size, sampling.top_k + TOP_K_MARGIN)
+    if sampling.top_k <= 0 or window == size:  # nothing to narrow the read to
+        values, index = scaled, torch.arange(size, device=scaled.device).expand_as(scaled)
+        ties = torch.zeros_like(first_pick)
+    else:
+        values, index = torch.topk(scaled, window, -1)
+        ties = (scaled >= values[:, sampling.top_k - 1 : sampling.top_k]).sum(-1)
+    head = torch.stack([first_pick, ties], 1).float()
+    read = torch.cat([head, values, index.float()], 1).cpu()  # ids < 2**24: exact
+    picks, finals = read[:, :2].tolist(), []
+    for b, choice in enumerate(choices):
+        row, ids = read[b, 2 : 2 + window], read[b, 2 + window :]
+        if picks[b][1] > window:  # more tied with top-k's last than were read
+            row, ids = scaled[b].cpu(), torch.arange(size)
+        kept = top_k_top_p(row, sampling.top_k, sampling.top_p)
+        drawn = torch.multinomial(torch.softmax(kept, -1), 1, generator=choice.generator)
+        finals.append(int(ids[drawn]))
+    return picks, finals
 
 
 @functools.lru_cache(maxsize=8)
