@@ -369,18 +369,10 @@ class BatchLoop:
                     job.error = exc
                 self._account(getattr(job.fn, "__name__", "call"), started)
                 done.append(job)
-            started = time.perf_counter()
-            llm = [job for job in batch if not job.speech]
-            self._run_batch(llm, self.steps, self.graphs)
-            # Apart: a batch with a unit's prefill (tens of positions a row)
-            # and one of single tokens cost very differently.
-            prefill = any(job.count > 1 for job in llm)
-            self._account("llm prefill batch" if prefill else "llm batch", started)
+            self._run_batch([job for job in batch if not job.speech], self.steps, self.graphs)
             if self.speech is not None:
-                started = time.perf_counter()
                 speech = [job for job in batch if job.speech]
                 self._run_batch(speech, self.speech, self.speech_graphs)
-                self._account("speech batch", started)
             if picking := [job for job in batch if job.pick is not None and job.error is None]:
                 started = time.perf_counter()
                 run_picks(picking)  # the programs' next tokens, chosen together
@@ -510,10 +502,14 @@ class BatchLoop:
         # Single tokens and a unit's prefill as two steps: in one, every row
         # would be padded to the longest, a decoding row costing as much as a
         # prefill of a hundred positions.
+        model = "llm" if steps is self.steps else "speech"
         short = [job for job in ready if job.count <= SHORT_STEP]
-        for group in (short, [job for job in ready if job.count > SHORT_STEP]):
+        long = [job for job in ready if job.count > SHORT_STEP]
+        for group, kind in ((short, "steps"), (long, "prefills")):
             if group:
+                started = time.perf_counter()
                 self._step(group, steps, graphs)
+                self._account(f"{model} {kind}", started)
 
     def _step(self, ready: list[_Job], steps: BatchedSteps, graphs: GraphCache | None) -> None:
         sizes = self.batch_sizes if steps is self.steps else self.speech_batch_sizes
