@@ -3,6 +3,7 @@ code's decode rules, each case built so that only the rule under test decides.""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -15,7 +16,7 @@ from omnilive.engines.minicpmo.unit_rules import (
     choose_speech_token,
     choose_token,
     choose_tokens,
-    top_k_top_p,
+    kept_count,
 )
 
 VOCAB = DuplexVocab(
@@ -136,11 +137,10 @@ def test_top_k_keeps_every_token_tied_with_its_last_even_past_the_read_window() 
 
 
 def test_top_p_keeps_the_token_that_crosses_it() -> None:
-    logits = torch.tensor([2.0, 1.0, 0.0, -1.0])
-    kept = torch.isfinite(top_k_top_p(logits, 0, 0.5))
-    assert kept.tolist() == [True, False, False, False]
-    kept = torch.isfinite(top_k_top_p(logits, 0, 0.8))
-    assert kept.tolist() == [True, True, False, False]
+    ordered = np.array([2.0, 1.0, 0.0, -1.0], dtype=np.float32)
+    assert kept_count(ordered, 0, 0.5) == 1
+    assert kept_count(ordered, 0, 0.8) == 2
+    assert kept_count(ordered, 3, 1.0) == 3 and kept_count(ordered, 0, 0.0) == 4
 
 
 def full_sort_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -158,18 +158,15 @@ def full_sort_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> tor
 
 
 @pytest.mark.parametrize("top_k, top_p", [(20, 0.8), (0, 0.8), (5, 0.3), (50, 0.95), (20, 0.0)])
-def test_top_p_over_the_tokens_still_possible_keeps_what_the_full_sort_keeps(top_k, top_p):
+def test_the_kept_count_keeps_what_the_full_filter_keeps(top_k, top_p):
     generator = torch.Generator().manual_seed(top_k)
     for _ in range(20):
         logits = torch.randn(3000, generator=generator) * 3
         logits[torch.randint(3000, (40,), generator=generator)] = float("-inf")  # forbidden
-        ours = top_k_top_p(logits, top_k, top_p)
-        assert torch.equal(
-            torch.isfinite(ours), torch.isfinite(full_sort_top_k_top_p(logits, top_k, top_p))
-        )
-        assert torch.equal(ours[torch.isfinite(ours)], logits[torch.isfinite(ours)])
-    everything_out = torch.full((10,), float("-inf"))
-    assert torch.equal(top_k_top_p(everything_out, 0, 0.8), everything_out)
+        ordered = np.sort(logits.numpy())[::-1]
+        kept = kept_count(ordered, top_k, top_p)
+        assert kept == int(torch.isfinite(full_sort_top_k_top_p(logits, top_k, top_p)).sum())
+        assert np.isfinite(ordered[:kept]).all()
 
 
 def test_speech_eos_waits_for_the_chunks_minimum() -> None:
@@ -200,3 +197,15 @@ def test_the_unified_codes_rules() -> None:
     )
     assert VOCAB.terminators == {VOCAB.listen, VOCAB.chunk_eos, VOCAB.chunk_tts_eos}
     assert VOCAB.forbidden == (VOCAB.tts_pad, 24, VOCAB.chunk_eos)
+
+
+def test_speech_tokens_are_drawn_from_the_softmax_by_the_sessions_generator() -> None:
+    logits = torch.tensor([0.0, float(np.log(3.0)), -30.0, -30.0])  # 1 three times as likely
+    plain = SpeechSampling(temperature=1.0, repetition_penalty=1.0)
+
+    def draws(seed: int) -> list[int]:
+        generator = torch.Generator().manual_seed(seed)
+        return [choose_speech_token(logits, [], plain, 3, True, generator) for _ in range(400)]
+
+    assert draws(5) == draws(5) and set(draws(5)) == {0, 1}
+    assert 250 < draws(6).count(1) < 350

@@ -23,8 +23,9 @@ The decisions themselves are :mod:`~omnilive.engines.minicpmo.unit_rules`.
 A unit feeds ``<unit>``, the frames (``<image>`` slices ``</image>``) and the
 audio as ONE forward (the model code feeds them piece by piece: the same
 positions, the same causal attention); the unit's terminator and
-``</unit>`` go in at :meth:`SlotDuplex.finalize`, after the result was
-sent, as the unified code does.
+``</unit>``, which the model code feeds at its ``finalize``, after the
+result was sent, lead the next unit's forward instead (the same positions
+again: one forward fewer a unit, where a forward is the costly part).
 """
 
 from __future__ import annotations
@@ -126,6 +127,9 @@ class SlotDuplex:
         self.turn_ended = True
         self.pending_logits: torch.Tensor | None = None
         self.finalize_tokens: list[int] | None = None
+        # Finalized units' closing tokens: counted in kv_length, fed at the
+        # head of the next unit's forward.
+        self.closing: list[int] = []
         self.audio = AudioStream(mel=None)
         # The next position of the running turn's speech LM context (0: a new
         # turn); the context itself is the session's slot of the loop's speech cache.
@@ -178,7 +182,7 @@ class SlotDuplex:
         has_audio = audio is not None and len(audio) > 0
         if not frames and not has_audio:
             return {"slices": 0, "vision": 0, "audio": 0}
-        parts = [shared.marker(vocab.unit)]
+        parts = [*(shared.marker(token) for token in self.closing), shared.marker(vocab.unit)]
         vision = slices = 0
         if frames:
             processed = await asyncio.to_thread(
@@ -201,7 +205,9 @@ class SlotDuplex:
                 audio_positions = int(embeds.shape[0])
         elif frames:
             self.audio.chunks += 1  # the model code counts a vision-only unit as a chunk
+        closing, self.closing = len(self.closing), []
         result = await self._feed(torch.cat(parts, 0))
+        self.kv_length -= closing  # counted when finalized
         self.pending_logits = result.logits
         return {"slices": slices, "vision": vision, "audio": audio_positions}
 
@@ -299,10 +305,12 @@ class SlotDuplex:
         return outcome, flush
 
     async def finalize(self) -> None:
-        """Close the unit: its terminator (if any) and ``</unit>`` into the context."""
+        """Close the unit: its terminator (if any) and ``</unit>`` into the
+        context, fed with the next unit (see the module)."""
         if self.finalize_tokens is not None:
             tokens, self.finalize_tokens = self.finalize_tokens, None
-            await self._feed_tokens(tokens)
+            self.closing += tokens
+            self.kv_length += len(tokens)
 
     def _decode(self, tokens: list[int]) -> str:
         return self.shared.tokenizer.decode(tokens, skip_special_tokens=True) if tokens else ""
@@ -385,13 +393,8 @@ class SlotDuplex:
         self.kv_length += int(embeds.shape[0])
         return result
 
-    async def _feed_tokens(self, tokens: list[int]) -> Any:
-        # Ids, not embeddings: the lookup (and its copy to the GPU, which
-        # waits for the GPU's queue) happens on the batch loop's thread.
-        return await self._feed(torch.tensor(tokens))
-
     def _step_tokens(self, tokens: list[int], pick: Pick | None = None) -> Program[StepResult]:
-        """:meth:`_feed_tokens` within a program."""
+        """Feed token ids from within a program; the step's result."""
         result = yield Step(torch.tensor(tokens), pick=pick)
         self.kv_length += len(tokens)
         return result

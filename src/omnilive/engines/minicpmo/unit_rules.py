@@ -16,10 +16,12 @@ characters and closes a spoken turn (``<|turn_eos|>``) before a forced listen.
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 # The speech LM's vocabulary ends with its end-of-speech token; this token id is
@@ -193,7 +195,7 @@ def _choose_together(rows: Sequence[tuple[torch.Tensor, TextChoice]]) -> list[in
     sampling, vocab = choices[0].sampling, choices[0].vocab
     logits = torch.stack([row.detach().reshape(-1) for row, _ in rows]).float()
     size, device = logits.shape[1], logits.device
-    first_pick = logits.argmax(-1) if sampling.greedy else _draw(logits, choices)
+    first_pick = logits.argmax(-1) if sampling.greedy else _draw_rows(logits, choices)
     logits[:, _forbidden(vocab, device)] = float("-inf")
     penalty = sampling.repetition_penalty
     if penalty != 1.0:
@@ -231,7 +233,7 @@ def _choose_together(rows: Sequence[tuple[torch.Tensor, TextChoice]]) -> list[in
     return tokens
 
 
-def _draw(logits: torch.Tensor, choices: Sequence[TextChoice]) -> torch.Tensor:
+def _draw_rows(logits: torch.Tensor, choices: Sequence[TextChoice]) -> torch.Tensor:
     """A token of each row drawn from its softmax, by the inverse of its
     cumulative distribution at a uniform number of the row's generator."""
     uniform = torch.cat([torch.rand(1, generator=choice.generator) for choice in choices])
@@ -257,15 +259,16 @@ def _sample(
         values, index = torch.topk(scaled, window, -1)
         ties = (scaled >= values[:, sampling.top_k - 1 : sampling.top_k]).sum(-1)
     head = torch.stack([first_pick, ties], 1).float()
-    read = torch.cat([head, values, index.float()], 1).cpu()  # ids < 2**24: exact
+    read = torch.cat([head, values, index.float()], 1).cpu().numpy()  # ids < 2**24: exact
     picks, finals = read[:, :2].tolist(), []
     for b, choice in enumerate(choices):
-        row, ids = read[b, 2 : 2 + window], read[b, 2 + window :]
-        if picks[b][1] > window:  # more tied with top-k's last than were read
-            row, ids = scaled[b].cpu(), torch.arange(size)
-        kept = top_k_top_p(row, sampling.top_k, sampling.top_p)
-        drawn = torch.multinomial(torch.softmax(kept, -1), 1, generator=choice.generator)
-        finals.append(int(ids[drawn]))
+        ordered, ids = read[b, 2 : 2 + window], read[b, 2 + window :]
+        if picks[b][1] > window or sampling.top_k <= 0:  # not all read, or not in order
+            row = scaled[b].cpu().numpy()
+            ids = np.argsort(-row, kind="stable")
+            ordered = row[ids]
+        kept = kept_count(ordered, sampling.top_k, sampling.top_p)
+        finals.append(int(ids[_draw(ordered[:kept], choice.generator)]))
     return picks, finals
 
 
@@ -277,28 +280,33 @@ def _forbidden(vocab: DuplexVocab, device: torch.device) -> torch.Tensor:
     return torch.tensor(vocab.forbidden, dtype=torch.long, device=device)
 
 
-def top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """``logits`` ``[vocab]`` with all but the ``top_k`` best and the smallest
-    set of them holding ``top_p`` of the probability set to -inf (the first
-    token over ``top_p`` is kept)."""
-    out = logits.clone()
-    if top_k > 0:
-        kth = torch.topk(out, min(top_k, out.shape[-1])).values[-1]
-        out[out < kth] = float("-inf")
-    if top_p > 0.0:
-        # Over the tokens still possible only (after top-k, about k of a
-        # vocabulary of 151k): the excluded weigh nothing in the softmax and
-        # sort last, so the kept set is the same; sorting the whole vocabulary
-        # on the CPU would take milliseconds a token.
-        alive = torch.nonzero(out > float("-inf")).flatten()
-        if alive.numel() == 0:
-            return out
-        ordered, order = torch.sort(out[alive], descending=True)
-        over = torch.cumsum(torch.softmax(ordered, -1), -1) > top_p
-        over[1:] = over[:-1].clone()
-        over[0] = False
-        out[alive[order[over]]] = float("-inf")
-    return out
+def kept_count(ordered: np.ndarray, top_k: int, top_p: float) -> int:
+    """How many of ``ordered`` (logits, best first) top-k and top-p keep:
+    the ``top_k`` best and every token tied with the last of them (0: no
+    top-k), then the fewest of those holding ``top_p`` of their probability,
+    the token that crosses it included (0: no top-p). Never an impossible
+    (-inf) token, never none."""
+    kept = int(np.isfinite(ordered).sum())
+    if top_k > 0 and kept > top_k:
+        kept = int(np.searchsorted(-ordered[:kept], -ordered[top_k - 1], side="right"))
+    if top_p > 0.0 and kept > 1:
+        over = np.cumsum(_softmax(ordered[:kept])) > top_p
+        if over.any():
+            kept = int(np.argmax(over)) + 1
+    return max(kept, 1)
+
+
+def _softmax(scores: np.ndarray) -> np.ndarray:
+    shifted = np.exp(scores.astype(np.float64) - scores.max())
+    return shifted / shifted.sum()
+
+
+def _draw(scores: np.ndarray, generator: torch.Generator | None) -> int:
+    """An index drawn from ``softmax(scores)``: the inverse of the cumulative
+    distribution at a uniform number of ``generator`` (the session's own)."""
+    cumulative = np.cumsum(_softmax(scores))
+    uniform = float(torch.rand(1, generator=generator)) * cumulative[-1]
+    return min(int(np.searchsorted(cumulative, uniform, side="right")), len(scores) - 1)
 
 
 def choose_speech_token(
@@ -315,19 +323,23 @@ def choose_speech_token(
     :data:`SPEECH_PENALTY_WINDOW`; positive logits divided, negative
     multiplied, by ``penalty ** count``), ``eos`` masked until the chunk's
     minimum, then sampled (or the best, at temperature 0); ``seen`` (if
-    given) gets the logits the choice was made from."""
-    logits = logits.detach().float().clone()
+    given) gets the logits the choice was made from. On the CPU, over
+    numpy: a row of a few thousand logits, where each torch call would cost
+    more than its work."""
+    scores = logits.detach().float().cpu().numpy().copy()
     if sampling.temperature > 0:
-        logits = logits / sampling.temperature
+        scores /= np.float32(sampling.temperature)
     if previous and sampling.repetition_penalty != 1.0:
-        window = torch.tensor(previous[-SPEECH_PENALTY_WINDOW:], device=logits.device)
-        counts = torch.bincount(window, minlength=logits.shape[0])[: logits.shape[0]]
-        alpha = torch.pow(torch.tensor(sampling.repetition_penalty), counts.float())
-        logits = torch.where(logits < 0, logits * alpha, logits / alpha)
+        penalty = np.float32(sampling.repetition_penalty)
+        for token, count in Counter(previous[-SPEECH_PENALTY_WINDOW:]).items():
+            if token < len(scores):
+                alpha = penalty ** np.float32(count)
+                value = scores[token]
+                scores[token] = value * alpha if value < 0 else value / alpha
     if not allow_eos:
-        logits[eos] = float("-inf")
+        scores[eos] = -np.inf
     if seen is not None:
-        seen.append(logits.cpu())
+        seen.append(torch.from_numpy(scores.copy()))
     if sampling.temperature <= 0:
-        return int(torch.argmax(logits))
-    return int(torch.multinomial(torch.softmax(logits, -1), 1, generator=generator))
+        return int(np.argmax(scores))
+    return _draw(scores, generator)
