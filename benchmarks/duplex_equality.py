@@ -80,38 +80,42 @@ class TieFollower:
 
     def __init__(self, reference: list[UnitTrace], tie: float, session: int) -> None:
         self.session = session
-        self.text = [t for unit in reference for t in unit.chosen]
-        self.speech = [c for unit in reference for c in unit.speech_chunks]
+        # Per unit (a flat count of choices drifts for good after any unit
+        # where the two made a different number of calls).
+        self.text_units = [list(unit.chosen) for unit in reference]
+        self.speech_units = [[t for c in unit.speech_chunks for t in c] for unit in reference]
         self.tie = tie
+        self.unit = 0
         self.text_at = 0
-        self.chunk = -1
         self.ties: list[dict[str, Any]] = []
+
+    def start(self, unit: int) -> None:
+        """The session's next choices are unit ``unit``'s."""
+        self.unit, self.text_at = unit, 0
 
     def text_choice(self, token: int, logits: Any, history: list[int]) -> int:
         k, self.text_at = self.text_at, self.text_at + 1
-        if k >= len(self.text) or token == self.text[k] or logits is None:
+        text = self.text_units[self.unit] if self.unit < len(self.text_units) else []
+        if k >= len(text) or token == text[k] or logits is None:
             return token
-        expected = self.text[k]
+        expected = text[k]
         if abs(float(logits[token]) - float(logits[expected])) > self.tie:
             return token
-        self.ties.append(
-            {"kind": "text", "choice": k, "gap": float(logits[token] - logits[expected])}
-        )
+        gap = float(logits[token] - logits[expected])
+        self.ties.append({"kind": "text", "unit": self.unit, "choice": k, "gap": gap})
         if history and history[-1] == token:
             history[-1] = expected
         return expected
 
     def speech_choice(self, token: int, logits: Any, previous: list[int]) -> int:
         t = len(previous)
-        if t == 0:
-            self.chunk += 1
-        chunk = self.speech[self.chunk] if self.chunk < len(self.speech) else []
-        if t >= len(chunk) or token == chunk[t]:
+        speech = self.speech_units[self.unit] if self.unit < len(self.speech_units) else []
+        if t >= len(speech) or token == speech[t]:
             return token
-        expected = chunk[t]
+        expected = speech[t]
         if abs(float(logits[token]) - float(logits[expected])) > self.tie:
             return token
-        self.ties.append({"kind": "speech", "chunk": self.chunk, "index": t})
+        self.ties.append({"kind": "speech", "unit": self.unit, "index": t})
         return expected
 
 
@@ -324,6 +328,8 @@ async def run_batched(
             frames = [given.frames[u]] if given.omni else None
             await duplex_session.prefill(audio, frames)
             texts, speeches = len(duplex_session.text_choices), len(duplex_session.speech_logits)
+            if reference is not None:
+                follower.start(u)
             outcome = await duplex_session.generate(force_listen=u < forced)
             await duplex_session.finalize()
             units.append(
