@@ -115,7 +115,8 @@ class TieFollower:
         expected = speech[t]
         if abs(float(logits[token]) - float(logits[expected])) > self.tie:
             return token
-        self.ties.append({"kind": "speech", "unit": self.unit, "index": t})
+        gap = float(logits[token] - logits[expected])
+        self.ties.append({"kind": "speech", "unit": self.unit, "index": t, "gap": gap})
         return expected
 
 
@@ -381,13 +382,6 @@ def choice_gap(choices: list[Any], k: int, ours: list[int], theirs: list[int]) -
     return abs(float(logits[ours[k]]) - float(logits[theirs[k]]))
 
 
-def is_tie(choices: list[Any], k: int, ours: list[int], theirs: list[int], tie: float) -> bool:
-    """Whether choice ``k`` differs only because two tokens were within ``tie``
-    of each other in the logits the batched engine chose from."""
-    gap = choice_gap(choices, k, ours, theirs)
-    return gap is not None and gap <= tie
-
-
 def compare(
     reference: list[list[UnitTrace]], batched: list[list[UnitTrace]], tie: float = 1e-4
 ) -> dict[str, Any]:
@@ -431,12 +425,19 @@ def compare(
             speak_units += not ref.is_listen
             if not speech_diverged and ref.speech != ours.speech:
                 k = first_difference(ours.speech, ref.speech)
-                if is_tie(ours.speech_choices, k, ours.speech, ref.speech, tie):
+                gap = choice_gap(ours.speech_choices, k, ours.speech, ref.speech)
+                if gap is not None and gap <= tie:
                     ties.append({"session": s, "unit": u, "kind": "speech", "index": k})
                     speech_diverged = True
                 else:
                     mismatches.append(
-                        {"session": s, "unit": u, "speech": (ref.speech, ours.speech)}
+                        {
+                            "session": s,
+                            "unit": u,
+                            "index": k,
+                            "gap": gap,
+                            "speech": (ref.speech, ours.speech),
+                        }
                     )
                     break
             if (ref.is_listen, ref.kv_length) != (ours.is_listen, ours.kv_length):
