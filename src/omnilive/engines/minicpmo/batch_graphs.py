@@ -18,7 +18,7 @@ as one view (a *prefix* plan, no gather), the other rows empty. Released
 slots leave holes that are not compacted: when the prefix up to the highest
 requested slot is more than :data:`PREFIX_SPAN` times the requests, the step
 gathers its rows instead, on the bucket of its request count. Steps longer
-than :data:`SHORT_STEP` positions (prefills) take a prefix only when it has
+than :data:`PREFIX_STEP` positions (prefills) take a prefix only when it has
 no more rows than that bucket: an empty row computes all of the step's
 positions, which costs a decoding step little and a prefill a whole row's work.
 
@@ -59,11 +59,8 @@ PREFIX_SPAN = 2
 """At most this many prefix rows per request, or a step gathers its rows: a
 prefix row costs a row of the forward, a gathered one a copy of its K/V."""
 
-SHORT_STEP = 8
-"""Steps of at most this many positions are decoding steps (a unit's tokens);
-longer ones are prefills: they take a prefix only without spare rows, and
-replay from a memory pool of their own (a tick runs its prefills beside its
-decoding steps, on another stream, see :class:`BatchLoop`)."""
+PREFIX_STEP = 8
+"""The longest step that takes a prefix with more rows than its requests' bucket."""
 
 
 def batch_buckets(slots: int) -> tuple[int, ...]:
@@ -141,10 +138,9 @@ class GraphCache:
     returns to the shared pool) when a new shape needs capturing.
 
     ``capture``: real CUDA graphs (default: when the model is on CUDA) or the
-    simulated ones. The graphs of decoding steps share one memory pool, those
-    of prefills another: each keeps its static inputs and outputs
-    referenced, so only intermediates, dead between replays, are shared, and
-    the graphs may replay in any order (one of each pool at a time)."""
+    simulated ones. All graphs share one memory pool: each keeps its static
+    inputs and outputs referenced, so only intermediates, dead between
+    replays, are shared, and the graphs may replay in any order."""
 
     def __init__(
         self,
@@ -167,13 +163,7 @@ class GraphCache:
         self.capture = steps.device.type == "cuda" if capture is None else capture
         if self.capture and steps.device.type != "cuda":
             raise ValueError("CUDA graphs need the model on a CUDA device")
-        # One pool for the decoding steps' graphs, one for the prefills': a
-        # step of each may replay at once, on two streams.
-        self.pools = (
-            (torch.cuda.graph_pool_handle(), torch.cuda.graph_pool_handle())
-            if self.capture
-            else (None, None)
-        )
+        self.pool = torch.cuda.graph_pool_handle() if self.capture else None
         self.graphs: OrderedDict[Key, StepGraph] = OrderedDict()
         self.captures = 0  # graphs made, evicted ones included
         self.capture_s = 0.0  # seconds spent making them (warm-up run and capture)
@@ -194,7 +184,7 @@ class GraphCache:
         span = max(int(r.slot) for r in requests) + 1
         prefix = bucket_for(span, self.batch_sizes)
         if prefix is not None and (
-            prefix == rows or (length <= SHORT_STEP and span <= PREFIX_SPAN * len(requests))
+            prefix == rows or (length <= PREFIX_STEP and span <= PREFIX_SPAN * len(requests))
         ):
             plan = steps.plan(requests, rows=prefix, length=length, prefix=True)
         else:
@@ -246,8 +236,7 @@ class GraphCache:
         while len(self.graphs) >= self.max_graphs:
             self.graphs.popitem(last=False)
         started = time.perf_counter()
-        pool = self.pools[key[1] > SHORT_STEP]
-        graph = StepGraph(self.steps, plan, embeds, capture=self.capture, pool=pool)
+        graph = StepGraph(self.steps, plan, embeds, capture=self.capture, pool=self.pool)
         self.graphs[key] = graph
         self.captures += 1
         self.capture_s += time.perf_counter() - started

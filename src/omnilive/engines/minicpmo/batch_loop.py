@@ -10,10 +10,8 @@ the vocoder, on the :class:`~omnilive.engines.minicpmo.side_lane.SideLane`
 beside the batches). The worker thread runs *ticks*: it takes what is
 pending, in submission order, at most one job per slot (a session's next job
 waits for the next tick, so each session's jobs run in the order it submitted
-them), runs the plain calls one by one, then the tick's forwards batched:
-per model, its single tokens as ONE
-:meth:`~omnilive.engines.minicpmo.batch.BatchedSteps.step` and its prefills
-as another, each on a CUDA stream of its own, at once.
+them), runs the plain calls one by one, then every forward of the tick as ONE
+:meth:`~omnilive.engines.minicpmo.batch.BatchedSteps.step`.
 
 A session's decoding loop can run on the worker thread itself as a *program*
 (``await loop.run(slot, program)``): a generator that yields each
@@ -65,7 +63,7 @@ from typing import Any, TypeVar
 import torch
 
 from omnilive.engines.minicpmo.batch import BatchedSteps, StepResult
-from omnilive.engines.minicpmo.batch_graphs import SHORT_STEP, GraphCache
+from omnilive.engines.minicpmo.batch_graphs import GraphCache
 from omnilive.engines.minicpmo.programs import Pick, Program, Step, run_picks
 from omnilive.engines.minicpmo.side_lane import SideLane
 
@@ -77,6 +75,10 @@ T = TypeVar("T")
 # lanes' encoders and vocoder, on streams of the default priority, run in
 # what the sessions' steps leave of the GPU instead of slowing every step.
 LOOP_STREAM_PRIORITY = -5
+
+# Forwards of at most this many positions (decoding steps, a unit's closing
+# tokens) run as one step, longer ones (prefills) as another.
+SHORT_STEP = 8
 
 # The longest the worker waits for an event loop to take a tick's results
 # before it goes on: the handshake normally ends within one turn of the loop;
@@ -168,10 +170,11 @@ class BatchLoop:
         self._running: list[_Job] = []
         self._changed = threading.Condition()
         self._closed = False
-        # The loop's stream, then three for a tick's other steps (see _forwards).
-        self.streams = [torch.cuda.Stream(steps.device, priority=LOOP_STREAM_PRIORITY)
-                        for _ in range(4 if steps.device.type == "cuda" else 0)]  # fmt: skip
-        self.stream = self.streams[0] if self.streams else None
+        self.stream = (
+            torch.cuda.Stream(steps.device, priority=LOOP_STREAM_PRIORITY)
+            if steps.device.type == "cuda"
+            else None
+        )
         self.thread = threading.Thread(target=self._work, name=name, daemon=True)
         self.thread.start()
 
@@ -366,7 +369,10 @@ class BatchLoop:
                     job.error = exc
                 self._account(getattr(job.fn, "__name__", "call"), started)
                 done.append(job)
-            self._forwards(batch)
+            self._run_batch([job for job in batch if not job.speech], self.steps, self.graphs)
+            if self.speech is not None:
+                speech = [job for job in batch if job.speech]
+                self._run_batch(speech, self.speech, self.speech_graphs)
             if picking := [job for job in batch if job.pick is not None and job.error is None]:
                 started = time.perf_counter()
                 run_picks(picking)  # the programs' next tokens, chosen together
@@ -484,62 +490,37 @@ class BatchLoop:
             self._pending = deque(job for job in self._pending if not job.started)
             return plain, batch
 
-    def _forwards(self, batch: list[_Job]) -> None:
-        """The tick's forwards: per model, its single tokens and its prefills
-        as two steps (in one, every row would be padded to the longest, a
-        decoding row costing as much as a prefill of a hundred positions),
-        each launched on a stream of its own, then all waited for: a step
-        of the small speech LM, or a prefill (bound by arithmetic), runs in
-        what a decoding step of the LLM (bound by memory) leaves of the GPU."""
-        groups: list[tuple[list[_Job], BatchedSteps, GraphCache | None, str]] = []
-        for speech, steps, graphs in ((False, self.steps, self.graphs),
-                                      (True, self.speech, self.speech_graphs)):  # fmt: skip
-            if steps is None:
-                continue
-            ready = []
-            for job in batch:
-                if job.speech != speech:
-                    continue
-                try:  # one session's bad request must not fail the others' step
-                    steps.cache.check([job.slot], [job.count])  # type: ignore[list-item]
-                except Exception as exc:  # handed to that session alone
-                    job.error = exc
-                else:
-                    ready.append(job)
-            for kind in ("steps", "prefills"):
-                group = [job for job in ready if (job.count > SHORT_STEP) == (kind == "prefills")]
-                if group:
-                    groups.append((group, steps, graphs, f"{'speech' if speech else 'llm'} {kind}"))
-        if not groups:
-            return
-        started = time.perf_counter()
-        streams = self.streams[: len(groups)]
-        for n, (group, steps, graphs, _) in enumerate(groups):
-            if not streams:
-                self._step(group, steps, graphs)
-                continue
-            if n:
-                streams[n].wait_stream(streams[0])  # the tick's inputs
-            with torch.cuda.stream(streams[n]):
-                self._step(group, steps, graphs)
-        launched = [job for group, *_ in groups for job in group if job.error is None]
-        try:  # handed back once produced: no session blocks its event loop reading them
-            for stream in streams:
-                stream.synchronize()
-        except BaseException as exc:  # every session of the tick gets it, logged once
-            log.error("batched steps over slots %s failed", [job.slot for job in launched],
-                      exc_info=exc)  # fmt: skip
-            for job in launched:
+    def _run_batch(self, batch: list[_Job], steps: BatchedSteps, graphs: GraphCache | None) -> None:
+        ready = []
+        for job in batch:
+            try:  # one session's bad request must not fail the others' step
+                steps.cache.check([job.slot], [job.count])  # type: ignore[list-item]
+            except Exception as exc:  # handed to that session alone
                 job.error = exc
-        self._account(f"forwards ({' + '.join(kind for *_, kind in groups)})", started)
+            else:
+                ready.append(job)
+        # Single tokens and a unit's prefill as two steps: in one, every row
+        # would be padded to the longest, a decoding row costing as much as a
+        # prefill of a hundred positions.
+        model = "llm" if steps is self.steps else "speech"
+        short = [job for job in ready if job.count <= SHORT_STEP]
+        long = [job for job in ready if job.count > SHORT_STEP]
+        for group, kind in ((short, "steps"), (long, "prefills")):
+            if group:
+                started = time.perf_counter()
+                self._step(group, steps, graphs)
+                self._account(f"{model} {kind}", started)
 
     def _step(self, ready: list[_Job], steps: BatchedSteps, graphs: GraphCache | None) -> None:
-        """Launch one step of ``ready`` (its results are the device's to finish)."""
         sizes = self.batch_sizes if steps is self.steps else self.speech_batch_sizes
         sizes[len(ready)] += 1
         try:
             requests = [(job.slot, job.inputs) for job in ready]
             results = graphs.step(requests) if graphs is not None else steps.step(requests)
+            if steps.device.type == "cuda":
+                # Handed back once the stream has produced them: no session
+                # blocks its event loop reading them.
+                torch.cuda.current_stream(steps.device).synchronize()
         except BaseException as exc:  # every session of the batch gets it, logged once
             log.error("batched step over slots %s failed", [job.slot for job in ready],
                       exc_info=exc)  # fmt: skip
