@@ -354,7 +354,9 @@ async def run_batched(
     finally:
         loop.close()
         undo()
-    ties = [{"session": f.session, **t} for f in followers.values() for t in f.ties]
+    # Each follower is filed under both of its session's generators: once each.
+    unique = {id(follower): follower for follower in followers.values()}.values()
+    ties = [{"session": f.session, **t} for f in unique for t in f.ties]
     return list(traces), {
         "batch_sizes": dict(loop.batch_sizes),
         "speech_batch_sizes": dict(loop.speech_batch_sizes),

@@ -10,7 +10,7 @@ import torch
 from omnilive.engines.minicpmo.batch import BatchedSteps, StepRequest, _rows_view
 from omnilive.engines.minicpmo.batch_graphs import (
     PREFIX_SPAN,
-    PREFIX_STEP,
+    SHORT_STEP,
     GraphCache,
     batch_buckets,
     bucket_for,
@@ -62,8 +62,8 @@ def test_padded_ticks_match_each_session_alone(real: int):
     prefix = PREFIX_SPAN * real >= 8
     short = {(8, False) if prefix else (rows, True)}
     long = {(8, False) if rows == 8 else (rows, True)}
-    assert {(key[0], key[3]) for key in graphs.graphs if key[1] <= PREFIX_STEP} == short
-    assert {(key[0], key[3]) for key in graphs.graphs if key[1] > PREFIX_STEP} == long
+    assert {(key[0], key[3]) for key in graphs.graphs if key[1] <= SHORT_STEP} == short
+    assert {(key[0], key[3]) for key in graphs.graphs if key[1] > SHORT_STEP} == long
     assert {key[1] for key in graphs.graphs} >= {1, 4} and graphs.eager == 0
 
 

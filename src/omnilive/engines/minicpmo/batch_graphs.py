@@ -18,7 +18,7 @@ as one view (a *prefix* plan, no gather), the other rows empty. Released
 slots leave holes that are not compacted: when the prefix up to the highest
 requested slot is more than :data:`PREFIX_SPAN` times the requests, the step
 gathers its rows instead, on the bucket of its request count. Steps longer
-than :data:`PREFIX_STEP` positions (prefills) take a prefix only when it has
+than :data:`SHORT_STEP` positions (prefills) take a prefix only when it has
 no more rows than that bucket: an empty row computes all of the step's
 positions, which costs a decoding step little and a prefill a whole row's work.
 
@@ -59,8 +59,10 @@ PREFIX_SPAN = 2
 """At most this many prefix rows per request, or a step gathers its rows: a
 prefix row costs a row of the forward, a gathered one a copy of its K/V."""
 
-PREFIX_STEP = 8
-"""The longest step that takes a prefix with more rows than its requests' bucket."""
+SHORT_STEP = 8
+"""Steps of at most this many positions are decoding steps (a unit's tokens),
+longer ones prefills: only a decoding step takes a prefix with more rows than
+its requests' bucket, and a batch loop runs the two kinds as separate steps."""
 
 
 def batch_buckets(slots: int) -> tuple[int, ...]:
@@ -184,7 +186,7 @@ class GraphCache:
         span = max(int(r.slot) for r in requests) + 1
         prefix = bucket_for(span, self.batch_sizes)
         if prefix is not None and (
-            prefix == rows or (length <= PREFIX_STEP and span <= PREFIX_SPAN * len(requests))
+            prefix == rows or (length <= SHORT_STEP and span <= PREFIX_SPAN * len(requests))
         ):
             plan = steps.plan(requests, rows=prefix, length=length, prefix=True)
         else:

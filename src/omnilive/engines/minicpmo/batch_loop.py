@@ -63,7 +63,7 @@ from typing import Any, TypeVar
 import torch
 
 from omnilive.engines.minicpmo.batch import BatchedSteps, StepResult
-from omnilive.engines.minicpmo.batch_graphs import GraphCache
+from omnilive.engines.minicpmo.batch_graphs import SHORT_STEP, GraphCache
 from omnilive.engines.minicpmo.programs import Pick, Program, Step, run_picks
 from omnilive.engines.minicpmo.side_lane import SideLane
 
@@ -75,10 +75,6 @@ T = TypeVar("T")
 # lanes' encoders and vocoder, on streams of the default priority, run in
 # what the sessions' steps leave of the GPU instead of slowing every step.
 LOOP_STREAM_PRIORITY = -5
-
-# Forwards of at most this many positions (decoding steps, a unit's closing
-# tokens) run as one step, longer ones (prefills) as another.
-SHORT_STEP = 8
 
 # The longest the worker waits for an event loop to take a tick's results
 # before it goes on: the handshake normally ends within one turn of the loop;
