@@ -251,19 +251,17 @@ def _sample(
     on the CPU over them."""
     sampling = choices[0].sampling
     size = scaled.shape[1]
-    window = min(size, sampling.top_k + TOP_K_MARGIN)
-    if sampling.top_k <= 0 or window == size:  # nothing to narrow the read to
-        values, index = scaled, torch.arange(size, device=scaled.device).expand_as(scaled)
-        ties = torch.zeros_like(first_pick)
-    else:
-        values, index = torch.topk(scaled, window, -1)
-        ties = (scaled >= values[:, sampling.top_k - 1 : sampling.top_k]).sum(-1)
+    # Without top-k every token may be kept: all of each row is read, in order.
+    window = size if sampling.top_k <= 0 else min(size, sampling.top_k + TOP_K_MARGIN)
+    values, index = torch.topk(scaled, window, -1)
+    kth = values[:, min(max(sampling.top_k, 1), window) - 1 :][:, :1]
+    ties = (scaled >= kth).sum(-1)  # how many tokens top-k keeps
     head = torch.stack([first_pick, ties], 1).float()
     read = torch.cat([head, values, index.float()], 1).cpu().numpy()  # ids < 2**24: exact
     picks, finals = read[:, :2].tolist(), []
     for b, choice in enumerate(choices):
         ordered, ids = read[b, 2 : 2 + window], read[b, 2 + window :]
-        if picks[b][1] > window or sampling.top_k <= 0:  # not all read, or not in order
+        if picks[b][1] > window:  # more tied with top-k's last than were read
             row = scaled[b].cpu().numpy()
             ids = np.argsort(-row, kind="stable")
             ordered = row[ids]
