@@ -12,6 +12,9 @@ step length and width bucket, for each attention:
   K/V copy) over the step's width bucket (2,560 columns here): the default;
 - ``gqa``: ``gqa_slot_attention`` (SDPA's ``enable_gqa`` with the mask) over
   the same width;
+- ``fused``: the engine's own forward (``fused_decoder``: fused products,
+  Triton kernels for the norms, rotary, activation and a short step's
+  attention, which reads only each row's own columns);
 - ``stock``: the model's own sdpa (``repeat_kv`` and contiguous copies) over
   every column of the buffers, as the first version read them: the baseline.
 
@@ -50,6 +53,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from omnilive.engines.minicpmo.batch import BatchedSteps, SlotCache, StepRequest
 from omnilive.engines.minicpmo.batch_graphs import StepGraph
 from omnilive.engines.minicpmo.batch_loop import BatchLoop
+from omnilive.engines.minicpmo.fused_decoder import FusedDecoder
 from omnilive.engines.minicpmo.slot_attention import GQA_SLOT_ATTENTION, SLOT_ATTENTION
 
 QWEN3_8B = {
@@ -65,7 +69,7 @@ PREFILL = 13  # positions of an audio unit's prefill
 KINDS = (("decode", 1), ("prefill13", PREFILL))
 # name: (the attention BatchedSteps names, whether steps read every column)
 ATTENTIONS = {"slots": (SLOT_ATTENTION, False), "gqa": (GQA_SLOT_ATTENTION, False),
-              "stock": (None, True)}  # fmt: skip
+              "fused": (SLOT_ATTENTION, False), "stock": (None, True)}  # fmt: skip
 
 
 def build(shape: dict[str, Any], device: str, dtype: torch.dtype) -> Any:
@@ -246,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
         name: BatchedSteps(llm.model, cache, llm.lm_head, attention=ATTENTIONS[name][0])
         for name in names
     }
+    if "fused" in variants:  # the engine's forward: its kernels on a GPU
+        decoder = FusedDecoder(llm.model, use_kernels=args.device == "cuda")
+        variants["fused"] = BatchedSteps(llm.model, cache, llm.lm_head, decoder=decoder)
     for _ in range(max(counts)):
         cache.acquire()
     fill(variants["slots"], args.context, chunk=32 if args.tiny else 256)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from omnilive.engines.minicpmo.batch import BatchedSteps, StepRequest, _rows_view
+from omnilive.engines.minicpmo.batch import BatchedSteps, StepRequest, rows_view
 from omnilive.engines.minicpmo.batch_graphs import (
     PREFIX_SPAN,
     SHORT_STEP,
@@ -155,7 +155,7 @@ def test_a_prefix_tick_reads_a_view_and_changes_no_other_slot():
     assert plan.rows.tolist() == [0, 8, 8, 3, 4, 8, 8, 8]  # 8: the idle row
     assert plan.write[[1, 2, 5, 6, 7]].eq(steps.cache.scratch).all()
     keys = steps.cache.key_cache[0]
-    assert _rows_view(keys, plan).data_ptr() == keys.data_ptr()  # a view, no copy
+    assert rows_view(keys, plan).data_ptr() == keys.data_ptr()  # a view, no copy
     before, held = buffers(steps), list(steps.cache.lengths)
     results = graphs.step(requests)
     assert list(graphs.graphs) == [(8, 1, 16, False)] and graphs.gathers == 0

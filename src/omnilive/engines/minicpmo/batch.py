@@ -96,6 +96,7 @@ class StepPlan:
     positions: torch.Tensor  # [B, L] RoPE position ids
     write: torch.Tensor  # [B, L] buffer column of each new position
     mask: torch.Tensor  # [B, 1, L, width] additive: 0 visible, dtype min hidden
+    limit: torch.Tensor  # [B, L] the last column each new position sees (the mask's edge)
     last: torch.Tensor  # [B] index of each row's last real position
     # Read the rows' buffers through an index_select of ``rows`` even when the
     # slots are neighbours: a CUDA graph replays one read for any slots.
@@ -248,7 +249,7 @@ class SlotCache(Cache):
         index = (plan.rows[:, None], slice(None), plan.write)
         keys[index] = key_states.transpose(1, 2).to(keys.dtype)
         values[index] = value_states.transpose(1, 2).to(values.dtype)
-        return _rows_view(keys, plan), _rows_view(values, plan)
+        return rows_view(keys, plan), rows_view(values, plan)
 
     def get_seq_length(self, layer_idx: int | None = 0) -> int:
         # Only a fallback for callers without explicit positions: the longest slot.
@@ -258,7 +259,7 @@ class SlotCache(Cache):
         return self.capacity
 
 
-def _rows_view(buffer: torch.Tensor, plan: StepPlan) -> torch.Tensor:
+def rows_view(buffer: torch.Tensor, plan: StepPlan) -> torch.Tensor:
     if plan.prefix:
         # Empty rows read a slot here (column 0 only) but write the idle row.
         return buffer[: plan.rows.shape[0], :, : plan.width]
@@ -279,7 +280,9 @@ class BatchedSteps:
     :data:`SLOT_ATTENTION`, :data:`GQA_SLOT_ATTENTION`, or ``None`` for the
     model's own (for comparisons: transformers' copies included).
     ``embedding`` is the table token ids go through (default: the backbone's
-    input embeddings; the speech LM's tokens have a table of their own)."""
+    input embeddings; the speech LM's tokens have a table of their own).
+    ``decoder`` (a :class:`~omnilive.engines.minicpmo.fused_decoder.FusedDecoder`
+    of ``backbone``) runs the forwards instead of the backbone's own code."""
 
     def __init__(
         self,
@@ -289,9 +292,11 @@ class BatchedSteps:
         *,
         attention: str | None = SLOT_ATTENTION,
         embedding: Any = None,
+        decoder: Any = None,
     ) -> None:
         register_attention()
         self.backbone = backbone
+        self.decoder = decoder
         self.embedding = embedding if embedding is not None else backbone.get_input_embeddings()
         self.cache = cache
         self.head = head
@@ -387,6 +392,7 @@ class BatchedSteps:
             positions=positions,
             write=write,
             mask=mask,
+            limit=limit,
             last=real[:, 0] - 1,
             gather=not prefix and (gather or width_rows > len(slots)),
             prefix=prefix,
@@ -437,6 +443,10 @@ class BatchedSteps:
         or read through the gather (``index_select`` in :meth:`SlotCache.update`),
         so that one graph serves any slots of its shape."""
         # No autograd history: the buffers are written in place every step.
+        if self.decoder is not None:
+            with torch.no_grad():
+                hidden = self.decoder.forward(embeds, plan, self.cache)
+                return hidden, (self.head(hidden) if self.head is not None else None)
         with torch.no_grad(), attention_named(self.backbone.config, self.attention):
             self.cache.bind(plan)
             try:

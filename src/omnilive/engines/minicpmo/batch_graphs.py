@@ -51,7 +51,7 @@ CAPTURE_LOCK = threading.RLock()
 an omni unit's: a frame's 64 positions and a second of audio)."""
 
 # The plan's device tensors: what a replay's inputs are, besides the embeddings.
-_PLAN_TENSORS = ("rows", "positions", "write", "mask", "last")
+_PLAN_TENSORS = ("rows", "positions", "write", "mask", "limit", "last")
 
 Key = tuple[int, int, int, bool]  # (batch bucket, step bucket, width, gather)
 

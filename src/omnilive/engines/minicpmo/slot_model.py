@@ -6,6 +6,7 @@ shared module's state for the length of a call."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,8 +15,11 @@ import torch
 
 from omnilive.engines.minicpmo.batch import BatchedSteps, SlotCache
 from omnilive.engines.minicpmo.batch_loop import BatchLoop
+from omnilive.engines.minicpmo.fused_decoder import FusedDecoder, unsupported
 from omnilive.engines.minicpmo.side_lane import SideLane
 from omnilive.engines.minicpmo.unit_rules import DuplexVocab, UnitRules
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -142,7 +146,7 @@ def slot_loop(
     cache = SlotCache(
         llm.config, slots, capacity, bucket=LLM_WIDTH_BUCKET, device=device, dtype=dtype
     )
-    steps = BatchedSteps(llm.model, cache, head=llm.lm_head)
+    steps = BatchedSteps(llm.model, cache, head=llm.lm_head, decoder=fused_decoder(llm.model))
     speech = None
     tts = getattr(model, "tts", None)
     if tts is not None:
@@ -156,7 +160,11 @@ def slot_loop(
             dtype=param.dtype,
         )
         speech = BatchedSteps(
-            tts.model, speech_cache, head=tts.head_code[0], embedding=tts.emb_code[0]
+            tts.model,
+            speech_cache,
+            head=tts.head_code[0],
+            embedding=tts.emb_code[0],
+            decoder=fused_decoder(tts.model),
         )
     return BatchLoop(
         steps,
@@ -165,6 +173,17 @@ def slot_loop(
         side=SideLane(device),
         encoders=SideLane(device, "minicpmo-encoders", random_draws=False),
     )
+
+
+def fused_decoder(backbone: Any) -> FusedDecoder | None:
+    """The fused forward of ``backbone`` (kernels on CUDA, its torch path on
+    the CPU), or ``None`` where it does not apply: the stock forward runs."""
+    reason = unsupported(backbone)
+    if reason is not None:
+        log.warning("batched steps run the model's own forward: %s", reason)
+        return None
+    device = next(backbone.parameters()).device
+    return FusedDecoder(backbone, use_kernels=device.type == "cuda")
 
 
 def clone_tensors(value: Any) -> Any:
