@@ -250,7 +250,7 @@ class MiniCPMoSettings(_Section):
         "in GPU memory (at most max_slots; none fitting: one at a time); 1: the model's own "
         "code, one at a time.",
     )
-    max_slots: int = Field(4, ge=1, le=64, description="The most slots `slots = 0` takes.")
+    max_slots: int = Field(8, ge=1, le=64, description="The most slots `slots = 0` takes.")
     context_length: int = Field(
         8192, ge=512, le=32768, description="LLM context positions each slot holds."
     )
