@@ -21,6 +21,8 @@ from tests.minicpmo.test_batch import TIGHT, VOCAB, play_alone, play_batched, sc
 from tests.minicpmo.test_graphs import tiny_llm
 
 needs_triton = pytest.mark.skipif(not kernels.AVAILABLE, reason="Triton is not installed")
+# Where the kernels run: compiled on a GPU machine, interpreted elsewhere.
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def tiny_llama(seed: int = 0) -> Any:
@@ -99,13 +101,14 @@ def test_decode_attention_reads_each_rows_own_columns(group: int, length: int):
     other, an empty-like row seeing column 0 only), several splits."""
     torch.manual_seed(group * 10 + length)
     kv_heads, dim, slots, columns = 2, 16, 5, 400
-    keys = torch.randn(slots, kv_heads, columns, dim)
-    values = torch.randn(slots, kv_heads, columns, dim)
-    rows = torch.tensor([3, 0, 4, 1])
-    held = torch.tensor([250, 17, 0, 64])  # a row's columns before its new ones
-    limit = held[:, None] + torch.arange(length)[None, :]
-    q = torch.randn(4 * length, kv_heads * group, dim)
-    out = kernels.decode_attention(q, (keys, values), rows, limit, 0.3, width=320)
+    keys = torch.randn(slots, kv_heads, columns, dim, device=DEVICE)
+    values = torch.randn(slots, kv_heads, columns, dim, device=DEVICE)
+    rows = torch.tensor([3, 0, 4, 1], device=DEVICE)
+    held = torch.tensor([250, 17, 0, 64], device=DEVICE)  # a row's columns before its new ones
+    limit = held[:, None] + torch.arange(length, device=DEVICE)[None, :]
+    q = torch.randn(4 * length, kv_heads * group, dim, device=DEVICE)
+    out = kernels.decode_attention(q, (keys, values), rows, limit, 0.3, width=320).cpu()
+    keys, values, rows, limit, q = (t.cpu() for t in (keys, values, rows, limit, q))
     for b in range(4):
         for i in range(length):
             for h in range(kv_heads * group):
@@ -127,8 +130,8 @@ def test_the_kernels_stay_within_bfloat16_noise_of_the_models_modules():
     interpreter rounds bf16 its own way, hence the margin)."""
 
     def run(dtype: torch.dtype, use_kernels: bool) -> list[torch.Tensor]:
-        llm = tiny_llm(3).to(dtype)
-        cache = SlotCache(llm.config, 2, 64, bucket=16, dtype=dtype)
+        llm = tiny_llm(3).to(DEVICE, dtype)
+        cache = SlotCache(llm.config, 2, 64, bucket=16, device=DEVICE, dtype=dtype)
         decoder = FusedDecoder(llm.model, use_kernels=use_kernels)
         steps = BatchedSteps(llm.model, cache, llm.lm_head, decoder=decoder)
         a, b = cache.acquire(), cache.acquire()
@@ -137,7 +140,7 @@ def test_the_kernels_stay_within_bfloat16_noise_of_the_models_modules():
                     (b, torch.randint(VOCAB, (7,), generator=gen))])  # fmt: skip
         out = steps.step([(a, torch.tensor([5])), (b, torch.tensor([8]))])
         kept = [buffer[:2, :, :12] for buffer in cache.key_cache + cache.value_cache]
-        return [tensor.double() for tensor in [r.hidden for r in out] + kept]
+        return [tensor.double().cpu() for tensor in [r.hidden for r in out] + kept]
 
     def relative(got: torch.Tensor, want: torch.Tensor) -> float:
         return float((got - want).norm() / want.norm())
