@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import wave
 from enum import Enum
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -251,6 +252,16 @@ class FakeDuplex:
         self.break_set = False
 
 
+class FakeToken2wav:
+    """The streaming vocoder's prompt state: what ``set_stream_cache`` prepares."""
+
+    def __init__(self) -> None:
+        self.cache: Any = None
+
+    def set_stream_cache(self, prompt_wav: str) -> tuple[Any, Any]:  # the real one's signature
+        raise AssertionError("the fake model prepares voices in init_token2wav_cache")
+
+
 class FakeMiniCPMO:
     """The checkpoint's model class: simplex API plus ``as_duplex()``."""
 
@@ -263,6 +274,7 @@ class FakeMiniCPMO:
         self.fail_generate_after: int | None = None
         self.fail_prefill = False
         self.answer_words = 12
+        self.tts = SimpleNamespace(audio_tokenizer=FakeToken2wav())
         self.reset_session(reset_token2wav_cache=True)
 
     # --- set-up ------------------------------------------------------------------
@@ -294,7 +306,8 @@ class FakeMiniCPMO:
         if not self.tts_ready:
             raise AttributeError("'NoneType' object has no attribute 'set_stream_cache'")
         self.voices.append(prompt_speech_16k)
-        self.token2wav_cache = {"flow_cache_base": [1], "hift_cache_base": [1]}
+        self.tts.audio_tokenizer.cache = ("prompt of", len(self.voices))
+        self.token2wav_cache = {"flow_cache_base": [len(self.voices)], "hift_cache_base": [1]}
 
     def streaming_prefill(
         self,

@@ -123,3 +123,31 @@ def test_model_failures_become_engine_errors(make_engine: EngineFactory):
         next(chunks)
     chat.close()
     assert backend.model.live == 0
+
+
+def test_a_voice_is_prepared_once_and_put_back_for_later_requests(make_engine: EngineFactory):
+    engine, backend = make_engine()
+    model = backend.model
+    first, second = voice(2.0, seed=5), voice(2.0, seed=6)
+
+    def chat_in(reference: np.ndarray) -> tuple:
+        chat = engine.open_chat()
+        generation = GenerationOptions(max_new_tokens=8)
+        chat.prefill(MESSAGES, ChatOptions(generation=generation, voice=Voice(reference)))
+        prepared = (model.token2wav_cache, model.tts.audio_tokenizer.cache)
+        assert all(chunk.audio is not None for chunk in chat.generate())
+        chat.close()
+        assert model.token2wav_cache is None  # each session's end resets the model
+        return prepared
+
+    once = chat_in(first)
+    assert len(model.voices) == 1
+    assert chat_in(first.copy()) == once  # same samples: put back, not prepared again
+    assert len(model.voices) == 1
+    other = chat_in(second)
+    assert len(model.voices) == 2 and other != once
+    assert chat_in(first) == once and len(model.voices) == 2
+    for seed in range(7, 11):  # four more voices: the first is no longer kept
+        chat_in(voice(1.0, seed=seed))
+    chat_in(first)
+    assert len(model.voices) == 7 and model.voices[-1] is first

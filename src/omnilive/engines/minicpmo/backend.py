@@ -8,7 +8,6 @@ tests swap in a fake model without touching the engine's logic.
 
 from __future__ import annotations
 
-import gc
 import importlib
 import logging
 from dataclasses import dataclass
@@ -143,8 +142,13 @@ class TorchBackend:
             return None
 
     def release_memory(self) -> None:
+        # torch's cached blocks only. No gc.collect(): in the worker a full
+        # collection took ~350 ms a session on an H200 host (py-spy: a third of
+        # the simplex seat's time in a run of chats), holding the interpreter
+        # lock, so every duplex session's batch loop stalled with it, and the
+        # next chat waited for it. The session's tensors go with the model's
+        # reset state; cycles among them go at the interpreter's own collections.
         torch = importlib.import_module("torch")
-        gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
