@@ -26,6 +26,7 @@ from omnilive.engines.minicpmo.vocoder import (
     FlowRunner,
     FlowState,
     VoiceStream,
+    graph_model_code_flow,
     voice_together,
 )
 
@@ -189,3 +190,33 @@ def test_pushes_of_one_stream_are_refused_together(vocoder: SmallVocoder):
     stream = VoiceStream(runner, "voice-a.wav")
     with pytest.raises(ValueError, match="one after another"):
         voice_together(runner, [(stream, tokens(1, 25), False, False)] * 2)
+
+
+def test_the_model_codes_own_stream_through_the_pure_blocks_makes_the_same(vocoder: SmallVocoder):
+    """graph_model_code_flow (without graphs on the CPU: the function a graph
+    replays) under the package's own inference_chunk: the same mel and the
+    same caches, chunk after chunk, as the package's own blocks."""
+    runner = FlowRunner(vocoder, graphs=False)
+    state = runner.open("voice-b.wav")
+    estimator = vocoder.flow.decoder.estimator
+    own = estimator.blocks_forward_chunk
+    runs = []
+    for graphed in (False, True):
+        if graphed:
+            assert graph_model_code_flow(vocoder, graphs=False)
+            assert not graph_model_code_flow(vocoder, graphs=False)  # installed once
+        cache, made = dict(state.flow), []
+        for chunk in range(3):
+            token = torch.tensor([tokens(10 + chunk, VOCODER_CHUNK + runner.lookahead)])
+            with torch.inference_mode():
+                mel, cache = vocoder.flow.inference_chunk(
+                    token=token, spk=state.speaker, cache=cache, n_timesteps=STEPS
+                )
+            cache = {name: value.clone() for name, value in cache.items()}
+            made.append((mel.clone(), cache))
+        runs.append(made)
+    estimator.blocks_forward_chunk = own
+    for (mel, cache), (want_mel, want) in zip(runs[1], runs[0], strict=True):
+        torch.testing.assert_close(mel, want_mel, atol=1e-6, rtol=1e-5)
+        for name, value in want.items():
+            torch.testing.assert_close(cache[name], value, atol=1e-6, rtol=1e-5)

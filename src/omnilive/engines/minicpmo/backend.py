@@ -133,7 +133,13 @@ class TorchBackend:
         if not settings.cuda_graphs or settings.torch_compile:
             return None
         from omnilive.engines.minicpmo.graphs import ModelGraphs
+        from omnilive.engines.minicpmo.vocoder import graph_model_code_flow
 
+        tokenizer = getattr(getattr(model, "tts", None), "audio_tokenizer", None)
+        if tokenizer is not None and graph_model_code_flow(tokenizer):
+            # The vocoder's flow blocks in the model code's own answers: one
+            # second's chunk ~190 -> ~85 ms (benchmarks/gpu_vocoder.py).
+            log.info("the model code's vocoder flow runs its blocks as CUDA graphs")
         try:
             return ModelGraphs(model)
         except (AttributeError, ImportError) as exc:

@@ -26,6 +26,7 @@ import logging
 from collections import Counter
 from collections.abc import Generator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 import numpy as np
@@ -257,7 +258,8 @@ class FlowRunner:
         self.steps = int(token2wav.n_timesteps)
         self.device = next(self.hift.parameters()).device
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
-        self._blocks = BlockGraphs(self._blocks_eager) if self.graphs else self._blocks_eager
+        blocks = partial(estimator_blocks, self.estimator)
+        self._blocks = BlockGraphs(blocks) if self.graphs else blocks
         self.batch_sizes: Counter[int] = Counter()  # streams per flow batch (bounded keys)
 
     def open(self, prompt_wav: str) -> FlowState:
@@ -386,21 +388,6 @@ class FlowRunner:
             new_att.append(step_att)
         return x, torch.stack(new_cnn), torch.stack(new_att)
 
-    def _blocks_eager(
-        self, x: torch.Tensor, t: torch.Tensor, cnn: torch.Tensor, att: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The estimator's blocks over ``x`` ``[rows, channels, frames]``: its
-        output and each block's new caches (stacked)."""
-        estimator = self.estimator
-        x = estimator.in_proj(x.transpose(1, 2))
-        new_cnn, new_att = [], []
-        for index, block in enumerate(estimator.blocks):
-            x, block_cnn, block_att = block.forward_chunk(x, t, cnn[index], att[index], None)
-            new_cnn.append(block_cnn)
-            new_att.append(block_att)
-        x = estimator.final_layer(x, t).transpose(1, 2)
-        return x, torch.stack(new_cnn), torch.stack(new_att)
-
     # --- HiFT ---------------------------------------------------------------------------
 
     def _hift_batch(
@@ -474,3 +461,56 @@ def _crossfade(speech: torch.Tensor, previous: torch.Tensor, window: torch.Tenso
     faded = speech.clone()
     faded[..., :half] = speech[..., :half] * window[:half] + previous[..., -half:] * window[half:]
     return faded
+
+
+def estimator_blocks(
+    estimator: Any, x: torch.Tensor, t: torch.Tensor, cnn: torch.Tensor, att: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The flow estimator's blocks over ``x`` ``[rows, channels, frames]``
+    from the blocks' caches ``cnn``/``att`` (stacked): its output and each
+    block's new caches (stacked), none written in place (what a graph of
+    :class:`BlockGraphs` replays)."""
+    x = estimator.in_proj(x.transpose(1, 2))
+    new_cnn, new_att = [], []
+    for index, block in enumerate(estimator.blocks):
+        x, block_cnn, block_att = block.forward_chunk(x, t, cnn[index], att[index], None)
+        new_cnn.append(block_cnn)
+        new_att.append(block_att)
+    x = estimator.final_layer(x, t).transpose(1, 2)
+    return x, torch.stack(new_cnn), torch.stack(new_att)
+
+
+def graph_model_code_flow(token2wav: Any, graphs: bool | None = None) -> bool:
+    """Route the vocoder's own ``stream()`` (what the model code voices chat
+    and half-duplex answers with, and duplex sessions with ``slots = 1``)
+    through :func:`estimator_blocks`, on CUDA as graphs of
+    :class:`BlockGraphs` (a graph per shape: a voice's chunks repeat their
+    shapes request after request). The package's method writes the blocks'
+    new caches into the estimator's scratch buffers; so does the
+    replacement. Returns whether it was installed (a flow without
+    ``blocks_forward_chunk`` keeps its own code)."""
+    decoder = getattr(getattr(token2wav, "flow", None), "decoder", None)
+    estimator = getattr(decoder, "estimator", None)
+    original = getattr(estimator, "blocks_forward_chunk", None)
+    if original is None or getattr(original, "graphed", False):
+        return False
+    device = next(estimator.parameters()).device
+    eager = partial(estimator_blocks, estimator)
+    run = BlockGraphs(eager) if (device.type == "cuda" if graphs is None else graphs) else eager
+    blocks = len(estimator.blocks)
+
+    def blocks_forward_chunk(
+        x: Any, t: Any, mask: Any, cnn_cache: Any = None, att_cache: Any = None,
+        cnn_cache_buffer: Any = None, att_cache_buffer: Any = None,
+    ) -> torch.Tensor:  # fmt: skip
+        caches = (cnn_cache, att_cache, cnn_cache_buffer, att_cache_buffer)
+        if mask is not None or not all(isinstance(cache, torch.Tensor) for cache in caches):
+            return original(x, t, mask, cnn_cache, att_cache, cnn_cache_buffer, att_cache_buffer)
+        out, new_cnn, new_att = run(x, t, cnn_cache, att_cache)
+        cnn_cache_buffer[:blocks] = new_cnn
+        att_cache_buffer[:blocks, :, :, : new_att.shape[3]] = new_att
+        return out
+
+    blocks_forward_chunk.graphed = True  # type: ignore[attr-defined]
+    estimator.blocks_forward_chunk = blocks_forward_chunk
+    return True
