@@ -36,27 +36,7 @@ def tiny_llama(seed: int = 0) -> Any:
     return LlamaForCausalLM(config).eval()
 
 
-def fused_steps(llm: Any, slots: int, *, use_kernels: bool, graphs: bool = False) -> Any:
-    cache = SlotCache(llm.config, slots, 128, bucket=16)
-    decoder = FusedDecoder(llm.model, use_kernels=use_kernels)
-    steps = BatchedSteps(llm.model, cache, llm.lm_head, decoder=decoder)
-    # The simulated graphs: padded plans, prefixes and gathers, as on a GPU.
-    return GraphCache(steps, capture=False) if graphs else steps
-
-
-def assert_as_alone(llm: Any, steps: Any, sessions: list, seed: int) -> None:
-    wanted = [list(play_alone(llm, session)) for session in sessions]
-    play_batched(steps, sessions, seed=seed)
-    for session, want in zip(sessions, wanted, strict=True):
-        assert [token for token, _, _ in session.seen] == [token for token, _, _ in want]
-        for (_, hidden, logits), (_, want_hidden, want_logits) in zip(
-            session.seen, want, strict=True
-        ):
-            torch.testing.assert_close(logits, want_logits, **TIGHT)
-            torch.testing.assert_close(hidden, want_hidden, **TIGHT)
-
-
-class _Steps:
+class _Graphed:
     """A GraphCache with the cache attribute play_batched reads."""
 
     def __init__(self, graphs: GraphCache) -> None:
@@ -66,31 +46,44 @@ class _Steps:
         return self.graphs.step(requests)
 
 
-@pytest.mark.parametrize("make", [tiny_llm, tiny_llama], ids=["qwen3", "llama"])
-def test_the_torch_path_matches_each_session_alone(make: Any):
-    llm = make(1)
-    sessions = [
-        script(1, units=5, start=0),
-        script(2, units=6, start=0, leave_after=20),
-        script(3, units=4, start=2),
-        script(4, units=4, start=4),
-    ]
-    steps = fused_steps(llm, slots=3, use_kernels=False)
-    assert_as_alone(llm, steps, sessions, seed=3)
+def fused_steps(llm: Any, slots: int, *, use_kernels: bool, graphs: bool = False) -> Any:
+    cache = SlotCache(llm.config, slots, 128, bucket=16)
+    decoder = FusedDecoder(llm.model, use_kernels=use_kernels)
+    steps = BatchedSteps(llm.model, cache, llm.lm_head, decoder=decoder)
+    # The simulated graphs: padded plans, prefixes and gathers, as on a GPU.
+    return _Graphed(GraphCache(steps, capture=False)) if graphs else steps
 
 
-@needs_triton
+# The torch path plain; the kernels (slow in the interpreter: fewer, shorter
+# sessions) through the graphs' padded plans.
+TORCH_PATH = ([(1, 5, 0, None), (2, 6, 0, 20), (3, 4, 2, None), (4, 4, 4, None)], 3, False)
+KERNELS = ([(5, 2, 0, None), (6, 3, 0, 12), (7, 2, 1, None)], 2, True)
+
+
 @pytest.mark.parametrize("make", [tiny_llm, tiny_llama], ids=["qwen3", "llama"])
-def test_the_kernels_match_each_session_alone_through_padded_graphs(make: Any):
-    llm = make(2)
-    sessions = [
-        script(5, units=2, start=0),
-        script(6, units=3, start=0, leave_after=12),
-        script(7, units=2, start=1),
-    ]
-    steps = _Steps(fused_steps(llm, slots=2, use_kernels=True, graphs=True))
-    assert_as_alone(llm, steps, sessions, seed=4)
-    assert steps.graphs.captures > 1  # several bucket shapes went through the kernels
+@pytest.mark.parametrize(
+    ("scripts", "slots", "use_kernels"),
+    [TORCH_PATH, pytest.param(*KERNELS, marks=needs_triton)],
+    ids=["torch path", "kernels through graphs"],
+)
+def test_the_fused_forward_matches_each_session_alone(
+    make: Any, scripts: list, slots: int, use_kernels: bool
+):
+    llm = make(slots)
+    sessions = [script(seed, units=units, start=start, leave_after=leave)
+                for seed, units, start, leave in scripts]  # fmt: skip
+    wanted = [list(play_alone(llm, session)) for session in sessions]
+    steps = fused_steps(llm, slots=slots, use_kernels=use_kernels, graphs=use_kernels)
+    play_batched(steps, sessions, seed=slots)
+    for session, want in zip(sessions, wanted, strict=True):
+        assert [token for token, _, _ in session.seen] == [token for token, _, _ in want]
+        for (_, hidden, logits), (_, want_hidden, want_logits) in zip(
+            session.seen, want, strict=True
+        ):
+            torch.testing.assert_close(logits, want_logits, **TIGHT)
+            torch.testing.assert_close(hidden, want_hidden, **TIGHT)
+    if use_kernels:
+        assert steps.graphs.captures > 1  # several bucket shapes went through the kernels
 
 
 @needs_triton

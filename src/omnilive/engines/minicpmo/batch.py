@@ -245,10 +245,8 @@ class SlotCache(Cache):
         if plan is None:
             raise SlotError("a SlotCache is written only inside BatchedSteps.run")
         keys, values = self.key_cache[layer_idx], self.value_cache[layer_idx]
-        # Advanced indices on dims 0 and 2 put the [B, L] index dims first.
-        index = (plan.rows[:, None], slice(None), plan.write)
-        keys[index] = key_states.transpose(1, 2).to(keys.dtype)
-        values[index] = value_states.transpose(1, 2).to(values.dtype)
+        write_rows(keys, plan, key_states.transpose(1, 2))
+        write_rows(values, plan, value_states.transpose(1, 2))
         return rows_view(keys, plan), rows_view(values, plan)
 
     def get_seq_length(self, layer_idx: int | None = 0) -> int:
@@ -257,6 +255,13 @@ class SlotCache(Cache):
 
     def get_max_cache_shape(self) -> int:
         return self.capacity
+
+
+def write_rows(buffer: torch.Tensor, plan: StepPlan, states: torch.Tensor) -> None:
+    """Row ``b``'s new states ``[B, L, heads, dim]`` into slot ``plan.rows[b]``
+    of ``buffer`` at columns ``plan.write[b]``."""
+    # Advanced indices on dims 0 and 2 put the [B, L] index dims first.
+    buffer[plan.rows[:, None], :, plan.write] = states.to(buffer.dtype)
 
 
 def rows_view(buffer: torch.Tensor, plan: StepPlan) -> torch.Tensor:

@@ -34,9 +34,10 @@ from typing import Any
 
 import torch
 from torch.nn.functional import linear
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from omnilive.engines.minicpmo import kernels
-from omnilive.engines.minicpmo.batch import StepPlan, rows_view
+from omnilive.engines.minicpmo.batch import StepPlan, rows_view, write_rows
 from omnilive.engines.minicpmo.batch_graphs import SHORT_STEP
 from omnilive.engines.minicpmo.slot_attention import slot_attention
 
@@ -181,14 +182,11 @@ class FusedDecoder:
         q, k, v = q.view(tokens, hq, d), k.view(tokens, hk, d), v.view(tokens, hk, d)
         if layer.q_norm is not None:
             q, k = layer.q_norm(q), layer.k_norm(k)
-        cos, sin = cos.reshape(tokens, 1, d), sin.reshape(tokens, 1, d)
-        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        # transformers' own rotary (Qwen3's and Llama's are the same function).
+        q, k = apply_rotary_pos_emb(q, k, cos.reshape(tokens, d), sin.reshape(tokens, d))
         batch, length = plan.write.shape
-        index = (plan.rows[:, None], slice(None), plan.write)
-        keys, values = caches
-        # Advanced indices on dims 0 and 2 put the [B, L] index dims first.
-        keys[index] = k.view(batch, length, hk, d).to(keys.dtype)
-        values[index] = v.view(batch, length, hk, d).to(values.dtype)
+        for buffer, states in zip(caches, (k, v), strict=True):
+            write_rows(buffer, plan, states.view(batch, length, hk, d))
         return q
 
     def _attend(
@@ -214,8 +212,3 @@ class FusedDecoder:
             return kernels.silu_mul(gate_up)
         gate, up = gate_up.chunk(2, dim=-1)
         return layer.act(gate) * up
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

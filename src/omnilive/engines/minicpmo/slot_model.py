@@ -15,7 +15,7 @@ import torch
 
 from omnilive.engines.minicpmo.batch import BatchedSteps, SlotCache
 from omnilive.engines.minicpmo.batch_loop import BatchLoop
-from omnilive.engines.minicpmo.fused_decoder import FusedDecoder, unsupported
+from omnilive.engines.minicpmo.fused_decoder import FusedDecoder
 from omnilive.engines.minicpmo.side_lane import SideLane
 from omnilive.engines.minicpmo.unit_rules import DuplexVocab, UnitRules
 
@@ -178,12 +178,12 @@ def slot_loop(
 def fused_decoder(backbone: Any) -> FusedDecoder | None:
     """The fused forward of ``backbone`` (kernels on CUDA, its torch path on
     the CPU), or ``None`` where it does not apply: the stock forward runs."""
-    reason = unsupported(backbone)
-    if reason is not None:
-        log.warning("batched steps run the model's own forward: %s", reason)
-        return None
     device = next(backbone.parameters()).device
-    return FusedDecoder(backbone, use_kernels=device.type == "cuda")
+    try:
+        return FusedDecoder(backbone, use_kernels=device.type == "cuda")
+    except ValueError as exc:  # a decoder it does not run
+        log.warning("batched steps run the model's own forward: %s", exc)
+        return None
 
 
 def clone_tensors(value: Any) -> Any:
