@@ -201,6 +201,10 @@ class MiniCPMoEngine(Engine):
         return MiniCPMoDuplex(self._require_host(), self._default_voice, force_listen_units)
 
     def open_chat(self) -> ChatSession:
+        if self._slots is not None and self._slots.simplex_in_slots:
+            from omnilive.engines.minicpmo.simplex_sessions import SlotChat
+
+            return SlotChat(self._slots, self._default_voice)
         chat = MiniCPMoChat(self._require_host(), self._default_voice)
         if self._slots is None:
             return chat
@@ -209,6 +213,10 @@ class MiniCPMoEngine(Engine):
         return SeatedChat(self._slots, chat)
 
     def open_half_duplex(self) -> HalfDuplexSession:
+        if self._slots is not None and self._slots.simplex_in_slots:
+            from omnilive.engines.minicpmo.simplex_sessions import SlotHalfDuplex
+
+            return SlotHalfDuplex(self._slots, self._default_voice)
         half = MiniCPMoHalfDuplex(self._require_host(), self._default_voice)
         if self._slots is None:
             return half

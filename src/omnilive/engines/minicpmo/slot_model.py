@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +48,9 @@ class SharedModel:
     audio_state_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
     # The vocoder's chunk runner (vocoder.runner_for), made by the first voice.
     vocoder: Any = field(init=False, default=None)
+    # Voices prepared for the vocoder, by their samples' digest: (the voice
+    # file, the runner's state at a turn's start); see simplex_slots.open_voice.
+    voices: OrderedDict[str, tuple[Any, Any]] = field(init=False, default_factory=OrderedDict)
     markers: dict[int, torch.Tensor] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -53,6 +53,7 @@ from omnilive.engines.minicpmo.content import VoiceFile, image_of
 from omnilive.engines.minicpmo.duplex import system_prompt_parts
 from omnilive.engines.minicpmo.duplex_slots import SlotDuplex
 from omnilive.engines.minicpmo.host import Flavour, ModelHost, model_errors
+from omnilive.engines.minicpmo.simplex_slots import speech_supported
 from omnilive.engines.minicpmo.slot_model import SharedModel, clone_tensors
 from omnilive.engines.minicpmo.unit_rules import SpeechSampling, TextSampling, UnitRules
 
@@ -155,6 +156,12 @@ class SlotModel:
     batch: BatchLoop
     events: EngineLoop
     seat: threading.Semaphore
+    # Chat and half-duplex in slots (simplex_sessions), or on the seat (a
+    # speech LM whose context handling simplex_slots does not own).
+    simplex_in_slots: bool = True
+    # The checkpoint's code masks the forbidden punctuation in text-only
+    # answers too; the unified code only in spoken ones.
+    simplex_suppress_text_only: bool = False
 
     @classmethod
     def build(cls, host: ModelHost, slots: int, context_length: int) -> SlotModel:
@@ -172,7 +179,22 @@ class SlotModel:
         # switch is process-wide (torch's sdpa_kernel() is not per thread), so
         # it is made once, before any step graph is captured.
         torch.backends.cuda.enable_cudnn_sdp(False)
-        return cls(host, shared, batch, EngineLoop(), threading.Semaphore(1))
+        in_slots = speech_supported(host.model)
+        if not in_slots:
+            log.warning(
+                "the speech LM's attention (%s) is not owned here: chat and half-duplex "
+                "run one at a time on the model's own code",
+                getattr(host.model.tts, "attention_type", "?"),
+            )
+        return cls(
+            host,
+            shared,
+            batch,
+            EngineLoop(),
+            threading.Semaphore(1),
+            simplex_in_slots=in_slots,
+            simplex_suppress_text_only=not unified,
+        )
 
     def warm_graphs(self) -> None:
         """Every batch and step bucket's CUDA graphs, captured before any session."""

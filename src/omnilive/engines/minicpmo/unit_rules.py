@@ -266,7 +266,7 @@ def _sample(
             ids = np.argsort(-row, kind="stable")
             ordered = row[ids]
         kept = kept_count(ordered, sampling.top_k, sampling.top_p)
-        finals.append(int(ids[_draw(ordered[:kept], choice.generator)]))
+        finals.append(int(ids[draw(ordered[:kept], choice.generator)]))
     return picks, finals
 
 
@@ -299,7 +299,7 @@ def _softmax(scores: np.ndarray) -> np.ndarray:
     return shifted / shifted.sum()
 
 
-def _draw(scores: np.ndarray, generator: torch.Generator | None) -> int:
+def draw(scores: np.ndarray, generator: torch.Generator | None) -> int:
     """An index drawn from ``softmax(scores)``: the inverse of the cumulative
     distribution at a uniform number of ``generator`` (the session's own)."""
     cumulative = np.cumsum(_softmax(scores))
@@ -340,4 +340,4 @@ def choose_speech_token(
         seen.append(torch.from_numpy(scores.copy()))
     if sampling.temperature <= 0:
         return int(np.argmax(scores))
-    return _draw(scores, generator)
+    return draw(scores, generator)

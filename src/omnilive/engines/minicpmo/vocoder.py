@@ -84,9 +84,11 @@ class VoiceStream:
     """One session's voice: the tokens not voiced yet and the vocoder state
     of the running turn, restarted from the voice's base at each turn."""
 
-    def __init__(self, runner: ChunkRunner, prompt_wav: str) -> None:
+    def __init__(self, runner: ChunkRunner, prompt_wav: str = "", *, base: Any = None) -> None:
+        """The voice of ``prompt_wav``, or of ``base`` (a state ``runner``
+        opened before: it is only read)."""
         self.runner = runner
-        self.base = runner.open(prompt_wav)
+        self.base = base if base is not None else runner.open(prompt_wav)
         self.live: Any = None
         self.buffer: list[int] = []
         self.restart()

@@ -1,0 +1,533 @@
+"""Chat and half-duplex sessions in slots: the model's simplex streaming code
+(``streaming_prefill`` / ``streaming_generate``) owned here, over the model's
+own modules and weights, every piece of session state its own.
+
+A :class:`SlotSimplex` is one conversation of that API. Its LLM context is its
+slot of the batch loop's cache. A message's prompt is built as the model code
+builds it (the first message through the chat template, a user turn after an
+answer opened with ``<|tts_eos|><|im_end|>``, ...); its text, images and
+audio become embeddings through the model code's own ``get_vllm_embedding``
+and ``get_omni_embedding`` (on the encoders' lane); the embeddings go into
+the slot as one forward, batched with the other sessions' steps. A message's
+audio is a whole recording, encoded at once, as the unified code does when
+asked (the checkpoint's code encodes it as a live stream, which only takes
+recordings of about a second: its placeholders outnumber its embeddings).
+
+An answer is one program on the batch loop's thread
+(:mod:`~omnilive.engines.minicpmo.programs`), in step with every other
+session decoding, its choices made by
+:mod:`~omnilive.engines.minicpmo.simplex_rules`:
+
+- the LLM decodes as ``ChunkPrefillChunkGenerate`` does: the assistant's
+  opening tokens, then a token a step, in chunks of 10 (the first chunk
+  decides one more);
+- the tokens each chunk fed, with their hidden states, condition the speech
+  LM (text embedding + normalised projected hidden, as
+  ``TTSStreamingGenerator``), which then decodes until its end token; with
+  the published ``sliding_recompute`` attention its context restarts at
+  every chunk from the previous chunk's condition and speech;
+- every 25 speech tokens leave the program for the vocoder (the session's
+  :class:`~omnilive.engines.minicpmo.vocoder.VoiceStream`, on the side lane,
+  batched with the duplex sessions' pushes) while the program decodes on.
+
+One difference from the published code, which no client can rely on: its
+answer's final speech, when it arrives with a whole second or more buffered,
+is voiced as "last" twice (that second, then the lookahead after it); here
+only the real end is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import math
+import secrets
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from omnilive.engines.base import EngineError, TextAudioChunk
+from omnilive.engines.minicpmo.batch import StepResult
+from omnilive.engines.minicpmo.batch_loop import BatchLoop
+from omnilive.engines.minicpmo.content import VoiceFile
+from omnilive.engines.minicpmo.duplex_slots import VOICE_KEY
+from omnilive.engines.minicpmo.programs import Pick, Program, Step
+from omnilive.engines.minicpmo.simplex_rules import (
+    PENALTY_WINDOW,
+    AnswerSampling,
+    ChunkSpeechSampling,
+    SimplexVocab,
+    choose_answer_token,
+    choose_chunk_speech_token,
+)
+from omnilive.engines.minicpmo.slot_model import SharedModel, swapped
+from omnilive.engines.minicpmo.vocoder import VOCODER_CHUNK, VoiceStream, runner_for, voice_together
+
+log = logging.getLogger(__name__)
+
+TEXT_CHUNK = 10  # LLM tokens a chunk (the first chunk decides one more)
+MAX_SPEECH_PER_CHUNK = 500  # speech tokens one text chunk may make
+VOICES_KEPT = 4  # prepared voices kept by their samples (clients resend theirs)
+# Speech LM attentions whose context handling is owned here.
+SUPPORTED_SPEECH_ATTENTION = ("sliding_recompute", "full_attention")
+
+# A hook of the equality harness: (kind, our token, what it was chosen from) -> token.
+Follow = Callable[[str, int, Any], int]
+
+
+@dataclass
+class Piece:
+    """What an answer program hands out between its steps: how many text
+    tokens it fed so far, speech tokens for the vocoder, whether it ends."""
+
+    text_tokens: int
+    speech: list[int] = field(default_factory=list)
+    last: bool = False
+
+
+@dataclass
+class AnswerTrace:
+    """What an answer decided (kept for the equality harness)."""
+
+    text: list[int] = field(default_factory=list)  # every choice, terminator included
+    speech: list[int] = field(default_factory=list)
+    logits: list[torch.Tensor] = field(default_factory=list)  # each text step's, raw
+
+
+class _TextChoice(NamedTuple):
+    session: SlotSimplex
+    window: list[int]
+    sampling: AnswerSampling
+    suppress: bool
+
+
+class _SpeechChoice(NamedTuple):
+    session: SlotSimplex
+    previous: list[int]
+
+
+def speech_supported(model: Any) -> bool:
+    """Whether this module owns the model's speech LM context handling."""
+    tts = getattr(model, "tts", None)
+    return tts is None or getattr(tts, "attention_type", "") in SUPPORTED_SPEECH_ATTENTION
+
+
+class SlotSimplex:
+    """One conversation of the simplex API in ``slot`` of ``loop``'s cache."""
+
+    def __init__(
+        self,
+        shared: SharedModel,
+        loop: BatchLoop,
+        slot: int,
+        *,
+        suppress_text_only: bool = True,
+        speech: ChunkSpeechSampling | None = None,
+        seed: int | None = None,
+        keep_trace: bool = False,
+    ) -> None:
+        self.shared = shared
+        self.loop = loop
+        self.slot = slot
+        # The unified code masks the forbidden punctuation only when it speaks.
+        self.suppress_text_only = suppress_text_only
+        self.speech_sampling = speech or ChunkSpeechSampling()
+        self.vocab = SimplexVocab.of(shared.tokenizer)
+        self.think = str(getattr(shared.model, "think_str", "")).replace("\\n", "\n")
+        seed = seed if seed is not None else secrets.randbits(62)
+        self.generator = torch.Generator().manual_seed(seed)
+        self.speech_generator = torch.Generator().manual_seed(seed + 1)
+        self.keep_trace = keep_trace
+        self.follow: Follow | None = None
+        self.trace = AnswerTrace()
+        self.kv_length = 0
+        self.first = True
+        self.new_user_msg = True
+        self.llm_generated = False
+        self.audio_chunk_idx = 0  # a turn's audio messages so far
+        self.voice: VoiceStream | None = None
+        self.fed: list[int] = []  # the answer's text tokens fed so far
+
+    # --- a message ----------------------------------------------------------------------
+
+    async def prefill(
+        self,
+        role: str,
+        content: list[Any],
+        *,
+        last: bool = False,
+        omni_mode: bool = False,
+        max_slice_nums: int | None = None,
+        use_tts_template: bool = False,
+        enable_thinking: bool = False,
+    ) -> int:
+        """Append one message (text, PIL images, 16 kHz audio arrays) as
+        ``streaming_prefill`` does; the context length after it."""
+        if role not in ("system", "user", "assistant"):
+            raise EngineError(f"a message's role is system, user or assistant, not {role!r}")
+        audios = [np.asarray(c, np.float32) for c in content if isinstance(c, np.ndarray)]
+        images = [c for c in content if not isinstance(c, str | np.ndarray)]
+        marks = [_placeholder(c) for c in content]
+        text = ("" if omni_mode else "\n").join(marks)
+        user = role == "user"
+        if not user:
+            self.new_user_msg = True
+        if self.first:
+            self.audio_chunk_idx = 0
+            if user:
+                prompt = "<|im_start|>user\n" + text
+                self.new_user_msg = False
+            else:
+                prompt = self.shared.tokenizer.apply_chat_template(
+                    [{"role": role, "content": text}],
+                    tokenize=False,
+                    add_generation_prompt=False,
+                    use_tts_template=use_tts_template,
+                    enable_thinking=enable_thinking,
+                )
+        elif self.new_user_msg and user:
+            opening = "<|tts_eos|><|im_end|>\n" if self.llm_generated else ""
+            prompt = opening + "<|im_start|>user\n" + text
+            self.new_user_msg = False
+        else:
+            prompt = text
+        if role != "system" and audios and self.audio_chunk_idx == 0:
+            if len(audios) > 1:
+                raise EngineError("one message of a turn carries one recording, not several")
+            first_ms = int(getattr(self.shared.model, "FIRST_CHUNK_MS", self.shared.first_chunk_ms))
+            first = first_ms * 16  # samples at 16 kHz
+            if len(audios[0]) < first:
+                audios[0] = np.pad(audios[0], (first - len(audios[0]), 0))
+        inputs = await asyncio.to_thread(self._processed, prompt, images, audios, max_slice_nums)
+        if audios and role != "system":
+            self.audio_chunk_idx += 1
+        embeds = await self.loop.encoder_call(self._embedded, inputs)
+        self.first = False
+        capacity = self.loop.steps.cache.capacity
+        if self.kv_length + int(embeds.shape[0]) + TEXT_CHUNK > capacity:
+            raise EngineError(
+                f"this conversation would pass its context of {capacity} positions "
+                "(minicpmo.context_length): start a new session"
+            )
+        await self.loop.forward(self.slot, embeds)
+        self.kv_length += int(embeds.shape[0])
+        return self.kv_length
+
+    def _processed(
+        self,
+        prompt: str,
+        images: list[Any],
+        audios: list[np.ndarray],
+        max_slice_nums: int | None,
+    ) -> Any:
+        """The processor's inputs for ``prompt`` (CPU work). A recording's
+        features are made in the extractor's mode as loaded (the duplex
+        sessions' streaming processors switch it as their audio grows)."""
+        shared = self.shared
+        processor = shared.processor
+        with shared.mel_lock, swapped(processor.audio_processor, dict(shared.voice_mel_mode)):
+            return processor(
+                [prompt],
+                [images],
+                [audios],
+                max_slice_nums=1 if max_slice_nums is None else max_slice_nums,
+                use_image_id=False,
+                chunk_input=True,
+                return_tensors="pt",
+                max_length=None,
+                sampling_rate=16000,
+                add_special_tokens=self.first,
+                online_streaming=False,
+            )
+
+    def _embedded(self, inputs: Any) -> torch.Tensor:
+        """``[n, hidden]``: the prompt's embeddings, images and audio in place
+        (the model code's own functions; nothing of theirs keeps state)."""
+        model = self.shared.model
+        inputs = inputs.to(self.shared.device)
+        with torch.no_grad():
+            embeds, _ = model.get_vllm_embedding(inputs)
+            embeds = model.get_omni_embedding(inputs, input_embeddings=embeds, stream_input=False)
+        return embeds[0]
+
+    # --- the voice ----------------------------------------------------------------------
+
+    async def set_voice(self, samples: np.ndarray) -> None:
+        """Speak in the voice of ``samples`` (16 kHz): prepared on the side
+        lane, or the kept preparation of the same samples."""
+        self.voice = await self.loop.side_call(open_voice, self.shared, samples)
+
+    # --- an answer ----------------------------------------------------------------------
+
+    async def answer(
+        self,
+        sampling: AnswerSampling,
+        max_new_tokens: int,
+        *,
+        audio: bool,
+        use_tts_template: bool,
+        enable_thinking: bool = False,
+    ) -> AsyncIterator[TextAudioChunk]:
+        """The answer, streamed: with ``audio``, a piece a second of speech
+        (the vocoder voicing one while the next is decoded) with the text
+        that speech comes from; without, a piece a text chunk. ``n_tokens``
+        is what each piece added to the context."""
+        self.new_user_msg = True
+        self.llm_generated = True
+        self.audio_chunk_idx = 0
+        self.trace = AnswerTrace()
+        bos = "<|im_end|>\n<|im_start|>assistant\n" + ("" if enable_thinking else self.think)
+        bos += "<|tts_bos|>" if use_tts_template else ""
+        voice = self.voice if audio and self.loop.speech is not None else None
+        program = self._decode(self.shared.tokenizer.encode(bos), sampling, max_new_tokens, voice)
+        pieces = _Pieces(program)
+        if voice is not None:
+            voice.restart()
+        before, said = self.kv_length, ""
+        running = asyncio.ensure_future(self.loop.run(self.slot, pieces.next()))
+        try:
+            while True:
+                piece = await running
+                if not piece.last:  # decoding goes on while this piece is voiced
+                    running = asyncio.ensure_future(self.loop.run(self.slot, pieces.next()))
+                samples = None
+                if voice is not None and (piece.speech or piece.last):
+                    push = (voice, piece.speech, piece.last, False)
+                    samples = await self.loop.side_gather(
+                        VOICE_KEY, partial(voice_together, voice.runner), push
+                    )
+                text = self.shared.tokenizer.decode(self.fed[: piece.text_tokens])
+                if not piece.last:  # an unfinished character waits for its next token
+                    text = text.rstrip("\ufffd")
+                delta, said = text[len(said) :], text if len(text) > len(said) else said
+                tokens, before = self.kv_length - before, self.kv_length
+                if delta or samples is not None or piece.last:
+                    yield TextAudioChunk(text=delta, audio=samples, n_tokens=tokens)
+                if piece.last:
+                    return
+        finally:
+            if not running.done():
+                running.cancel()  # the loop closes the program after its batch
+            else:
+                pieces.close()
+
+    def _decode(
+        self,
+        bos: list[int],
+        sampling: AnswerSampling,
+        max_new_tokens: int,
+        voice: VoiceStream | None,
+    ) -> Program[None]:
+        """The answer's steps (see the module); yields :class:`Step` s and
+        :class:`Piece` s, which :class:`_Pieces` hands out."""
+        suppress = voice is not None or self.suppress_text_only
+        speech = _SpeechTurn(self) if voice is not None else None
+        self.fed = []
+        generated: list[int] = []  # every choice but terminators
+        last: int | None = None
+        finished = False
+        for index in range(math.ceil(max_new_tokens / TEXT_CHUNK)):
+            earlier = generated[-PENALTY_WINDOW:]
+            chunk: list[int] = []
+            fed: list[tuple[int, torch.Tensor]] = []  # (token, its last hidden state)
+            for _ in range(TEXT_CHUNK + (1 if index == 0 else 0)):
+                choice = _TextChoice(self, earlier + chunk, sampling, suppress)
+                if last is None:
+                    result = yield Step(torch.tensor(bos), pick=Pick(_text_picks, choice))
+                    self.kv_length += len(bos)
+                else:
+                    result = yield Step(torch.tensor([last]), pick=Pick(_text_picks, choice))
+                    self.kv_length += 1
+                    fed.append((last, result.hidden))
+                    self.fed.append(last)
+                token = int(result.picked)
+                if token in self.vocab.terminators:
+                    finished = True
+                    break
+                chunk.append(token)
+                generated.append(token)
+                last = token
+            if speech is not None and fed:
+                yield from speech.chunk(fed, finished)
+            elif speech is None:
+                yield Piece(len(self.fed))
+            if finished:
+                break
+        rest = speech.flush() if speech is not None else []
+        yield Piece(len(self.fed), rest, last=True)
+
+
+class _SpeechTurn:
+    """The speech LM's side of one answer (``TTSStreamingGenerator``): its
+    tokens so far, the ones not handed to the vocoder yet, the previous
+    chunk's condition and speech (what ``sliding_recompute`` feeds again)."""
+
+    def __init__(self, session: SlotSimplex) -> None:
+        self.session = session
+        tts = session.shared.model.tts
+        self.tts = tts
+        self.eos = int(tts.config.num_audio_tokens) - 1
+        self.recompute = getattr(tts, "attention_type", "") == "sliding_recompute"
+        self.tokens: list[int] = []
+        self.buffer: list[int] = []
+        self.previous: torch.Tensor | None = None  # the previous chunk's inputs to feed again
+        device = tts.emb_text.weight.device
+        bos, eos = tts.audio_bos_token_id, tts.config.text_eos_token_id
+        with torch.no_grad():
+            self.audio_bos = tts.emb_text(torch.tensor([bos], device=device))
+            self.text_eos = tts.emb_text(torch.tensor([eos], device=device))
+        cache = session.loop.speech.cache  # type: ignore[union-attr]
+        cache.crop(session.slot, 0)  # a program owns its slot's caches
+        self.cache = cache
+
+    def condition(self, fed: list[tuple[int, torch.Tensor]], finished: bool) -> torch.Tensor:
+        """``[n + 1 (+ 1), tts hidden]``: each fed token's text embedding plus
+        its normalised projected hidden state, the text's end if it ended,
+        the audio BOS."""
+        tts = self.tts
+        device = tts.emb_text.weight.device
+        with torch.no_grad():
+            ids = torch.tensor([t for t, _ in fed], device=device)
+            hidden = torch.stack([h.reshape(-1) for _, h in fed]).to(device)
+            projected = tts.projector_semantic(hidden)
+            if tts.config.normalize_projected_hidden:
+                projected = torch.nn.functional.normalize(projected, p=2, dim=-1)
+            parts = [tts.emb_text(ids) + projected]
+            if finished:
+                parts.append(self.text_eos)
+            return torch.cat([*parts, self.audio_bos], 0)
+
+    def chunk(self, fed: list[tuple[int, torch.Tensor]], finished: bool) -> Program[None]:
+        """One text chunk's speech: decoded until the speech LM's end token;
+        every :data:`VOCODER_CHUNK` tokens handed out as a :class:`Piece`."""
+        session = self.session
+        condition = self.condition(fed, finished)
+        inputs = condition
+        if self.recompute and self.previous is not None:
+            self.cache.crop(session.slot, 0)
+            inputs = torch.cat([self.previous, condition], 0)
+        needed = self.cache.lengths[session.slot] + int(inputs.shape[0]) + MAX_SPEECH_PER_CHUNK
+        if needed > self.cache.capacity:
+            raise EngineError("the answer's speech passes the speech LM's context")
+        made: list[int] = []
+        for t in range(MAX_SPEECH_PER_CHUNK):
+            step = inputs if t == 0 else torch.tensor([made[-1]])
+            choice = _SpeechChoice(session, list(self.tokens))
+            result = yield Step(step, speech=True, pick=Pick(_speech_picks, choice))
+            token = int(result.picked)
+            if session.keep_trace:
+                session.trace.speech.append(token)
+            if token == self.eos:
+                break
+            made.append(token)
+            self.tokens.append(token)
+            self.buffer.append(token)
+            if len(self.buffer) >= VOCODER_CHUNK:
+                yield Piece(len(session.fed), self.buffer[:VOCODER_CHUNK])
+                self.buffer = self.buffer[VOCODER_CHUNK:]
+        if self.recompute:
+            self.previous = condition
+            if made:
+                with torch.no_grad():
+                    spoken = self.tts.emb_code[0](torch.tensor(made, device=condition.device))
+                self.previous = torch.cat([condition, spoken], 0)
+
+    def flush(self) -> list[int]:
+        rest, self.buffer = self.buffer, []
+        return rest
+
+
+class _Pieces:
+    """An answer program cut at its :class:`Piece` s: each :meth:`next` is a
+    program of its own for :meth:`BatchLoop.run`, which runs the answer's
+    steps up to its next piece and returns it."""
+
+    def __init__(self, program: Program[None]) -> None:
+        self.program = program
+
+    def next(self) -> Program[Piece]:
+        value: Any = None
+        try:
+            while True:
+                try:
+                    item = self.program.send(value)
+                except StopIteration:
+                    return Piece(0, last=True)
+                if isinstance(item, Piece):
+                    return item
+                value = yield item
+        except GeneratorExit:  # cancelled: the answer goes with it
+            self.program.close()
+            raise
+
+    def close(self) -> None:
+        self.program.close()
+
+
+def _placeholder(item: Any) -> str:
+    if isinstance(item, str):
+        return item
+    return "<audio>./</audio>" if isinstance(item, np.ndarray) else "<image>./</image>"
+
+
+def _text_picks(steps: list[tuple[StepResult, _TextChoice]]) -> list[int]:
+    """The next text token of every answer whose step of this tick named
+    this pick."""
+    tokens = []
+    for result, (session, window, sampling, suppress) in steps:
+        token, scores = choose_answer_token(
+            result.logits,  # type: ignore[arg-type]
+            window,
+            sampling,
+            session.vocab,
+            suppress,
+            session.generator,
+        )
+        if session.keep_trace:
+            session.trace.logits.append(result.logits.detach().float().cpu())  # type: ignore[union-attr]
+        if session.follow is not None:
+            token = session.follow("text", token, scores)
+        if session.keep_trace:
+            session.trace.text.append(token)
+        tokens.append(token)
+    return tokens
+
+
+def _speech_picks(steps: list[tuple[StepResult, _SpeechChoice]]) -> list[int]:
+    """The next speech token of every answer whose step of this tick named
+    this pick: their logits read back at once, each chosen on the CPU."""
+    rows = torch.stack([result.logits for result, _ in steps]).float().cpu()  # type: ignore[misc]
+    tokens = []
+    for row, (_, (session, previous)) in zip(rows, steps, strict=True):
+        token, scores = choose_chunk_speech_token(
+            row, previous, session.speech_sampling, session.speech_generator
+        )
+        if session.follow is not None:
+            token = session.follow("speech", token, scores)
+        tokens.append(token)
+    return tokens
+
+
+def open_voice(shared: SharedModel, samples: np.ndarray) -> VoiceStream:
+    """A voice stream of ``samples`` (on the side lane): the vocoder's
+    preparation of them (~0.1 s on an H200), or the kept one of the same
+    samples (the last :data:`VOICES_KEPT`; what a preparation holds is only
+    read after)."""
+    if shared.vocoder is None:  # one runner per model: its graphs are shared
+        shared.vocoder = runner_for(shared.model.tts.audio_tokenizer)
+    samples = np.ascontiguousarray(samples, dtype=np.float32)
+    key = hashlib.sha256(samples.tobytes()).hexdigest()
+    kept = shared.voices.get(key)
+    if kept is None:
+        file = VoiceFile(samples)
+        kept = shared.voices[key] = (file, shared.vocoder.open(str(file.path)))
+        while len(shared.voices) > VOICES_KEPT:
+            _, (old, _) = shared.voices.popitem(last=False)
+            old.close()
+    shared.voices.move_to_end(key)
+    return VoiceStream(shared.vocoder, base=kept[1])

@@ -1,0 +1,103 @@
+"""A simplex answer's choices (simplex_rules.py) against the model code's
+procedure restated with torch and transformers' own warpers: penalties, top-k,
+top-p and the draw's support, on hand-made and random logits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import TopKLogitsWarper, TopPLogitsWarper
+
+from omnilive.engines.minicpmo.simplex_rules import (
+    AnswerSampling,
+    ChunkSpeechSampling,
+    SimplexVocab,
+    choose_answer_token,
+    choose_chunk_speech_token,
+)
+
+VOCAB = SimplexVocab(terminators=(30, 31), forbidden=(5, 6))
+GREEDY = AnswerSampling(greedy=True)
+
+
+def test_greedy_takes_the_best_token_after_masking_the_forbidden() -> None:
+    logits = torch.zeros(32)
+    logits[5], logits[7] = 9.0, 3.0
+    assert choose_answer_token(logits, [], GREEDY, VOCAB, suppress=True)[0] == 7
+    assert choose_answer_token(logits, [], GREEDY, VOCAB, suppress=False)[0] == 5
+
+
+def test_the_repetition_penalty_divides_positive_and_multiplies_negative_logits() -> None:
+    sampling = AnswerSampling(greedy=True, repetition_penalty=2.0)
+    logits = torch.full((32,), -10.0)
+    logits[1], logits[2] = 4.0, 2.5  # 1 repeated: 4 / 2 = 2 < 2.5
+    assert choose_answer_token(logits, [1, 1], sampling, VOCAB, suppress=True)[0] == 2
+    logits[1], logits[2] = -1.0, -1.5  # 2 repeated: -1.5 * 2 = -3 < -1
+    token, scores = choose_answer_token(logits, [2], sampling, VOCAB, suppress=True)
+    assert token == 1 and scores[2] == pytest.approx(-3.0)
+
+
+def test_the_length_penalty_damps_the_terminators() -> None:
+    sampling = AnswerSampling(greedy=True, length_penalty=2.0)
+    logits = torch.zeros(32)
+    logits[30], logits[3] = 3.0, 2.0
+    assert choose_answer_token(logits, [], sampling, VOCAB, suppress=True)[0] == 3
+    assert choose_answer_token(logits, [], GREEDY, VOCAB, suppress=True)[0] == 30
+
+
+def test_sampling_draws_only_what_top_k_and_top_p_keep() -> None:
+    sampling = AnswerSampling(temperature=0.7, top_k=4, top_p=0.8, repetition_penalty=1.0)
+    logits = torch.tensor([8.0, 7.5, 7.0, 6.9, 6.8] + [0.0] * 27)
+    # The model code: temperature, top-k (4 kept), then the tokens whose
+    # preceding cumulative probability is within top_p.
+    scaled = logits / 0.7
+    kept = torch.topk(scaled, 4).indices
+    probs = torch.softmax(scaled[kept], -1)
+    within = torch.cumsum(probs, -1) - probs <= 0.8
+    allowed = set(kept[within].tolist())
+    generator = torch.Generator().manual_seed(0)
+    drawn = {
+        choose_answer_token(logits, [], sampling, VOCAB, True, generator)[0] for _ in range(300)
+    }
+    assert drawn == allowed
+
+
+def hf_speech_support(logits: torch.Tensor, previous: list[int], s: ChunkSpeechSampling) -> set:
+    """What the model code's TTS sampling may draw: temperature, its
+    repetition penalty over the last 16 tokens, then transformers' TopP and
+    TopK warpers (min 3 kept)."""
+    scores = logits[None].float() / s.temperature
+    if previous:
+        window = torch.tensor(previous[-16:])[None]
+        freq = torch.nn.functional.one_hot(window, scores.shape[1]).sum(1)
+        alpha = torch.pow(s.repetition_penalty, freq)
+        scores = torch.where(scores < 0, scores * alpha, scores / alpha)
+    ids = torch.zeros(1, 1, dtype=torch.long)
+    scores = TopPLogitsWarper(s.top_p, min_tokens_to_keep=3)(ids, scores)
+    scores = TopKLogitsWarper(s.top_k, min_tokens_to_keep=3)(ids, scores)
+    return set(torch.nonzero(torch.isfinite(scores[0])).reshape(-1).tolist())
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_speech_choices_keep_what_the_warpers_keep(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    sampling = ChunkSpeechSampling(top_k=6, top_p=0.7, repetition_penalty=1.5)
+    logits = torch.from_numpy(rng.normal(0, 2, 64).astype(np.float32))
+    previous = [int(t) for t in rng.integers(0, 64, 20)]
+    allowed = hf_speech_support(logits, previous, sampling)
+    _, scores = choose_chunk_speech_token(logits, previous, sampling)
+    assert set(np.flatnonzero(np.isfinite(scores)).tolist()) == allowed
+    generator = torch.Generator().manual_seed(seed)
+    drawn = {
+        choose_chunk_speech_token(logits, previous, sampling, generator)[0] for _ in range(200)
+    }
+    assert drawn <= allowed and len(drawn) > 1
+
+
+def test_a_turns_first_speech_token_is_not_penalized() -> None:
+    sampling = ChunkSpeechSampling(temperature=1e-6, repetition_penalty=10.0)
+    logits = torch.zeros(16)
+    logits[3], logits[4] = 2.0, 1.9
+    assert choose_chunk_speech_token(logits, [], sampling)[0] == 3
+    assert choose_chunk_speech_token(logits, [3], sampling)[0] == 4
