@@ -96,14 +96,13 @@ def conversations(count: int, turns: int, seed: int = 0, audio: bool = True) -> 
 class Recorder:
     """The model code's choices, read off its own objects while it runs."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, speech_per_chunk: int) -> None:
         self.module = sys.modules[type(model).__module__]
         self.chunk_cls = self.module.ChunkPrefillChunkGenerate
         self.tts_cls = self.module.TTSStreamingGenerator
         self.chunk_generate = self.chunk_cls.chunk_generate
         self.generate_with_buffer = self.tts_cls.generate_with_buffer
-        budget = inspect.signature(self.generate_with_buffer).parameters["max_new_token"]
-        self.speech_budget = int(budget.default)
+        self.speech_budget = speech_per_chunk
         self.text: list[int] = []
         self.finished = False
         self.speech: list[int] = []
@@ -119,10 +118,11 @@ class Recorder:
 
         def generate_with_buffer(generator: Any, *args: Any, **kwargs: Any) -> Any:
             before = len(generator.all_generated_tokens)
+            kwargs["max_new_token"] = recorder.speech_budget
             yield from recorder.generate_with_buffer(generator, *args, **kwargs)
             made = generator.all_generated_tokens[before:]
             recorder.speech += [int(t.reshape(-1)[0]) for t in made]
-            if len(made) < kwargs.get("max_new_token", recorder.speech_budget):  # it ended
+            if len(made) < recorder.speech_budget:  # it ended on the end token
                 recorder.speech.append(int(generator.eos_token.reshape(-1)[0]))
 
         def hook(module: Any, inputs: Any, output: Any) -> None:
@@ -144,7 +144,11 @@ class Recorder:
 
 
 def run_reference(
-    model: Any, inputs: list[Conversation], max_new_tokens: int, voice: np.ndarray
+    model: Any,
+    inputs: list[Conversation],
+    max_new_tokens: int,
+    voice: np.ndarray,
+    speech_per_chunk: int,
 ) -> list[list[TurnTrace]]:
     """Each conversation alone through the model's own simplex API, as
     omnilive's single-session views call it."""
@@ -153,7 +157,7 @@ def run_reference(
     model.init_token2wav_cache(prompt_speech_16k=voice)
     default = inspect.signature(model.streaming_generate).parameters["tts_sampling_params"].default
     tts_sampling = dataclasses.replace(default, temperature=1e-6)
-    recorder = Recorder(model)
+    recorder = Recorder(model, speech_per_chunk)
     traces = []
     try:
         for index, conversation in enumerate(inputs):
@@ -238,6 +242,7 @@ async def run_batched(
     flavour: str,
     inputs: list[Conversation],
     max_new_tokens: int,
+    speech_per_chunk: int,
     voice: np.ndarray,
     capacity: int,
     reference: list[list[TurnTrace]] | None,
@@ -257,7 +262,8 @@ async def run_batched(
     async def conversation_of(index: int, given: Conversation) -> list[TurnTrace]:
         slot = await loop.acquire()
         session = SlotSimplex(shared, loop, slot, suppress_text_only=standalone,
-                              speech=ChunkSpeechSampling(temperature=1e-6), seed=index,
+                              speech=ChunkSpeechSampling(temperature=1e-6),
+                              speech_per_chunk=speech_per_chunk, seed=index,
                               keep_trace=True)  # fmt: skip
         if reference is not None:
             follower = Follower(reference[index], tie, session.vocab.terminators)
@@ -329,7 +335,11 @@ def bring_endings(model: Any, traces: list[list[TurnTrace]]) -> dict[str, int]:
     import torch
 
     text = Counter(t for turns in traces for turn in turns for t in turn.text)
-    speech = Counter(t for turns in traces for turn in turns for t in turn.speech)
+    # Not a token that opens a turn's speech: the speech would end before it began.
+    openings = {t for turns in traces for turn in turns for t in turn.speech[:5]}
+    speech = Counter(
+        t for turns in traces for turn in turns for t in turn.speech if t not in openings
+    )
     chosen: dict[str, int] = {}
     with torch.no_grad():
         head = model.llm.lm_head.weight
@@ -368,6 +378,7 @@ def check(
     device: str = "cpu",
     dtype: str = "float32",
     max_new_tokens: int = 24,
+    speech_per_chunk: int = 40,
     capacity: int = 2048,
     tie: float = 0.0,
     endings: bool = False,
@@ -384,11 +395,10 @@ def check(
     # The checkpoint's code encodes a user's recording as a live stream, which
     # takes only about a second of audio: its conversations hold none.
     inputs = conversations(conversations_count, turns, audio=flavour == "unified")
-    ended = (
-        bring_endings(model, run_reference(model, inputs, max_new_tokens, voice)) if endings else {}
-    )
+    budgets = (max_new_tokens, voice, speech_per_chunk)
+    ended = bring_endings(model, run_reference(model, inputs, *budgets)) if endings else {}
     started = time.perf_counter()
-    reference = run_reference(model, inputs, max_new_tokens, voice)
+    reference = run_reference(model, inputs, *budgets)
     alone_s = time.perf_counter() - started
     started = time.perf_counter()
     batched, stats = asyncio.run(
@@ -398,6 +408,7 @@ def check(
             flavour,
             inputs,
             max_new_tokens,
+            speech_per_chunk,
             voice,
             capacity,
             reference if tie > 0 else None,
@@ -406,10 +417,12 @@ def check(
     )
     together_s = time.perf_counter() - started
     report = compare(reference, batched)
+    end = int(model.tts.config.num_audio_tokens) - 1
     report.update(flavour=flavour, device=device, dtype=dtype, endings=ended,
                   finished_turns=sum(turn.finished for turns in reference for turn in turns),
-                  speech_ends=sum(turn.speech.count(int(model.tts.config.num_audio_tokens) - 1)
-                                  for turns in reference for turn in turns),
+                  speech_ends=sum(turn.speech.count(end) for turns in reference for turn in turns),
+                  speech_tokens=sum(len(turn.speech) - turn.speech.count(end)
+                                    for turns in reference for turn in turns),
                   reference_s=round(alone_s, 2),
                   batched_s=round(together_s, 2), **stats)  # fmt: skip
     return report
@@ -424,11 +437,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=60)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument(
+        "--speech-per-chunk",
+        type=int,
+        default=40,
+        help="the most speech tokens a text chunk makes (the code's: 500)",
+    )
+    parser.add_argument("--endings", action="store_true", help="see bring_endings()")
     parser.add_argument("--tie", type=float, default=0.0, help="logit gap a choice may flip in")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     report = check(args.ckpt, args.flavour, args.conversations, args.turns, device=args.device,
-                   dtype=args.dtype, max_new_tokens=args.max_new_tokens, tie=args.tie)  # fmt: skip
+                   dtype=args.dtype, max_new_tokens=args.max_new_tokens,
+                   speech_per_chunk=args.speech_per_chunk, tie=args.tie,
+                   endings=args.endings)  # fmt: skip
     report["mismatches"] = report["mismatches"][:20]
     text = json.dumps(report, indent=2, default=str)
     print(text)

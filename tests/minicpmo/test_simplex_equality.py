@@ -31,7 +31,8 @@ def test_batched_conversations_answer_as_the_model_code_alone(
     assert report["turns_compared"] == 12
     assert report["spoken_turns"] > 0  # the speech LM was held to it too
     assert report["finished_turns"] > 0  # answers that ended on a terminator
-    assert report["speech_ends"] > 0  # and speech chunks on the speech LM's end
+    assert report["speech_tokens"] > 0
+    assert report["speech_ends"] > 0  # speech chunks that ended on the speech LM's end
     assert report["max_logit_difference"] < 1e-3
     assert max(report["batch_sizes"]) > 1  # the conversations shared forwards
     assert max(report["speech_batch_sizes"]) > 1

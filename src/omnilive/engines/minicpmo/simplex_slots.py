@@ -71,7 +71,7 @@ from omnilive.engines.minicpmo.vocoder import VOCODER_CHUNK, VoiceStream, runner
 log = logging.getLogger(__name__)
 
 TEXT_CHUNK = 10  # LLM tokens a chunk (the first chunk decides one more)
-MAX_SPEECH_PER_CHUNK = 500  # speech tokens one text chunk may make
+SPEECH_PER_CHUNK = 500  # the most speech tokens one text chunk makes (the model code's)
 VOICES_KEPT = 4  # prepared voices kept by their samples (clients resend theirs)
 # Speech LM attentions whose context handling is owned here.
 SUPPORTED_SPEECH_ATTENTION = ("sliding_recompute", "full_attention")
@@ -128,6 +128,7 @@ class SlotSimplex:
         *,
         suppress_text_only: bool = True,
         speech: ChunkSpeechSampling | None = None,
+        speech_per_chunk: int = SPEECH_PER_CHUNK,
         seed: int | None = None,
         keep_trace: bool = False,
     ) -> None:
@@ -137,6 +138,7 @@ class SlotSimplex:
         # The unified code masks the forbidden punctuation only when it speaks.
         self.suppress_text_only = suppress_text_only
         self.speech_sampling = speech or ChunkSpeechSampling()
+        self.speech_per_chunk = speech_per_chunk
         self.vocab = SimplexVocab.of(shared.tokenizer)
         self.think = str(getattr(shared.model, "think_str", "")).replace("\\n", "\n")
         seed = seed if seed is not None else secrets.randbits(62)
@@ -411,11 +413,12 @@ class _SpeechTurn:
         if self.recompute and self.previous is not None:
             self.cache.crop(session.slot, 0)
             inputs = torch.cat([self.previous, condition], 0)
-        needed = self.cache.lengths[session.slot] + int(inputs.shape[0]) + MAX_SPEECH_PER_CHUNK
+        budget = session.speech_per_chunk
+        needed = self.cache.lengths[session.slot] + int(inputs.shape[0]) + budget
         if needed > self.cache.capacity:
             raise EngineError("the answer's speech passes the speech LM's context")
         made: list[int] = []
-        for t in range(MAX_SPEECH_PER_CHUNK):
+        for t in range(budget):
             step = inputs if t == 0 else torch.tensor([made[-1]])
             choice = _SpeechChoice(session, list(self.tokens))
             result = yield Step(step, speech=True, pick=Pick(_speech_picks, choice))
