@@ -510,8 +510,8 @@ def _speech_picks(steps: list[tuple[StepResult, _SpeechChoice]]) -> list[int]:
         token, scores = choose_chunk_speech_token(
             row, previous, session.speech_sampling, session.speech_generator
         )
-        if session.follow is not None:
-            token = session.follow("speech", token, scores)
+        if session.follow is not None:  # in logit units, as the text's
+            token = session.follow("speech", token, scores * session.speech_sampling.temperature)
         tokens.append(token)
     return tokens
 
