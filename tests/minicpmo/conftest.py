@@ -143,3 +143,12 @@ def make_engine(checkpoint: Path, voice_file: Path) -> Iterator[EngineFactory]:
     yield make
     for engine in engines:
         engine.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random checkpoint of the published architecture with the model's
+    own code, for the tests that need that code (see ``model_code.py``)."""
+    from tests.minicpmo.model_code import tiny_checkpoint as build_tiny
+
+    return build_tiny(tmp_path_factory)

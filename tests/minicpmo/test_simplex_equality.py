@@ -10,14 +10,8 @@ from pathlib import Path
 import pytest
 
 from tests.minicpmo.model_code import needs_model_code
-from tests.minicpmo.model_code import tiny_checkpoint as build_tiny
 
 pytestmark = needs_model_code
-
-
-@pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny(tmp_path_factory)
 
 
 @pytest.mark.parametrize("flavour", ["standalone", "unified"])
