@@ -62,7 +62,7 @@ from omnilive.engines.minicpmo.unit_rules import (
     choose_speech_token,
     choose_tokens,
 )
-from omnilive.engines.minicpmo.vocoder import VoiceStream, runner_for, voice_together
+from omnilive.engines.minicpmo.vocoder import VoiceStream, voice_together
 
 log = logging.getLogger(__name__)
 
@@ -381,10 +381,7 @@ class SlotDuplex:
         return decided
 
     def _open_voice(self, prompt_wav: str) -> VoiceStream:
-        shared = self.shared
-        if shared.vocoder is None:  # one runner per model: its graphs are shared
-            shared.vocoder = runner_for(shared.model.tts.audio_tokenizer)
-        return VoiceStream(shared.vocoder, prompt_wav)
+        return VoiceStream(self.shared.voice_runner(), prompt_wav)
 
     # --- the LLM context ----------------------------------------------------------------
 

@@ -18,11 +18,9 @@ missing one must degrade, not raise ``TypeError`` mid-session.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import inspect
 import logging
 import sys
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -33,12 +31,12 @@ import numpy as np
 from omnilive.config import MiniCPMoSettings
 from omnilive.engines.base import EngineError
 from omnilive.engines.minicpmo.backend import Backend, StepGraphSet
+from omnilive.engines.minicpmo.content import KeptVoices
 
 log = logging.getLogger(__name__)
 
 # Session flags the simplex prompt builder reads to decide how the next message
 # starts (a new user turn, after an answer, ...). Restored with the KV cache.
-VOICES_KEPT = 4  # prepared reference voices kept for the simplex views (a few MB each)
 
 _TURN_FLAGS = (
     "new_user_msg",
@@ -137,8 +135,8 @@ class ModelHost:
         self._duplex: Any = None
         self.graphs: StepGraphSet | None = None
         self.view: View | None = None
-        # Prepared reference voices (see set_voice), the most recent last.
-        self._voices: OrderedDict[str, tuple[Any, Any]] = OrderedDict()
+        # Prepared reference voices (see set_voice).
+        self._voices: KeptVoices[tuple[Any, Any]] = KeptVoices()
 
     # --- set-up --------------------------------------------------------------
 
@@ -208,23 +206,18 @@ class ModelHost:
         H200, and clients send the same voice request after request. The
         model code only reads what it prepares (each answer starts from
         clones of ``token2wav_cache``; the vocoder reads its ``cache``), so
-        the last :data:`VOICES_KEPT` voices' are kept, by their samples, and
+        the last few voices' are kept, by their samples, and
         put back instead of prepared again."""
         tokenizer = getattr(getattr(self.model, "tts", None), "audio_tokenizer", None)
         if not hasattr(tokenizer, "set_stream_cache"):  # another vocoder: no reuse
             self.model.init_token2wav_cache(prompt_speech_16k=reference)
             return
-        samples = np.ascontiguousarray(reference)
-        key = hashlib.sha256(samples.tobytes()).hexdigest() + str(samples.dtype)
-        kept = self._voices.get(key)
-        if kept is not None:
-            self._voices.move_to_end(key)
-            self.model.token2wav_cache, tokenizer.cache = kept
-            return
-        self.model.init_token2wav_cache(prompt_speech_16k=reference)
-        self._voices[key] = (self.model.token2wav_cache, tokenizer.cache)
-        while len(self._voices) > VOICES_KEPT:
-            self._voices.popitem(last=False)
+
+        def prepare(samples: np.ndarray) -> tuple[Any, Any]:
+            self.model.init_token2wav_cache(prompt_speech_16k=samples)
+            return self.model.token2wav_cache, tokenizer.cache
+
+        self.model.token2wav_cache, tokenizer.cache = self._voices.get(reference, prepare)
 
     # --- simplex context ---------------------------------------------------------
 

@@ -9,6 +9,7 @@ batched with.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -70,6 +71,11 @@ class SimplexVocab:
 
     @classmethod
     def of(cls, tokenizer: Any) -> SimplexVocab:
+        """Looked up once per tokenizer (its bad tokens are thousands)."""
+        return _vocab_of(tokenizer)
+
+    @classmethod
+    def _look_up(cls, tokenizer: Any) -> SimplexVocab:
         ids = tokenizer.convert_tokens_to_ids
         forbidden = [ids(token) for token in FORBIDDEN_TEXT]
         forbidden += list(getattr(tokenizer, "bad_token_ids", []) or [])
@@ -77,6 +83,18 @@ class SimplexVocab:
             terminators=tuple(dict.fromkeys(int(ids(t)) for t in TERMINATORS)),
             forbidden=tuple(sorted({int(t) for t in forbidden if t is not None})),
         )
+
+
+@functools.lru_cache(maxsize=4)
+def _vocab_of(tokenizer: Any) -> SimplexVocab:
+    return SimplexVocab._look_up(tokenizer)
+
+
+@functools.lru_cache(maxsize=8)
+def _index(tokens: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """``tokens`` as an index on ``device``, made once (not a copy to the
+    device at every choice)."""
+    return torch.tensor(tokens, dtype=torch.long, device=device)
 
 
 def choose_answer_token(
@@ -96,9 +114,11 @@ def choose_answer_token(
     scores = logits.detach().reshape(-1).float().clone()
     device = scores.device
     if suppress and vocab.forbidden:
-        scores[torch.tensor(vocab.forbidden, device=device)] = float("-inf")
-    _damp(scores, sorted(set(window)), sampling.repetition_penalty)
-    _damp(scores, list(vocab.terminators), sampling.length_penalty)
+        scores[_index(vocab.forbidden, device)] = float("-inf")
+    if window and sampling.repetition_penalty != 1.0:
+        _damp(scores, torch.tensor(sorted(set(window)), device=device), sampling.repetition_penalty)
+    if sampling.length_penalty != 1.0:
+        _damp(scores, _index(vocab.terminators, device), sampling.length_penalty)
     if sampling.greedy:
         return int(scores.argmax()), scores
     scaled = scores / sampling.temperature if sampling.temperature != 1.0 else scores
@@ -111,10 +131,8 @@ def choose_answer_token(
     return int(ids[draw(ordered[:kept], generator)]), scores
 
 
-def _damp(scores: torch.Tensor, tokens: list[int], penalty: float) -> None:
-    if penalty == 1.0 or not tokens:
-        return
-    at = torch.tensor(tokens, device=scores.device)
+def _damp(scores: torch.Tensor, at: torch.Tensor, penalty: float) -> None:
+    """Positive scores at ``at`` divided by ``penalty``, the others multiplied."""
     values = scores[at]
     scores[at] = torch.where(values > 0, values / penalty, values * penalty)
 

@@ -39,7 +39,6 @@ only the real end is.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import math
 import secrets
@@ -66,13 +65,12 @@ from omnilive.engines.minicpmo.simplex_rules import (
     choose_chunk_speech_token,
 )
 from omnilive.engines.minicpmo.slot_model import SharedModel, swapped
-from omnilive.engines.minicpmo.vocoder import VOCODER_CHUNK, VoiceStream, runner_for, voice_together
+from omnilive.engines.minicpmo.vocoder import VOCODER_CHUNK, VoiceStream, voice_together
 
 log = logging.getLogger(__name__)
 
 TEXT_CHUNK = 10  # LLM tokens a chunk (the first chunk decides one more)
 SPEECH_PER_CHUNK = 500  # the most speech tokens one text chunk makes (the model code's)
-VOICES_KEPT = 4  # prepared voices kept by their samples (clients resend theirs)
 # Speech LM attentions whose context handling is owned here.
 SUPPORTED_SPEECH_ATTENTION = ("sliding_recompute", "full_attention")
 
@@ -518,19 +516,12 @@ def _speech_picks(steps: list[tuple[StepResult, _SpeechChoice]]) -> list[int]:
 
 def open_voice(shared: SharedModel, samples: np.ndarray) -> VoiceStream:
     """A voice stream of ``samples`` (on the side lane): the vocoder's
-    preparation of them (~0.1 s on an H200), or the kept one of the same
-    samples (the last :data:`VOICES_KEPT`; what a preparation holds is only
-    read after)."""
-    if shared.vocoder is None:  # one runner per model: its graphs are shared
-        shared.vocoder = runner_for(shared.model.tts.audio_tokenizer)
-    samples = np.ascontiguousarray(samples, dtype=np.float32)
-    key = hashlib.sha256(samples.tobytes()).hexdigest()
-    kept = shared.voices.get(key)
-    if kept is None:
+    preparation of them, or the kept one of the same samples."""
+    runner = shared.voice_runner()
+
+    def prepare(samples: np.ndarray) -> tuple[VoiceFile, Any]:
         file = VoiceFile(samples)
-        kept = shared.voices[key] = (file, shared.vocoder.open(str(file.path)))
-        while len(shared.voices) > VOICES_KEPT:
-            _, (old, _) = shared.voices.popitem(last=False)
-            old.close()
-    shared.voices.move_to_end(key)
-    return VoiceStream(shared.vocoder, base=kept[1])
+        return file, runner.open(str(file.path))
+
+    _, base = shared.voices.get(np.asarray(samples, np.float32), prepare)
+    return VoiceStream(runner, base=base)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +15,7 @@ import torch
 
 from omnilive.engines.minicpmo.batch import BatchedSteps, SlotCache
 from omnilive.engines.minicpmo.batch_loop import BatchLoop
+from omnilive.engines.minicpmo.content import KeptVoices
 from omnilive.engines.minicpmo.fused_decoder import FusedDecoder
 from omnilive.engines.minicpmo.side_lane import SideLane
 from omnilive.engines.minicpmo.unit_rules import DuplexVocab, UnitRules
@@ -48,9 +48,11 @@ class SharedModel:
     audio_state_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
     # The vocoder's chunk runner (vocoder.runner_for), made by the first voice.
     vocoder: Any = field(init=False, default=None)
-    # Voices prepared for the vocoder, by their samples' digest: (the voice
-    # file, the runner's state at a turn's start); see simplex_slots.open_voice.
-    voices: OrderedDict[str, tuple[Any, Any]] = field(init=False, default_factory=OrderedDict)
+    # Voices prepared for the vocoder: (the voice file, the runner's state at
+    # a turn's start); see simplex_slots.open_voice.
+    voices: KeptVoices[tuple[Any, Any]] = field(
+        init=False, default_factory=lambda: KeptVoices(forget=lambda kept: kept[0].close())
+    )
     markers: dict[int, torch.Tensor] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -75,6 +77,15 @@ class SharedModel:
             first_chunk_ms=int(getattr(duplex, "FIRST_CHUNK_MS", 1035)),
             cnn_redundancy_ms=int(getattr(duplex, "CNN_REDUNDANCY_MS", 20)),
         )
+
+    def voice_runner(self) -> Any:
+        """The vocoder's chunk runner (one per model: its graphs are shared),
+        made at the first use (on the side lane)."""
+        if self.vocoder is None:
+            from omnilive.engines.minicpmo.vocoder import runner_for
+
+            self.vocoder = runner_for(self.model.tts.audio_tokenizer)
+        return self.vocoder
 
     @property
     def device(self) -> torch.device:
