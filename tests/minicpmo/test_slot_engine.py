@@ -27,6 +27,7 @@ from omnilive.engines.base import (
 )
 from omnilive.engines.minicpmo import MiniCPMoEngine
 from omnilive.engines.minicpmo.backend import DeviceInfo
+from omnilive.engines.minicpmo.simplex_slots import FIRST_PIECE
 from tests.minicpmo.model_code import needs_model_code
 from tests.minicpmo.model_code import tiny_checkpoint as build_tiny
 
@@ -206,6 +207,52 @@ def test_a_chat_answers_while_a_duplex_session_runs(engine: Any) -> None:
     assert length > 0
     assert sum(chunk.n_tokens for chunk in chunks) > 0
     assert len(duplex_units) >= 2
+
+
+def spoken_answer(engine: Any, max_new_tokens: int = 24) -> tuple[Any, Any]:
+    """A chat (in the default voice) prefilled, and its answer's iterator."""
+    chat = engine.open_chat()
+    options = ChatOptions(generation=GenerationOptions(max_new_tokens=max_new_tokens))
+    chat.prefill([ChatMessage("user", (TextPart("Tell me a story."),))], options)
+    return chat, chat.generate()
+
+
+def test_a_spoken_answer_s_first_audio_is_voiced_from_its_first_speech_tokens(engine: Any):
+    """The first piece goes to the vocoder after FIRST_PIECE speech tokens,
+    not a second's worth, and is not padded to a second; the pieces after it
+    are whole seconds until the last."""
+    chat, answer = spoken_answer(engine)
+    try:
+        audio = [len(chunk.audio) for chunk in answer if chunk.audio is not None]
+    finally:
+        chat.close()
+    assert len(audio) >= 3
+    assert 0 < audio[0] < 24_000
+    assert audio[0] == FIRST_PIECE * 24_000 // 25  # three silent tokens in, three ahead out
+    assert set(audio[1:-1]) == {24_000}
+
+
+def test_an_interrupted_answer_stops_at_its_next_step(engine: Any) -> None:
+    chat, answer = spoken_answer(engine)
+    try:
+        whole = list(answer)
+    finally:
+        chat.close()
+    chat, answer = spoken_answer(engine)
+    try:
+        first = next(answer)
+        answer.interrupt()  # what a lane does when the reader left
+        rest = list(answer)
+    finally:
+        chat.close()
+    assert len(whole) >= 10 and first.audio is not None
+    assert len(rest) <= 1  # at most the piece decoded while the first was voiced
+    # The slot is free again and the next answer is whole.
+    chat, answer = spoken_answer(engine)
+    try:
+        assert len(list(answer)) >= 10
+    finally:
+        chat.close()
 
 
 def test_too_many_slots_for_the_memory_is_one_clear_refusal(tiny: Path) -> None:

@@ -6,9 +6,11 @@ import asyncio
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import aclosing
 
 import pytest
 
+from omnilive.engines.base import Interruptible
 from omnilive.engines.steps import StepLoop
 
 
@@ -151,3 +153,43 @@ async def test_a_stream_whose_function_fails_before_any_item_raises_it(steps: St
 
     with pytest.raises(ValueError, match="failed at the call"):
         await asyncio.wait_for(read(), 5)
+
+
+async def test_a_reader_leaving_interrupts_a_producer_waiting_inside_next(steps: StepLoop):
+    """An engine's answer may be waiting inside ``next()`` for its next piece
+    (a second of speech): leaving the stream interrupts it, so the engine's
+    thread is free at once, not when that piece is done."""
+    released = threading.Event()
+    interrupts: list[int] = []
+    closed = threading.Event()
+
+    def pieces() -> Iterator[int]:
+        try:
+            yield 1
+            released.wait(30)  # the next piece: long, unless interrupted
+            if not interrupts:
+                yield 2
+        finally:
+            closed.set()
+
+    def interrupt() -> None:
+        interrupts.append(threading.get_ident())
+        released.set()
+
+    lane = steps.lane("s")
+    async with aclosing(lane.stream(lambda: Interruptible(pieces(), interrupt))) as items:
+        async for n in items:  # the runners read answers so
+            assert n == 1
+            await asyncio.sleep(0.05)  # the producer is waiting for its next piece
+            break
+    assert interrupts == [threading.get_ident()]  # from the reader's side
+    assert await asyncio.to_thread(closed.wait, 5)
+    assert await asyncio.wait_for(lane.run(lambda: "next"), 5) == "next"
+
+
+async def test_a_stream_read_to_its_end_is_not_interrupted(steps: StepLoop):
+    interrupts: list[int] = []
+    items = Interruptible(iter([1, 2, 3]), lambda: interrupts.append(1))
+    got = [n async for n in steps.lane("s").stream(lambda: items)]
+    assert got == [1, 2, 3]
+    assert interrupts == []

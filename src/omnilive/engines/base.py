@@ -14,10 +14,13 @@ import abc
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TypeVar
 
 import numpy as np
 
 from omnilive.engines.steps import StepLoop
+
+T = TypeVar("T")
 
 
 class Modality(StrEnum):
@@ -224,6 +227,29 @@ class DuplexUnit:
 # --- views -------------------------------------------------------------------
 
 
+class Interruptible(Iterator[T]):
+    """An answer's chunks whose producer can be told, from any thread, that
+    their reader left: :meth:`interrupt` makes the engine stop at its next
+    step instead of finishing the piece in hand (and its ``next()`` then
+    ends the iteration). The engine's step lanes call it when a reader
+    leaves a stream early."""
+
+    def __init__(self, items: Iterator[T], interrupt: Callable[[], None]) -> None:
+        self._items = items
+        self._interrupt = interrupt
+
+    def __next__(self) -> T:
+        return next(self._items)
+
+    def interrupt(self) -> None:
+        self._interrupt()
+
+    def close(self) -> None:
+        close = getattr(self._items, "close", None)
+        if close is not None:
+            close()
+
+
 class ChatSession(abc.ABC):
     """Stateless turn-based chat: one prefill of all messages, then generation."""
 
@@ -233,7 +259,8 @@ class ChatSession(abc.ABC):
 
     @abc.abstractmethod
     def generate(self) -> Iterator[TextAudioChunk]:
-        """Stream the answer. Each ``next()`` should be short (a token or a sentence)."""
+        """Stream the answer. Each ``next()`` should be short (a token or a
+        sentence). The iterator may be :class:`Interruptible`."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release per-request state."""
@@ -258,7 +285,8 @@ class HalfDuplexSession(abc.ABC):
 
     @abc.abstractmethod
     def generate(self) -> Iterator[TextAudioChunk]:
-        """Stream the answer to the last speech segment."""
+        """Stream the answer to the last speech segment (the iterator may be
+        :class:`Interruptible`)."""
 
     def hear(self, speech_so_far: np.ndarray, paused: bool) -> None:  # noqa: B027
         """Optional early work while the user is still speaking.

@@ -73,7 +73,9 @@ class Lane:
     async def stream(self, fn: Callable[..., Iterator[T]], *args: Any) -> AsyncIterator[T]:
         """Iterate ``fn(*args)`` as one step: the engine's thread produces items
         (at most :data:`STREAM_AHEAD` ahead of the reader), the caller reads them
-        here. Leaving the loop early stops and closes the iterator."""
+        here. Leaving the loop early stops and closes the iterator, and
+        interrupts it first where it can be (an ``interrupt()`` method: the
+        engine's thread may be waiting inside ``next()``)."""
         loop = asyncio.get_running_loop()
         items: asyncio.Queue[Any] = asyncio.Queue()
         room = threading.Semaphore(STREAM_AHEAD)
@@ -83,10 +85,14 @@ class Lane:
             with contextlib.suppress(RuntimeError):  # the event loop is gone (shutdown)
                 loop.call_soon_threadsafe(items.put_nowait, (item, error))
 
+        made: list[Iterator[T]] = []  # the iterator, once the engine's thread made it
+        ended = False
+
         def produce() -> None:
             iterator: Iterator[T] | None = None
             try:
                 iterator = fn(*args)  # a plain function may fail here, before any item
+                made.append(iterator)
                 for item in iterator:
                     while not room.acquire(timeout=0.1):
                         if stop.is_set():
@@ -109,6 +115,7 @@ class Lane:
             while True:
                 item, error = await items.get()
                 if item is _STOP:
+                    ended = True
                     if error is not None:
                         raise error
                     return
@@ -116,6 +123,12 @@ class Lane:
                 yield item
         finally:
             stop.set()
+            interrupt = getattr(made[0], "interrupt", None) if made else None
+            if interrupt is not None and not ended:
+                try:
+                    interrupt()
+                except Exception:  # the stream is left either way
+                    log.exception("interrupting a stream failed")
             self._drop(job)
 
     def finish(self, last: Callable[[], Any] | None = None) -> None:

@@ -27,6 +27,7 @@ from omnilive.engines.base import (
     GenerationOptions,
     HalfDuplexOptions,
     HalfDuplexSession,
+    Interruptible,
     Part,
     TextAudioChunk,
     Voice,
@@ -108,7 +109,7 @@ class _SlotSimplexView:
             use_tts_template=self._audio,
             enable_thinking=generation.enable_thinking,
         )
-        return self._stream(answer)
+        return Interruptible(self._stream(answer), session.interrupt)
 
     def _stream(self, answer: AsyncIterator[TextAudioChunk]) -> Iterator[TextAudioChunk]:
         events = self._model.events

@@ -28,7 +28,13 @@ session decoding, its choices made by
   every chunk from the previous chunk's condition and speech;
 - every 25 speech tokens leave the program for the vocoder (the session's
   :class:`~omnilive.engines.minicpmo.vocoder.VoiceStream`, on the side lane,
-  batched with the duplex sessions' pushes) while the program decodes on.
+  batched with the duplex sessions' pushes) while the program decodes on;
+  the answer's first :data:`FIRST_PIECE` already, voiced at once (the
+  audio's cut into pieces is the answer's first audio; its tokens are the
+  same).
+
+:meth:`SlotSimplex.interrupt` (a reader that left) ends the answer at its
+next step, not after the piece in hand.
 
 One difference from the published code, which no client can rely on: its
 answer's final speech, when it arrives with a whole second or more buffered,
@@ -71,6 +77,10 @@ log = logging.getLogger(__name__)
 
 TEXT_CHUNK = 10  # LLM tokens a chunk (the first chunk decides one more)
 SPEECH_PER_CHUNK = 500  # the most speech tokens one text chunk makes (the model code's)
+# Speech tokens of an answer's first piece: 0.4 s of audio (with the three
+# silent tokens the vocoder starts a turn with), out about 50 ms before a
+# whole second would be, and long enough to play while the next is made.
+FIRST_PIECE = 10
 # Speech LM attentions whose context handling is owned here.
 SUPPORTED_SPEECH_ATTENTION = ("sliding_recompute", "full_attention")
 
@@ -81,11 +91,15 @@ Follow = Callable[[str, int, Any], int]
 @dataclass
 class Piece:
     """What an answer program hands out between its steps: how many text
-    tokens it fed so far, speech tokens for the vocoder, whether it ends."""
+    tokens it fed so far, speech tokens for the vocoder (``flush``: voiced
+    now, all but the lookahead), whether it ends (``stopped``: interrupted,
+    nothing more to voice)."""
 
     text_tokens: int
     speech: list[int] = field(default_factory=list)
     last: bool = False
+    flush: bool = False
+    stopped: bool = False
 
 
 @dataclass
@@ -152,6 +166,7 @@ class SlotSimplex:
         self.audio_chunk_idx = 0  # a turn's audio messages so far
         self.voice: VoiceStream | None = None
         self.fed: list[int] = []  # the answer's text tokens fed so far
+        self.stop_requested = False  # set from any thread: see interrupt()
 
     # --- a message ----------------------------------------------------------------------
 
@@ -264,6 +279,12 @@ class SlotSimplex:
 
     # --- an answer ----------------------------------------------------------------------
 
+    def interrupt(self) -> None:
+        """End the running answer at its next step (any thread may call it:
+        the answer's reader left, and what is being decoded or voiced for it
+        would be thrown away)."""
+        self.stop_requested = True
+
     async def answer(
         self,
         sampling: AnswerSampling,
@@ -281,11 +302,12 @@ class SlotSimplex:
         self.llm_generated = True
         self.audio_chunk_idx = 0
         self.trace = AnswerTrace()
+        self.stop_requested = False
         bos = "<|im_end|>\n<|im_start|>assistant\n" + ("" if enable_thinking else self.think)
         bos += "<|tts_bos|>" if use_tts_template else ""
         voice = self.voice if audio and self.loop.speech is not None else None
         program = self._decode(self.shared.tokenizer.encode(bos), sampling, max_new_tokens, voice)
-        pieces = _Pieces(program)
+        pieces = _Pieces(program, lambda: self.stop_requested)
         if voice is not None:
             voice.restart()
         before, said = self.kv_length, ""
@@ -293,11 +315,13 @@ class SlotSimplex:
         try:
             while True:
                 piece = await running
+                if piece.stopped:
+                    return
                 if not piece.last:  # decoding goes on while this piece is voiced
                     running = asyncio.ensure_future(self.loop.run(self.slot, pieces.next()))
                 samples = None
                 if voice is not None and (piece.speech or piece.last):
-                    push = (voice, piece.speech, piece.last, False)
+                    push = (voice, piece.speech, piece.last, piece.flush)
                     samples = await self.loop.side_gather(
                         VOICE_KEY, partial(voice_together, voice.runner), push
                     )
@@ -375,6 +399,7 @@ class _SpeechTurn:
         self.recompute = getattr(tts, "attention_type", "") == "sliding_recompute"
         self.tokens: list[int] = []
         self.buffer: list[int] = []
+        self.handed = False  # whether the first piece went to the vocoder
         self.previous: torch.Tensor | None = None  # the previous chunk's inputs to feed again
         device = tts.emb_text.weight.device
         bos, eos = tts.audio_bos_token_id, tts.config.text_eos_token_id
@@ -404,7 +429,8 @@ class _SpeechTurn:
 
     def chunk(self, fed: list[tuple[int, torch.Tensor]], finished: bool) -> Program[None]:
         """One text chunk's speech: decoded until the speech LM's end token;
-        every :data:`VOCODER_CHUNK` tokens handed out as a :class:`Piece`."""
+        the answer's first :data:`FIRST_PIECE` tokens handed out as a
+        :class:`Piece` to voice at once, then every :data:`VOCODER_CHUNK`."""
         session = self.session
         condition = self.condition(fed, finished)
         inputs = condition
@@ -428,9 +454,11 @@ class _SpeechTurn:
             made.append(token)
             self.tokens.append(token)
             self.buffer.append(token)
-            if len(self.buffer) >= VOCODER_CHUNK:
-                yield Piece(len(session.fed), self.buffer[:VOCODER_CHUNK])
-                self.buffer = self.buffer[VOCODER_CHUNK:]
+            size = VOCODER_CHUNK if self.handed else FIRST_PIECE
+            if len(self.buffer) >= size:
+                yield Piece(len(session.fed), self.buffer[:size], flush=not self.handed)
+                self.buffer = self.buffer[size:]
+                self.handed = True
         if self.recompute:
             self.previous = condition
             if made:
@@ -446,15 +474,20 @@ class _SpeechTurn:
 class _Pieces:
     """An answer program cut at its :class:`Piece` s: each :meth:`next` is a
     program of its own for :meth:`BatchLoop.run`, which runs the answer's
-    steps up to its next piece and returns it."""
+    steps up to its next piece and returns it; once ``stopped()``, the
+    answer ends before its next step."""
 
-    def __init__(self, program: Program[None]) -> None:
+    def __init__(self, program: Program[None], stopped: Callable[[], bool]) -> None:
         self.program = program
+        self.stopped = stopped
 
     def next(self) -> Program[Piece]:
         value: Any = None
         try:
             while True:
+                if self.stopped():
+                    self.program.close()
+                    return Piece(0, last=True, stopped=True)
                 try:
                     item = self.program.send(value)
                 except StopIteration:
@@ -524,4 +557,4 @@ def open_voice(shared: SharedModel, samples: np.ndarray) -> VoiceStream:
         return file, runner.open(str(file.path))
 
     _, base = shared.voices.get(np.asarray(samples, np.float32), prepare)
-    return VoiceStream(runner, base=base)
+    return VoiceStream(runner, base=base, whole_seconds=False)

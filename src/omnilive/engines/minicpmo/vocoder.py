@@ -84,10 +84,21 @@ class VoiceStream:
     """One session's voice: the tokens not voiced yet and the vocoder state
     of the running turn, restarted from the voice's base at each turn."""
 
-    def __init__(self, runner: ChunkRunner, prompt_wav: str = "", *, base: Any = None) -> None:
+    def __init__(
+        self,
+        runner: ChunkRunner,
+        prompt_wav: str = "",
+        *,
+        base: Any = None,
+        whole_seconds: bool = True,
+    ) -> None:
         """The voice of ``prompt_wav``, or of ``base`` (a state ``runner``
-        opened before: it is only read)."""
+        opened before: it is only read). With ``whole_seconds`` (a duplex
+        unit's audio is one second) a flushed push of less is padded in front
+        to a second; without, it is handed out as it is (an answer's first
+        piece, voiced early)."""
         self.runner = runner
+        self.whole_seconds = whole_seconds
         self.base = base if base is not None else runner.open(prompt_wav)
         self.live: Any = None
         self.buffer: list[int] = []
@@ -101,7 +112,8 @@ class VoiceStream:
         """Voice ``tokens``: each whole second (25 tokens plus the lookahead)
         buffered so far, or with ``flush`` whatever is enough for a chunk;
         ``last`` voices the rest and restarts the turn. Under a second of
-        audio (not at the end) is padded in front to one second."""
+        audio (not at the end) is padded in front to one second, for a
+        stream of :attr:`whole_seconds`."""
         return voice_together(self.runner, [(self, tokens, last, flush)])[0]
 
     def pushing(
@@ -131,7 +143,7 @@ class VoiceStream:
         if not pcm:
             return None
         samples = np.concatenate(pcm)
-        if not last and len(samples) < OUT_RATE:
+        if self.whole_seconds and not last and len(samples) < OUT_RATE:
             samples = np.pad(samples, (OUT_RATE - len(samples), 0))
         return samples
 
