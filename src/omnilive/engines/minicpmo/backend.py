@@ -117,6 +117,11 @@ class TorchBackend:
             )
             progress("moving to the GPU", 0.5)
             model = model.eval().to(settings.device)
+            if settings.vocoder_tf32:
+                # Every other module computes in bfloat16: of the model's
+                # float32 work only the vocoder's matrix products change.
+                torch.set_float32_matmul_precision("high")
+                log.info("float32 matrix products (the vocoder's) run in TF32")
         except torch.cuda.OutOfMemoryError as exc:
             # Another process may hold the memory for now: worth a retry.
             raise EngineError(f"out of GPU memory while loading the weights: {exc}") from None
