@@ -123,6 +123,7 @@ def run_server(
         port=sock.getsockname()[1],
         log_level=settings.log_level,
         ws_max_size=settings.limits.max_message_bytes + WS_FRAME_MARGIN,
+        ws_per_message_deflate=settings.ws_compression,
         lifespan="on",
         timeout_graceful_shutdown=10,
         log_config=None,  # uvicorn's records go through ours (session ids, JSON lines)

@@ -208,3 +208,21 @@ async def test_status_and_workers(server: Server):
     assert status["workers"]["by_state"] == {"idle": 1}
     health = await server.get("/health")
     assert health["status"] == "healthy"
+
+
+async def test_websockets_are_not_deflated_unless_configured(server: Server, tmp_path: Path):
+    """A client offering permessage-deflate (browsers and the websockets
+    package do) gets plain frames: deflating base64 media costs more time
+    than its bytes save on a live answer. ``ws_compression`` turns it on."""
+
+    async def extensions(base: str) -> list[str]:
+        async with connect(f"{base}/ws/chat") as ws:  # offers deflate by default
+            return [extension.name for extension in ws.protocol.extensions]
+
+    assert await extensions(server.ws) == []
+    compressed = Server(tmp_path, env={"OMNILIVE_WS_COMPRESSION": "true"}).start()
+    try:
+        await compressed.wait_ready()
+        assert await extensions(compressed.ws) == ["permessage-deflate"]
+    finally:
+        compressed.stop()
