@@ -44,10 +44,11 @@ import torch
 from omnilive.engines.minicpmo.batch import StepResult
 from omnilive.engines.minicpmo.batch_loop import BatchLoop
 from omnilive.engines.minicpmo.encoders import (
+    AUDIO_KEY,
     VISION_KEY,
     AudioStream,
     Frames,
-    audio_embeddings,
+    audio_embeddings_together,
     audio_features,
     vision_pieces,
     voice_embeddings,
@@ -200,7 +201,9 @@ class SlotDuplex:
         if has_audio:
             feature = await asyncio.to_thread(audio_features, shared, self.audio, audio)
             if feature is not None:
-                embeds = await self.loop.encoder_call(audio_embeddings, shared, self.audio, feature)
+                embeds = await self.loop.encoder_gather(
+                    AUDIO_KEY, partial(audio_embeddings_together, shared), (self.audio, feature)
+                )
                 parts.append(embeds)
                 audio_positions = int(embeds.shape[0])
         elif frames:

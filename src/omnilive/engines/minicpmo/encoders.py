@@ -22,12 +22,14 @@ import numpy as np
 import torch
 
 from omnilive.engines.minicpmo.slot_model import swapped
+from omnilive.engines.minicpmo.whisper_batch import AudioChunk, batchable, encode_together
 
 if TYPE_CHECKING:
     from omnilive.engines.minicpmo.slot_model import SharedModel
 
 SAMPLE_RATE = 16_000
 VISION_KEY = "vision"  # the side lane's gather key for vision_pieces
+AUDIO_KEY = "audio"  # and for audio_embeddings_together
 
 
 @dataclass
@@ -137,6 +139,32 @@ def audio_embeddings(shared: SharedModel, stream: AudioStream, feature: Any) -> 
     stream.whisper_kv = after["audio_past_key_values"]
     stream.chunks += 1
     return torch.cat([t for group in nested for t in group], 0)
+
+
+def audio_embeddings_together(
+    shared: SharedModel, items: list[tuple[AudioStream, Any]]
+) -> list[torch.Tensor]:
+    """:func:`audio_embeddings` of every (stream, feature) at once
+    (:mod:`~omnilive.engines.minicpmo.whisper_batch`; one by one through the
+    model code where that does not restate the model's encoder)."""
+    model = shared.model
+    if not batchable(model):
+        return [audio_embeddings(shared, stream, feature) for stream, feature in items]
+    chunks = [
+        AudioChunk(
+            features=feature["audio_features"].to(shared.device),
+            lengths=feature["audio_feature_lens"],
+            prefix_frames=0 if stream.chunks == 0 else 2,
+            cache=stream.whisper_kv,
+        )
+        for stream, feature in items
+    ]
+    embeddings = []
+    for (stream, _), (embeds, cache) in zip(items, encode_together(model, chunks), strict=True):
+        stream.whisper_kv = cache
+        stream.chunks += 1
+        embeddings.append(embeds)
+    return embeddings
 
 
 def voice_embeddings(shared: SharedModel, ref_audio: np.ndarray) -> torch.Tensor:

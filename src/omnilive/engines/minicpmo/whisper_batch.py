@@ -1,0 +1,162 @@
+"""The duplex sessions' streaming Whisper encoder, every waiting session's
+second of audio in one call.
+
+The model code's ``get_audio_embedding_streaming`` takes one session at a
+time (its cache is an attribute of the model): a call at batch 1 is bound by
+kernel launches, so N sessions cost N times one, one after another on the
+encoders' lane. :func:`encode_together` restates that function over the
+model's own modules (``apm``'s convolutions, positions and layers, the audio
+projection and pooling) for many sessions at once: the convolutions, the
+projections and the feed-forward layers run over all of their rows; each
+session's attention reads its own cache (:class:`WhisperCache`, grown by
+its new positions as ``DynamicCache.update`` does, cleared where the model
+code clears it: when the next chunk would reach the position table's end).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+SUFFIX_EXTRA_FRAMES = 2  # the mel frames after a chunk, for the convolutions' context
+
+
+@dataclass
+class WhisperCache:
+    """One session's Whisper keys and values, per layer ``[heads, positions, head_dim]``."""
+
+    keys: list[torch.Tensor] = field(default_factory=list)
+    values: list[torch.Tensor] = field(default_factory=list)
+
+    @property
+    def length(self) -> int:
+        return int(self.keys[0].shape[1]) if self.keys else 0
+
+
+@dataclass(frozen=True)
+class AudioChunk:
+    """A session's next second for the encoder: its mel ``features``
+    (``[1, mels, frames]``, with the extra context frames), their
+    ``lengths`` (the processor's ``audio_feature_lens``), the mel frames of
+    context before it (none for the first chunk), the cache so far."""
+
+    features: torch.Tensor
+    lengths: Any
+    prefix_frames: int
+    cache: WhisperCache | None
+
+
+def batchable(model: Any) -> bool:
+    """Whether :func:`encode_together` restates this model's encoder: the
+    last layer's (normed) states feed the projection."""
+    apm = getattr(model, "apm", None)
+    return (
+        apm is not None
+        and hasattr(apm, "layers")
+        and hasattr(model, "audio_projection_layer")
+        and getattr(model, "audio_encoder_layer", -1) in (-1, len(apm.layers))
+    )
+
+
+Encoded = tuple[torch.Tensor, WhisperCache]  # a chunk's embeddings, the cache after it
+
+
+def encode_together(model: Any, chunks: list[AudioChunk]) -> list[Encoded]:
+    """Per chunk: its audio embeddings ``[tokens, hidden]`` and the cache
+    after it. Chunks of one shape (mel frames, context) run as one batch."""
+    done: list[Encoded | None] = [None] * len(chunks)
+    groups: dict[tuple[int, int], list[int]] = {}
+    for index, chunk in enumerate(chunks):
+        groups.setdefault((int(chunk.features.shape[-1]), chunk.prefix_frames), []).append(index)
+    with torch.no_grad():
+        for indices in groups.values():
+            for index, result in zip(indices, _encode([chunks[i] for i in indices], model),
+                                     strict=True):  # fmt: skip
+                done[index] = result
+    return [result for result in done if result is not None]
+
+
+def _encode(chunks: list[AudioChunk], model: Any) -> list[Encoded]:
+    apm = model.apm
+    weight = apm.conv1.weight
+    features = torch.cat([chunk.features for chunk in chunks]).to(weight.device, weight.dtype)
+    table = apm.embed_positions.weight
+    frames = (features.shape[2] - 1) // 2 + 1
+    # The model code starts a cache over when this chunk would reach the end
+    # of the position table (30 s of audio), before it runs.
+    caches = [
+        chunk.cache if chunk.cache is not None and chunk.cache.length + frames < table.shape[0]
+        else None
+        for chunk in chunks
+    ]  # fmt: skip
+    hidden = torch.nn.functional.gelu(apm.conv1(features))
+    hidden = torch.nn.functional.gelu(apm.conv2(hidden))
+    prefix = chunks[0].prefix_frames
+    head = (prefix + 1) // 2 if prefix > 0 else 0
+    tail = (SUFFIX_EXTRA_FRAMES + 1) // 2
+    hidden = hidden[:, :, head:]
+    if 0 < tail < hidden.shape[2]:
+        hidden = hidden[:, :, :-tail]
+    hidden = hidden.permute(0, 2, 1)
+    width = hidden.shape[1]
+    past = [cache.length if cache is not None else 0 for cache in caches]
+    hidden = hidden + torch.stack([table[start : start + width] for start in past])
+    keys: list[list[torch.Tensor]] = [[] for _ in chunks]
+    values: list[list[torch.Tensor]] = [[] for _ in chunks]
+    for index, layer in enumerate(apm.layers):
+        hidden = _layer(layer, index, hidden, caches, keys, values)
+    hidden = apm.layer_norm(hidden)
+    embeds = model.audio_projection_layer(hidden)
+    embeds = model.audio_avg_pooler(embeds.transpose(1, 2)).transpose(1, 2)
+    results = []
+    for row, chunk in enumerate(chunks):
+        lengths = chunk.lengths
+        if isinstance(lengths, list):  # the processor's per-item list
+            lengths = torch.hstack(lengths)
+        _, tokens = model._get_feat_extract_output_lengths(lengths.reshape(-1))
+        results.append((embeds[row, : int(tokens[0])], WhisperCache(keys[row], values[row])))
+    return results
+
+
+def _layer(
+    layer: Any,
+    index: int,
+    hidden: torch.Tensor,
+    caches: list[WhisperCache | None],
+    keys: list[list[torch.Tensor]],
+    values: list[list[torch.Tensor]],
+) -> torch.Tensor:
+    """One encoder layer (pre-norm attention, then the feed-forward) over
+    every row, each row's attention over its cache and its new positions."""
+    attention = layer.self_attn
+    rows, width, dim = hidden.shape
+    heads = attention.num_heads
+    residual = hidden
+    normed = layer.self_attn_layer_norm(hidden)
+
+    def split(states: torch.Tensor) -> torch.Tensor:
+        return states.view(rows, width, heads, dim // heads).transpose(1, 2)
+
+    query = split(attention.q_proj(normed) * attention.scaling)
+    key, value = split(attention.k_proj(normed)), split(attention.v_proj(normed))
+    outputs = []
+    for row, cache in enumerate(caches):
+        row_key, row_value = key[row], value[row]
+        if cache is not None:
+            row_key = torch.cat([cache.keys[index], row_key], 1)
+            row_value = torch.cat([cache.values[index], row_value], 1)
+        keys[row].append(row_key)
+        values[row].append(row_value)
+        weights = torch.softmax(query[row] @ row_key.transpose(1, 2), dim=-1)
+        outputs.append(weights @ row_value)
+    attended = torch.stack(outputs).transpose(1, 2).reshape(rows, width, dim)
+    hidden = residual + attention.out_proj(attended)
+    residual = hidden
+    hidden = layer.activation_fn(layer.fc1(layer.final_layer_norm(hidden)))
+    hidden = residual + layer.fc2(hidden)
+    if hidden.dtype == torch.float16 and not torch.isfinite(hidden).all():
+        limit = torch.finfo(hidden.dtype).max - 1000  # as the model's layer
+        hidden = torch.clamp(hidden, min=-limit, max=limit)
+    return hidden
