@@ -44,13 +44,12 @@ import torch
 from omnilive.engines.minicpmo.batch import StepResult
 from omnilive.engines.minicpmo.batch_loop import BatchLoop
 from omnilive.engines.minicpmo.encoders import (
-    AUDIO_KEY,
-    VISION_KEY,
+    UNIT_KEY,
     AudioStream,
     Frames,
-    audio_embeddings_together,
+    UnitInputs,
     audio_features,
-    vision_pieces,
+    encode_units,
     voice_embeddings,
 )
 from omnilive.engines.minicpmo.programs import Pick, Program, Step
@@ -185,28 +184,34 @@ class SlotDuplex:
             return {"slices": 0, "vision": 0, "audio": 0}
         parts = [*(shared.marker(token) for token in self.closing), shared.marker(vocab.unit)]
         vision = slices = 0
-        if frames:
-            processed = await asyncio.to_thread(
-                shared.processor.process_image, frames, max_slice_nums=max_slice_nums
+        # The CPU halves side by side, then the unit's frames and audio in
+        # one call of the encoders' lane, with every other waiting unit's.
+        processed, feature = await asyncio.gather(
+            asyncio.to_thread(shared.processor.process_image, frames, max_slice_nums=max_slice_nums)
+            if frames
+            else _nothing(),
+            asyncio.to_thread(audio_features, shared, self.audio, audio)
+            if has_audio
+            else _nothing(),
+        )
+        inputs = UnitInputs(
+            Frames(processed, frames, max_slice_nums) if frames else None,
+            (self.audio, feature) if feature is not None else None,
+        )
+        pieces, embeds = [], None
+        if inputs.frames is not None or inputs.audio is not None:
+            pieces, embeds = await self.loop.encoder_gather(
+                UNIT_KEY, partial(encode_units, shared), inputs
             )
-            item = Frames(processed, frames, max_slice_nums)
-            pieces = await self.loop.encoder_gather(
-                VISION_KEY, partial(vision_pieces, shared), item
-            )
-            parts += pieces
-            # Each slice is its start token, its embeddings, its end token.
-            slices = len(pieces) // 3
-            vision = sum(int(piece.shape[0]) for piece in pieces[1::3])
+        parts += pieces
+        # Each slice is its start token, its embeddings, its end token.
+        slices = len(pieces) // 3
+        vision = sum(int(piece.shape[0]) for piece in pieces[1::3])
         audio_positions = 0
-        if has_audio:
-            feature = await asyncio.to_thread(audio_features, shared, self.audio, audio)
-            if feature is not None:
-                embeds = await self.loop.encoder_gather(
-                    AUDIO_KEY, partial(audio_embeddings_together, shared), (self.audio, feature)
-                )
-                parts.append(embeds)
-                audio_positions = int(embeds.shape[0])
-        elif frames:
+        if embeds is not None:
+            parts.append(embeds)
+            audio_positions = int(embeds.shape[0])
+        if not has_audio and frames:
             self.audio.chunks += 1  # the model code counts a vision-only unit as a chunk
         closing, self.closing = len(self.closing), []
         result = await self._feed(torch.cat(parts, 0))
@@ -434,3 +439,7 @@ def _speech_picks(steps: list[tuple[StepResult, _SpeechPick]]) -> list[int]:
         )
         for row, (_, pick) in zip(rows, steps, strict=True)
     ]
+
+
+async def _nothing() -> None:
+    return None

@@ -4,13 +4,14 @@ reference voice), over the model's own modules.
 The CPU halves (the image processor, the mel features) run off every GPU
 thread; the GPU halves run on the model's side lane. The vision encoder is
 stateless, so the frames of every session waiting for it go through it as
-ONE batch (:func:`vision_pieces`, gathered by
-:meth:`~omnilive.engines.minicpmo.batch_loop.BatchLoop.encoder_gather`): one call
-over eight sessions' frames costs about what one session's does, where eight
-calls cost eight times as much (an encoder call at batch 1 is bound by kernel
-launches, not arithmetic). A session's Whisper state (its mel frames, its KV
-cache, the samples not yet consumed) is its :class:`AudioStream`, swapped into
-the shared modules for the length of one call.
+ONE batch (:func:`vision_pieces`), and their seconds of audio through
+Whisper as another (:func:`audio_embeddings_together`), both in one call of
+the encoders' lane (:func:`encode_units`, gathered by
+:meth:`~omnilive.engines.minicpmo.batch_loop.BatchLoop.encoder_gather`): one
+call over eight sessions' units costs about what one session's does, where
+eight calls cost eight times as much (an encoder call at batch 1 is bound by
+kernel launches, not arithmetic). A session's Whisper state (its mel frames,
+its KV cache, the samples not yet consumed) is its :class:`AudioStream`.
 """
 
 from __future__ import annotations
@@ -28,8 +29,7 @@ if TYPE_CHECKING:
     from omnilive.engines.minicpmo.slot_model import SharedModel
 
 SAMPLE_RATE = 16_000
-VISION_KEY = "vision"  # the side lane's gather key for vision_pieces
-AUDIO_KEY = "audio"  # and for audio_embeddings_together
+UNIT_KEY = "unit"  # the encoders' lane's gather key for encode_units
 
 
 @dataclass
@@ -49,6 +49,36 @@ class Frames:
     processed: Any
     frames: list[Any]
     max_slice_nums: int
+
+
+@dataclass(frozen=True)
+class UnitInputs:
+    """What one duplex unit needs encoded: its frames, its stream and the
+    mel features of its second of audio (either may be None)."""
+
+    frames: Frames | None
+    audio: tuple[AudioStream, Any] | None
+
+
+def encode_units(
+    shared: SharedModel, batch: list[UnitInputs]
+) -> list[tuple[list[torch.Tensor], torch.Tensor | None]]:
+    """Per unit: its frames' pieces (:func:`vision_pieces`) and its audio
+    embeddings (:func:`audio_embeddings_together`), the batch's frames
+    through the vision encoder at once, then its audio through Whisper at
+    once: one call of the encoders' lane for every unit waiting for it."""
+    framed = [index for index, item in enumerate(batch) if item.frames is not None]
+    voiced = [index for index, item in enumerate(batch) if item.audio is not None]
+    pieces: dict[int, list[torch.Tensor]] = {}
+    embeds: dict[int, torch.Tensor] = {}
+    if framed:
+        frames = [batch[index].frames for index in framed]
+        pieces = dict(zip(framed, vision_pieces(shared, frames), strict=True))  # type: ignore[arg-type]
+    if voiced:
+        audio = [batch[index].audio for index in voiced]
+        made = audio_embeddings_together(shared, audio)  # type: ignore[arg-type]
+        embeds = dict(zip(voiced, made, strict=True))
+    return [(pieces.get(index, []), embeds.get(index)) for index in range(len(batch))]
 
 
 def vision_pieces(shared: SharedModel, batch: list[Frames]) -> list[list[torch.Tensor]]:
