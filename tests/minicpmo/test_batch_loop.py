@@ -517,3 +517,46 @@ async def test_a_tick_runs_its_single_tokens_and_its_prefills_as_two_steps(make:
     assert len(steps) == 2 and loop.batch_sizes == {1: 1, 2: 1}
     for x, result in zip(inputs, results, strict=True):
         torch.testing.assert_close(result.logits, Alone(llm).feed(x)[1], **TIGHT)
+
+
+def stepping(first: int, steps: int, speech: bool, ticks: list[int], loop: BatchLoop
+             ) -> Program[list[int]]:  # fmt: skip
+    """``steps`` greedy tokens on the LLM or the speech LM, noting after each
+    how many LLM batches the loop had run."""
+    tokens = [first]
+    for _ in range(steps):
+        result = yield Step(torch.tensor(tokens[-1:]), speech=speech)
+        ticks.append(loop.batch_sizes.total())
+        tokens.append(int(result.logits.argmax()))
+    return tokens
+
+
+async def test_a_tick_with_llm_work_runs_a_speaking_program_several_speech_steps(make: Make):
+    """An LLM step costs a few speech-LM steps: a program in its speech takes
+    SPEECH_ROUNDS_PER_TICK of them in a tick that also runs LLM work (each
+    after the last's result: the same tokens as alone)."""
+    from omnilive.engines.minicpmo.batch_loop import SPEECH_ROUNDS_PER_TICK
+
+    llm, speech_llm = llm_with("sdpa", 20), llm_with("sdpa", 21)
+    loop = make(llm, slots=2, capacity=64, speech=batched(speech_llm, 2, 64))
+    talker, speaker = await loop.acquire(), await loop.acquire()
+    gate = Gate()
+    held = asyncio.ensure_future(loop.call(gate.hold))
+    await asyncio.to_thread(gate.entered.wait, 5)
+    llm_ticks: list[int] = []
+    speech_ticks: list[int] = []
+    talking = asyncio.ensure_future(loop.run(talker, stepping(3, 4, False, llm_ticks, loop)))
+    speaking = asyncio.ensure_future(loop.run(speaker, stepping(5, 9, True, speech_ticks, loop)))
+    await asyncio.sleep(0)
+    gate.opened.set()
+    await held
+    said, spoken = await asyncio.gather(talking, speaking)
+
+    assert SPEECH_ROUNDS_PER_TICK == 3
+    assert llm_ticks == [1, 2, 3, 4]
+    assert speech_ticks == [1, 1, 1, 2, 2, 2, 3, 3, 3]  # three a tick beside the LLM's
+    for model, tokens in ((llm, said), (speech_llm, spoken)):
+        alone, want = Alone(model), [tokens[0]]
+        for _ in range(len(tokens) - 1):
+            want.append(int(alone.feed(torch.tensor(want[-1:]))[1].argmax()))
+        assert tokens == want

@@ -46,6 +46,7 @@ A forward that its slot cannot take (not live, past its capacity) fails alone
 before the batch runs. A batch that fails reaches every session in it with
 the same exception, is logged once, and changes no slot's length (what it
 wrote past the lengths is masked and overwritten later); the next tick runs.
+A tick with LLM work runs the programs in their speech a few speech-LM steps.
 """
 
 from __future__ import annotations
@@ -77,9 +78,12 @@ T = TypeVar("T")
 LOOP_STREAM_PRIORITY = -5
 
 # The longest the worker waits for an event loop to take a tick's results
-# before it goes on: the handshake normally ends within one turn of the loop;
-# this bound only covers a loop that stopped turning.
+# (the handshake normally ends within one turn; this covers a stopped loop).
 HANDOFF_TIMEOUT = 0.5
+
+# Speech-LM steps a program may take in a tick that also runs LLM work (an
+# LLM step or prefill takes ~3-5 speech-LM steps' time on an H200).
+SPEECH_ROUNDS_PER_TICK = 3
 
 
 @dataclass(eq=False)
@@ -365,28 +369,47 @@ class BatchLoop:
                     job.error = exc
                 self._account(getattr(job.fn, "__name__", "call"), started)
                 done.append(job)
-            self._run_batch([job for job in batch if not job.speech], self.steps, self.graphs)
+            llm = [job for job in batch if not job.speech]
+            self._run_batch(llm, self.steps, self.graphs)
             if self.speech is not None:
                 speech = [job for job in batch if job.speech]
                 self._run_batch(speech, self.speech, self.speech_graphs)
-            if picking := [job for job in batch if job.pick is not None and job.error is None]:
-                started = time.perf_counter()
-                run_picks(picking)  # the programs' next tokens, chosen together
-                self._account("picks", started)
-            started = time.perf_counter()
-            for job in batch:
-                if job.program is None:
-                    done.append(job)
-                elif job.error is not None or self._advance(job, job.result):
-                    job.program.close()
-                    done.append(job)
-                else:
-                    self._keep_running(job)
-            self._account("program steps", started)
+            running = self._finish_steps(batch, done)
+            # A tick with LLM work takes several speech-LM steps' time: the
+            # programs in their speech take as many steps in it (in order,
+            # each after its pick), instead of one a tick behind the LLM's.
+            for _ in range(SPEECH_ROUNDS_PER_TICK - 1 if llm and self.speech else 0):
+                if not (speech := [job for job in running if job.speech and not job.abandoned]):
+                    break
+                self._run_batch(speech, self.speech, self.speech_graphs)  # type: ignore[arg-type]
+                running = [job for job in running if job not in speech]
+                running += self._finish_steps(speech, done)
+            self._keep_running(*running)
             if done:
                 started = time.perf_counter()
                 self._hand_back(done)
                 self._account("hand back", started)
+
+    def _finish_steps(self, batch: list[_Job], done: list[_Job]) -> list[_Job]:
+        """After a batch: its programs' picks (together), then each program
+        sent its result. The finished go to ``done``; the programs with a
+        next step are returned."""
+        if picking := [job for job in batch if job.pick is not None and job.error is None]:
+            started = time.perf_counter()
+            run_picks(picking)  # the programs' next tokens, chosen together
+            self._account("picks", started)
+        started = time.perf_counter()
+        running = []
+        for job in batch:
+            if job.program is None:
+                done.append(job)
+            elif job.error is not None or self._advance(job, job.result):
+                job.program.close()
+                done.append(job)
+            else:
+                running.append(job)
+        self._account("program steps", started)
+        return running
 
     def _advance(self, job: _Job, result: StepResult | None) -> bool:
         """Send a program its last step's result (None to start it): True when
@@ -413,9 +436,9 @@ class BatchLoop:
         job.inputs, job.speech, job.pick = step.inputs, step.speech, step.pick
         return False
 
-    def _keep_running(self, job: _Job) -> None:
+    def _keep_running(self, *jobs: _Job) -> None:
         with self._changed:
-            self._running.append(job)
+            self._running.extend(jobs)
 
     def _settle_device(self) -> None:
         """Wait for the GPU work a plain call queued: its time is its own in
