@@ -2,7 +2,7 @@
 reference voice), over the model's own modules.
 
 The CPU halves (the image processor, the mel features) run off every GPU
-thread; the GPU halves run on the model's side lane. The vision encoder is
+thread; the GPU halves run on the encoders' lane. The vision encoder is
 stateless, so the frames of every session waiting for it go through it as
 ONE batch (:func:`vision_pieces`), and their seconds of audio through
 Whisper as another (:func:`audio_embeddings_together`), both in one call of
