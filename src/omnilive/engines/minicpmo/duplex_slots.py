@@ -183,17 +183,18 @@ class SlotDuplex:
         if not frames and not has_audio:
             return {"slices": 0, "vision": 0, "audio": 0}
         parts = [*(shared.marker(token) for token in self.closing), shared.marker(vocab.unit)]
-        vision = slices = 0
-        # The CPU halves side by side, then the unit's frames and audio in
-        # one call of the encoders' lane, with every other waiting unit's.
-        processed, feature = await asyncio.gather(
-            asyncio.to_thread(shared.processor.process_image, frames, max_slice_nums=max_slice_nums)
-            if frames
-            else _nothing(),
-            asyncio.to_thread(audio_features, shared, self.audio, audio)
-            if has_audio
-            else _nothing(),
-        )
+
+        def cpu_halves() -> tuple[Any, Any]:
+            processed = (
+                shared.processor.process_image(frames, max_slice_nums=max_slice_nums)
+                if frames
+                else None
+            )
+            return processed, audio_features(shared, self.audio, audio) if has_audio else None
+
+        # The CPU halves off the event loop, then the unit's frames and audio
+        # in one call of the encoders' lane, with every other waiting unit's.
+        processed, feature = await asyncio.to_thread(cpu_halves)
         inputs = UnitInputs(
             Frames(processed, frames, max_slice_nums) if frames else None,
             (self.audio, feature) if feature is not None else None,
@@ -439,7 +440,3 @@ def _speech_picks(steps: list[tuple[StepResult, _SpeechPick]]) -> list[int]:
         )
         for row, (_, pick) in zip(rows, steps, strict=True)
     ]
-
-
-async def _nothing() -> None:
-    return None

@@ -23,7 +23,13 @@ import numpy as np
 import torch
 
 from omnilive.engines.minicpmo.slot_model import swapped
-from omnilive.engines.minicpmo.whisper_batch import AudioChunk, batchable, encode_together
+from omnilive.engines.minicpmo.whisper_batch import (
+    PREFIX_EXTRA_FRAMES,
+    SUFFIX_EXTRA_FRAMES,
+    AudioChunk,
+    batchable,
+    encode_together,
+)
 
 if TYPE_CHECKING:
     from omnilive.engines.minicpmo.slot_model import SharedModel
@@ -40,6 +46,11 @@ class AudioStream:
     whisper_kv: Any = None
     buffer: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
     chunks: int = 0
+
+    @property
+    def prefix_frames(self) -> int:
+        """Mel frames of context before the next chunk (none before the first)."""
+        return 0 if self.chunks == 0 else PREFIX_EXTRA_FRAMES
 
 
 @dataclass(frozen=True)
@@ -156,15 +167,14 @@ def audio_features(shared: SharedModel, stream: AudioStream, audio: np.ndarray) 
 def audio_embeddings(shared: SharedModel, stream: AudioStream, feature: Any) -> torch.Tensor:
     """``feature`` through the Whisper encoder with the session's own cache."""
     model = shared.model
-    prefix_frames = 0 if stream.chunks == 0 else 2
     feature = feature.to(shared.device)
     kv = {"audio_past_key_values": stream.whisper_kv}
     with shared.audio_state_lock, swapped(model, kv) as after, torch.no_grad():
         nested = model.get_audio_embedding_streaming(
             feature,
             use_extra_context=True,
-            prefix_extra_frames=prefix_frames,
-            suffix_extra_frames=2,
+            prefix_extra_frames=stream.prefix_frames,
+            suffix_extra_frames=SUFFIX_EXTRA_FRAMES,
         )
     stream.whisper_kv = after["audio_past_key_values"]
     stream.chunks += 1
@@ -184,7 +194,7 @@ def audio_embeddings_together(
         AudioChunk(
             features=feature["audio_features"].to(shared.device),
             lengths=feature["audio_feature_lens"],
-            prefix_frames=0 if stream.chunks == 0 else 2,
+            prefix_frames=stream.prefix_frames,
             cache=stream.whisper_kv,
         )
         for stream, feature in items

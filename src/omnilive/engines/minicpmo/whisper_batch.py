@@ -20,7 +20,10 @@ from typing import Any
 
 import torch
 
-SUFFIX_EXTRA_FRAMES = 2  # the mel frames after a chunk, for the convolutions' context
+# Mel frames of context around a streamed chunk, for the convolutions (as the
+# model code's duplex path asks for them; the first chunk has none before it).
+PREFIX_EXTRA_FRAMES = 2
+SUFFIX_EXTRA_FRAMES = 2
 
 
 @dataclass
