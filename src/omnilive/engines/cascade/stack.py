@@ -10,7 +10,7 @@ from omnilive.engines.base import GenerationOptions, Part, TextPart, Voice
 from omnilive.engines.cascade.answer import AnswerStream
 from omnilive.engines.cascade.asr import WhisperASR
 from omnilive.engines.cascade.llm import LlamaChat
-from omnilive.engines.cascade.tts import EspeakTTS, SpokenVoice
+from omnilive.engines.cascade.tts import Speech, SpokenVoice
 
 log = logging.getLogger("omnilive.engines.cascade")
 
@@ -51,11 +51,11 @@ class Notices:
 
 @dataclass
 class ModelStack:
-    """Whisper, SmolLM2 and espeak-ng, loaded once and shared by all sessions."""
+    """Whisper, SmolLM2 and the voices, loaded once and shared by all sessions."""
 
     asr: WhisperASR
     llm: LlamaChat
-    tts: EspeakTTS
+    tts: Speech
 
     def voice(self, voice: Voice | None, notices: Notices) -> SpokenVoice:
         spoken = self.tts.resolve_voice(voice)
