@@ -32,7 +32,7 @@ from omnilive.engines.base import (
     Voice,
 )
 from omnilive.engines.cascade._vad import FrameVAD
-from omnilive.engines.cascade.conversation import Conversation, ConversationView
+from omnilive.engines.cascade.conversation import ConversationView
 from omnilive.engines.cascade.llm import Message
 from omnilive.engines.cascade.reply import Piece, Reply
 from omnilive.engines.cascade.stack import (
@@ -40,6 +40,7 @@ from omnilive.engines.cascade.stack import (
     ModelStack,
     Notices,
     log,
+    spoken_conversation,
     spoken_system_prompt,
 )
 from omnilive.engines.cascade.utterance import TurnTaking, UtteranceTracker
@@ -61,7 +62,7 @@ class CascadeDuplex(ConversationView, DuplexSession):
         self._tracker = UtteranceTracker(FrameVAD(), turn_taking)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cascade-duplex")
         self._lock = threading.Lock()  # the history, shared with the reply thread
-        self._conversation = Conversation(spoken_system_prompt(""))
+        self._conversation = spoken_conversation("")
         self._voice = stack.tts.resolve_voice(None).espeak
         self._reply: Reply | None = None
         self._interrupted = False  # barge-in heard in prefill, reported by generate
@@ -78,7 +79,7 @@ class CascadeDuplex(ConversationView, DuplexSession):
         voice = options.tts_voice or options.llm_voice
         self._voice = self._stack.voice(voice, self._notices).espeak
         with self._lock:
-            self._conversation = Conversation(spoken_system_prompt(system_prompt))
+            self._conversation = spoken_conversation(system_prompt)
             fit = self._conversation.fit(self._stack.llm.count, self._budget())
         self._context_tokens = fit.tokens
         return fit.tokens
