@@ -43,6 +43,7 @@ from omnilive.engines.cascade.stack import (
     spoken_conversation,
     spoken_system_prompt,
 )
+from omnilive.engines.cascade.tts import PIPER
 from omnilive.engines.cascade.utterance import TurnTaking, UtteranceTracker
 
 FIRST_AUDIO_WAIT_S = 0.4
@@ -63,7 +64,7 @@ class CascadeDuplex(ConversationView, DuplexSession):
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cascade-duplex")
         self._lock = threading.Lock()  # the history, shared with the reply thread
         self._conversation = spoken_conversation("")
-        self._voice = stack.tts.resolve_voice(None).espeak
+        self._voice = self._unit_voice(stack.tts.resolve_voice(None).espeak)
         self._reply: Reply | None = None
         self._interrupted = False  # barge-in heard in prefill, reported by generate
         self._context_tokens = 0
@@ -77,7 +78,7 @@ class CascadeDuplex(ConversationView, DuplexSession):
         if options.vision:
             self._notices.add("vision is not available on the cascade engine: frames are ignored")
         voice = options.tts_voice or options.llm_voice
-        self._voice = self._stack.voice(voice, self._notices).espeak
+        self._voice = self._unit_voice(self._stack.voice(voice, self._notices).espeak)
         with self._lock:
             self._conversation = spoken_conversation(system_prompt)
             fit = self._conversation.fit(self._stack.llm.count, self._budget())
@@ -132,6 +133,12 @@ class CascadeDuplex(ConversationView, DuplexSession):
             piece = Piece(gap, [], last=piece is not None)
         return self._speak(reply, piece)
 
+    def _unit_voice(self, voice: str) -> str:
+        """The duplex loop speaks with espeak-ng: each 1 s unit must be ready
+        when its second comes, and the Piper voice (~0.2-0.7 s a sentence on
+        two busy cores) cannot promise that; half-duplex and chat use it."""
+        return self._stack.tts.espeak.default if voice == PIPER else voice
+
     def update(self, system_prompt: str | None, tts_voice: Voice | None) -> list[str]:
         """Both apply to the next reply: its prompt is rendered afresh each turn."""
         notices = Notices()
@@ -139,7 +146,7 @@ class CascadeDuplex(ConversationView, DuplexSession):
             with self._lock:
                 self._conversation.system = spoken_system_prompt(system_prompt)
         if tts_voice is not None:
-            self._voice = self._stack.voice(tts_voice, notices).espeak
+            self._voice = self._unit_voice(self._stack.voice(tts_voice, notices).espeak)
         return notices.items
 
     def close(self) -> None:
