@@ -9,7 +9,9 @@ listen/speak mix (a forced listen every third unit, speak units bounded to
 ``--speak-tokens`` text tokens, as ``gpu_duplex.py``). Per N: each unit's
 latency from its chunk's send to its result (p50/p95), the server's unit wall
 clock, the chunks the server dropped, the latency of units that start a turn
-(first audio after a speak decision), and GPU memory. The largest N with p95
+(first audio after a speak decision), the worker's CPU seconds per second,
+the engine's thread hand-offs per speaking and listening unit (from its log),
+and GPU memory. The largest N with p95
 latency at most 1 s and no dropped chunk is ``max_realtime_sessions``.
 
 Then the single-session chat figures: first audio over ``--chats`` warm
@@ -149,6 +151,28 @@ def slot_gib(log: Path) -> float | None:
     return float(found.group(1)) if found else None
 
 
+HANDOFFS = re.compile(
+    r"thread hand-offs per speaking unit ([\d.]+) \((\d+) units\), "
+    r"per listening unit ([\d.]+) \((\d+) units\)"
+)
+
+
+def handoffs(log: Path, since: int) -> tuple[dict[str, float | None], int]:
+    """The engine's thread hand-offs per speaking and per listening unit over
+    the sessions that ended since offset ``since`` of its log (each logs its
+    own when its slot is released), and the log's new offset."""
+    text = log.read_text()
+    totals = {"speak": [0.0, 0], "listen": [0.0, 0]}
+    for found in HANDOFFS.finditer(text, since):
+        for kind, per, units in (("speak", 1, 2), ("listen", 3, 4)):
+            totals[kind][0] += float(found.group(per)) * int(found.group(units))
+            totals[kind][1] += int(found.group(units))
+    per_unit = {
+        kind: round(spent / units, 1) if units else None for kind, (spent, units) in totals.items()
+    }
+    return per_unit, len(text)
+
+
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
     ckpt = args.model_path.resolve()
     port = free_port()
@@ -178,6 +202,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         report["slot_gib"] = slot_gib(args.log)
         voice = synthetic_voice(3.0)
         frames = [jpeg_b64(seed) for seed in range(8)]
+        _, log_at = handoffs(args.log, 0)
         for n in args.counts:
             sampler.peak_mib = 0.0
             started, cpu_before = time.perf_counter(), cpu_seconds(server.pid)
@@ -190,6 +215,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 name: round((spent - cpu_before.get(name, 0.0)) / run["seconds"], 2)
                 for name, spent in cpu_seconds(server.pid).items()
             }
+            await asyncio.sleep(1.0)  # the sessions' slots released and logged
+            run["handoffs_per_unit"], log_at = handoffs(args.log, log_at)
             run["peak_mib"] = sampler.peak_mib
             run["mib_per_session_beyond_slots"] = round(
                 max(0.0, sampler.peak_mib - report["idle_mib"]) / n, 1
@@ -198,9 +225,10 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             save()
             print(f"N={n}: {json.dumps(run)}", flush=True)
         realtime = [
-            int(n) for n, run in report["runs"].items()
+            int(n)
+            for n, run in report["runs"].items()
             if run["latency_ms"].get("p95", 1e9) <= REALTIME_P95_MS and run["dropped_chunks"] == 0
-        ]  # fmt: skip
+        ]
         report["max_realtime_sessions"] = max(realtime, default=0)
         save()
         if args.chats:
@@ -232,8 +260,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model-path", type=Path, required=True)
-    parser.add_argument("--counts", type=lambda s: [int(x) for x in s.split(",")],
-                        default=[1, 2, 4, 8, 12, 16])  # fmt: skip
+    parser.add_argument(
+        "--counts", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4, 8, 12, 16]
+    )
     parser.add_argument("--slots", type=int, help="minicpmo.slots (default: the largest count)")
     parser.add_argument("--units", type=int, default=20)
     parser.add_argument("--warmup-units", type=int, default=2, help="left out of the figures")

@@ -37,6 +37,10 @@ async def frames_of(ws: WebSocket) -> FrameSource:
             return
 
 
+async def _awaited(work: Awaitable[T]) -> T:
+    return await work
+
+
 class PeerGone(Exception):
     """The other side of a connection went away."""
 
@@ -48,7 +52,11 @@ async def race(work: Awaitable[T], watcher: Callable[[], Awaitable[Any]]) -> T:
     :class:`PeerGone` is raised. Both tasks are always awaited: nothing is left
     running behind the caller.
     """
-    work_task = asyncio.ensure_future(work)  # a task already, or a coroutine made one
+    # A task the caller named already, or a coroutine made one here: either way
+    # owned by this call and awaited below.
+    work_task = (
+        work if isinstance(work, asyncio.Task) else asyncio.create_task(_awaited(work), name="race")
+    )
     watch_task = asyncio.create_task(watcher(), name=f"{work_task.get_name()}:watcher")
     try:
         await asyncio.wait([work_task, watch_task], return_when="FIRST_COMPLETED")

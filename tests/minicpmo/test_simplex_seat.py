@@ -5,10 +5,12 @@ must stay free to close the previous holder); the first step waits for it.
 
 The model here is a stand-in with the two things a seated view uses: the
 seat and a way to run a step (on the caller's thread instead of a side lane).
+The views' steps are coroutines the worker awaits on its event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -28,9 +30,13 @@ class SeatModel:
         self.seat = threading.Semaphore(1)
         self.steps: list[str] = []
 
-    def on_side_lane(self, fn: Callable[..., Any], *args: Any) -> Any:
+    async def on_side_lane(self, fn: Callable[..., Any], *args: Any) -> Any:
         self.steps.append(getattr(fn, "__name__", "step"))
         return fn(*args)
+
+    def on_side_lane_nowait(self, fn: Callable[[], Any]) -> None:
+        self.steps.append(getattr(fn, "__name__", "step"))
+        fn()
 
 
 class CountingChat(ChatSession):
@@ -50,69 +56,50 @@ class CountingChat(ChatSession):
         self.closed = True
 
 
-def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
-    out: list[Any] = []
-
-    def run() -> None:
-        try:
-            out.append(fn())
-        except Exception as exc:  # handed to the test
-            out.append(exc)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread, out
-
-
-def test_opening_a_view_while_the_seat_is_held_does_not_wait_and_its_first_step_does():
+async def test_opening_a_view_while_the_seat_is_held_does_not_wait_and_its_first_step_does():
     model = SeatModel()
     first_inner = CountingChat()
-    first = SeatedChat(model, first_inner)
-    assert first.prefill(HELLO, ChatOptions()) == 1
+    first = SeatedChat(model, first_inner)  # type: ignore[arg-type]
+    assert await first.prefill(HELLO, ChatOptions()) == 1
     answer = first.generate()
-    assert next(answer) == 0  # mid-answer: the seat is held
+    assert await anext(answer) == 0  # mid-answer: the seat is held
 
-    opened, made = in_thread(lambda: SeatedChat(model, CountingChat()))
-    opened.join(WAIT_S)
-    assert not opened.is_alive(), "opening a view waited for the seat"
-    second = made[0]
+    second = SeatedChat(model, CountingChat())  # type: ignore[arg-type]  # opened at once
+    prefill = asyncio.create_task(second.prefill(HELLO, ChatOptions()), name="second")
+    await asyncio.sleep(0.3)
+    assert not prefill.done(), "the second chat stepped while the first held the seat"
 
-    prefill, result = in_thread(lambda: second.prefill(HELLO, ChatOptions()))
-    prefill.join(0.3)
-    assert prefill.is_alive(), "the second chat stepped while the first held the seat"
-
-    answer.close()  # the first client left mid-answer
+    await answer.aclose()  # the first client left mid-answer
     first.close()
-    prefill.join(WAIT_S)
-    assert result == [1]
-    assert list(second.generate()) == [0, 1, 2]
+    assert await asyncio.wait_for(prefill, WAIT_S) == 1
+    assert [item async for item in second.generate()] == [0, 1, 2]
     assert first_inner.closed
     second.close()
     assert model.seat.acquire(blocking=False), "the seat was not given back"
 
 
-def test_a_view_closed_before_any_step_never_takes_the_seat_and_refuses_steps():
+async def test_a_view_closed_before_any_step_never_takes_the_seat_and_refuses_steps():
     model = SeatModel()
     inner = CountingChat()
-    chat = SeatedChat(model, inner)
+    chat = SeatedChat(model, inner)  # type: ignore[arg-type]
     chat.close()
 
     assert model.steps == []  # nothing ran, not even the inner close
     assert model.seat.acquire(blocking=False)
     model.seat.release()
     with pytest.raises(EngineError, match="closed"):
-        chat.prefill(HELLO, ChatOptions())
+        await chat.prefill(HELLO, ChatOptions())
 
 
-def test_a_seat_held_too_long_is_a_clear_error(monkeypatch: pytest.MonkeyPatch):
+async def test_a_seat_held_too_long_is_a_clear_error(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(slots, "SEAT_WAIT_S", 0.05)
     model = SeatModel()
-    holder = SeatedChat(model, CountingChat())
-    holder.prefill(HELLO, ChatOptions())
+    holder = SeatedChat(model, CountingChat())  # type: ignore[arg-type]
+    await holder.prefill(HELLO, ChatOptions())
 
-    waiting = SeatedChat(model, CountingChat())
+    waiting = SeatedChat(model, CountingChat())  # type: ignore[arg-type]
     with pytest.raises(EngineError, match="simplex seat"):
-        waiting.prefill(HELLO, ChatOptions())
+        await waiting.prefill(HELLO, ChatOptions())
     holder.close()
-    assert waiting.prefill(HELLO, ChatOptions()) == 1  # free again: it goes on
+    assert await waiting.prefill(HELLO, ChatOptions()) == 1  # free again: it goes on
     waiting.close()

@@ -1,9 +1,13 @@
 """The engine interface: a model (or cascade of models) behind three views.
 
-Every method here is synchronous and may be slow: workers call them off the
-event loop, one step at a time, so that control messages are read while a step
-runs. A session object holds one conversation's state; an engine with
-``capabilities.slots > 1`` hands out several at once.
+Every method here may be slow. A synchronous one is called off the event
+loop, one step at a time, so that control messages are read while a step
+runs. A view may instead make its steps coroutine functions (``generate`` an
+async generator): the worker then awaits them on its own event loop, and the
+engine keeps its blocking work on threads of its own (the GPU engine's batch
+loop and lanes), with no thread per session. A session object holds one
+conversation's state; an engine with ``capabilities.slots > 1`` hands out
+several at once.
 
 Audio in is float32 mono at 16 kHz; audio out is float32 mono at 24 kHz.
 """

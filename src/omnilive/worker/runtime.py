@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
@@ -157,9 +158,13 @@ class WorkerRuntime:
         self._refresh()
 
     async def step(self, record: SessionRecord, fn: Callable[..., T], *args: Any) -> T:
-        """Run one model step of ``record``'s session."""
+        """Run one model step of ``record``'s session: awaited here when the
+        engine's step is a coroutine function (the engine keeps its blocking
+        work on threads of its own), else on the session's lane."""
         started = time.perf_counter()
         try:
+            if inspect.iscoroutinefunction(fn):  # the engine's own async step: no thread here
+                return await fn(*args)
             return await record.lane.run(fn, *args)
         finally:
             self.total_inference_s += time.perf_counter() - started
@@ -170,8 +175,13 @@ class WorkerRuntime:
         """Iterate a streamed step of ``record``'s session (an answer's chunks)."""
         started = time.perf_counter()
         try:
-            async for item in record.lane.stream(fn, *args):
-                yield item
+            if inspect.isasyncgenfunction(fn):  # the engine's own async answer
+                async with aclosing(fn(*args)) as items:
+                    async for item in items:
+                        yield item
+            else:
+                async for item in record.lane.stream(fn, *args):
+                    yield item
         finally:
             self.total_inference_s += time.perf_counter() - started
 

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import inspect
 import logging
 import os
 import time
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -54,6 +58,12 @@ def physical_gpu(device: str, visible: str | None) -> int | None:
     if index >= len(names) or not names[index].isdigit():
         return None
     return int(names[index])
+
+
+async def _step(fn: Callable[..., Any], *args: Any) -> Any:
+    """A view's step, whether the view's steps are coroutines (slots) or not."""
+    result = fn(*args)
+    return await result if inspect.isawaitable(result) else result
 
 
 # The context the reference implementation serves (its Realtime API ends a
@@ -156,28 +166,39 @@ class MiniCPMoEngine(Engine):
 
     def _warm_up(self) -> None:
         """One short chat answer and one duplex unit, so that kernel selection,
-        allocator growth and lazy imports happen before the first client."""
+        allocator growth and lazy imports happen before the first client. The
+        slot views' steps are coroutines: run here on an event loop that
+        lives as long as the warm-up (the worker's loop is not serving yet)."""
         started = time.perf_counter()
+        asyncio.run(self._warm_up_views())
+        log.info("warm-up done in %.1f s", time.perf_counter() - started)
+
+    async def _warm_up_views(self) -> None:
         if self._slots is not None:
-            self._slots.warm_graphs()
+            await self._slots.warm_graphs()
         chat = self.open_chat()
         try:
             options = ChatOptions(generation=GenerationOptions(max_new_tokens=8))
-            chat.prefill([ChatMessage("user", (TextPart("Hello."),))], options)
-            for _ in chat.generate():
-                pass
+            await _step(chat.prefill, [ChatMessage("user", (TextPart("Hello."),))], options)
+            answer = chat.generate()
+            if isinstance(answer, AsyncIterator):
+                async with aclosing(answer) as pieces:
+                    async for _ in pieces:
+                        pass
+            else:
+                for _ in answer:
+                    pass
         finally:
             chat.close()
         duplex = self._duplex(force_listen_units=0)
         try:
-            duplex.prepare("You are a helpful assistant.", DuplexOptions())
+            await _step(duplex.prepare, "You are a helpful assistant.", DuplexOptions())
             noise = np.random.default_rng(0).normal(0, 0.01, 16_000).astype(np.float32)
-            duplex.prefill(noise, [])
-            duplex.generate()
-            duplex.finalize()
+            await _step(duplex.prefill, noise, [])
+            await _step(duplex.generate)
+            await _step(duplex.finalize)
         finally:
             duplex.close()
-        log.info("warm-up done in %.1f s", time.perf_counter() - started)
 
     def close(self) -> None:
         if self._slots is not None:

@@ -257,14 +257,23 @@ class BatchLoop:
     async def release(self, slot: int) -> None:
         """End ``slot``'s session: its jobs not taken yet are dropped; the slot
         is emptied after its running batch, if any, even if this is cancelled."""
+        self._leaving(slot)
+        await self.jobs.submit(
+            Call(slot=slot, fn=self._release_slot, args=(slot,), droppable=False)
+        )
+
+    def release_nowait(self, slot: int) -> None:
+        """:meth:`release` from any thread, awaited by nobody (a session's
+        close): a failure is logged on the loop's thread."""
+        self._leaving(slot)
+        self.jobs.put(Call(slot=slot, fn=self._release_slot, args=(slot,), droppable=False))
+
+    def _leaving(self, slot: int) -> None:
         self.jobs.drop_where(lambda job: job.slot == slot and job.droppable)
         with self.jobs.lock:
             for job in self.running:
                 if job.slot == slot:
                     job.abandoned = True
-        await self.jobs.submit(
-            Call(slot=slot, fn=self._release_slot, args=(slot,), droppable=False)
-        )
 
     def pending(self) -> int:
         """Jobs waiting for a tick, running programs included (what

@@ -34,13 +34,15 @@ import asyncio
 import logging
 import secrets
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 import torch
 
+from omnilive.engines.minicpmo.content import image_of
 from omnilive.engines.minicpmo.runtime.batch import StepResult
 from omnilive.engines.minicpmo.runtime.loop import BatchLoop
 from omnilive.engines.minicpmo.runtime.programs import Pick, Program, Step
@@ -65,6 +67,7 @@ from omnilive.engines.minicpmo.sessions.unit_rules import (
 from omnilive.engines.minicpmo.sessions.vocoder import VoiceStream, voice_together
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 VOICE_KEY = "voice"  # the side lane's gather key for sessions' vocoder pushes
 _Decided = tuple["UnitOutcome", bool]  # a unit's outcome; whether its voice flushes
@@ -137,6 +140,9 @@ class SlotDuplex:
         self.speech_capacity = loop.speech.cache.capacity if loop.speech is not None else 0
         self.voice: VoiceStream | None = None
         self.kv_length = 0
+        # Thread hand-offs of this session's work so far (each awaited job
+        # crosses to an engine thread and back): what benchmarks report per unit.
+        self.handoffs = 0
         # Kept only with keep_logits (the equality harness): the logits each
         # speech token and each text token (after penalties) was chosen from.
         self.speech_logits: list[torch.Tensor] = []
@@ -154,14 +160,15 @@ class SlotDuplex:
         """The system turn: prefix text, the reference voice's audio
         embeddings, suffix text. Returns the context length."""
         shared = self.shared
-        self.audio = AudioStream(mel=await asyncio.to_thread(shared.new_mel))
+        self.audio = AudioStream(mel=await self._across(asyncio.to_thread(shared.new_mel)))
         if prompt_wav and shared.generate_audio:
-            self.voice = await self.loop.side_call(self._open_voice, prompt_wav)
+            self.voice = await self._across(self.loop.side_call(self._open_voice, prompt_wav))
         parts: list[torch.Tensor] = []
         if prefix:
             parts.append(shared.embed(shared.tokenizer.encode(prefix, add_special_tokens=False)))
         if ref_audio is not None:
-            parts.append(await self.loop.encoder_call(voice_embeddings, shared, ref_audio))
+            embeddings = self.loop.encoder_call(voice_embeddings, shared, ref_audio)
+            parts.append(await self._across(embeddings))
         if suffix:
             parts.append(shared.embed(shared.tokenizer.encode(suffix, add_special_tokens=False)))
         if parts:
@@ -184,25 +191,28 @@ class SlotDuplex:
             return {"slices": 0, "vision": 0, "audio": 0}
         parts = [*(shared.marker(token) for token in self.closing), shared.marker(vocab.unit)]
 
-        def cpu_halves() -> tuple[Any, Any]:
+        def cpu_halves() -> tuple[list[Any], Any, Any]:
+            # Frames may come encoded (a view's JPEG bytes): decoded here too.
+            images = [image_of(frame) if isinstance(frame, bytes) else frame for frame in frames]
             processed = (
-                shared.processor.process_image(frames, max_slice_nums=max_slice_nums)
-                if frames
+                shared.processor.process_image(images, max_slice_nums=max_slice_nums)
+                if images
                 else None
             )
-            return processed, audio_features(shared, self.audio, audio) if has_audio else None
+            feature = audio_features(shared, self.audio, audio) if has_audio else None
+            return images, processed, feature
 
         # The CPU halves off the event loop, then the unit's frames and audio
         # in one call of the encoders' lane, with every other waiting unit's.
-        processed, feature = await asyncio.to_thread(cpu_halves)
+        images, processed, feature = await self._across(asyncio.to_thread(cpu_halves))
         inputs = UnitInputs(
-            Frames(processed, frames, max_slice_nums) if frames else None,
+            Frames(processed, images, max_slice_nums) if images else None,
             (self.audio, feature) if feature is not None else None,
         )
         pieces, embeds = [], None
         if inputs.frames is not None or inputs.audio is not None:
-            pieces, embeds = await self.loop.encoder_gather(
-                UNIT_KEY, partial(encode_units, shared), inputs
+            pieces, embeds = await self._across(
+                self.loop.encoder_gather(UNIT_KEY, partial(encode_units, shared), inputs)
             )
         parts += pieces
         # Each slice is its start token, its embeddings, its end token.
@@ -230,15 +240,16 @@ class SlotDuplex:
         if self.pending_logits is None:
             return UnitOutcome(True, [], [], "", [], None, False, self.kv_length)
         logits, self.pending_logits = self.pending_logits, None
-        outcome, flush = await self.loop.run(self.slot, self._decide(logits, force_listen))
+        decide = self.loop.run(self.slot, self._decide(logits, force_listen))
+        outcome, flush = await self._across(decide)
         voice = self.voice
         if voice is not None and not outcome.is_listen and self.shared.generate_audio:
             vocoding = time.perf_counter()
             # With the other sessions' pushes waiting for the side lane: one
             # vocoder batch a round.
             push = (voice, outcome.speech_tokens, outcome.end_of_turn, flush)
-            outcome.audio = await self.loop.side_gather(
-                VOICE_KEY, partial(voice_together, voice.runner), push
+            outcome.audio = await self._across(
+                self.loop.side_gather(VOICE_KEY, partial(voice_together, voice.runner), push)
             )
             outcome.vocoder_ms = (time.perf_counter() - vocoding) * 1000
         return outcome
@@ -404,8 +415,13 @@ class SlotDuplex:
 
     # --- the LLM context ----------------------------------------------------------------
 
+    async def _across(self, work: Awaitable[T]) -> T:
+        """``work`` (a job of the engine's threads), counted in :attr:`handoffs`."""
+        self.handoffs += 2
+        return await work
+
     async def _feed(self, embeds: torch.Tensor) -> Any:
-        result = await self.loop.forward(self.slot, embeds)
+        result = await self._across(self.loop.forward(self.slot, embeds))
         self.kv_length += int(embeds.shape[0])
         return result
 

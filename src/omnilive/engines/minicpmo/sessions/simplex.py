@@ -289,14 +289,17 @@ class SlotSimplex:
         if voice is not None:
             voice.restart()
         before, said = self.kv_length, ""
-        running = asyncio.ensure_future(self.loop.run(self.slot, pieces.next()))
+        name = f"minicpmo-answer-{self.slot}"  # owned: cancelled below if left running
+        running = asyncio.create_task(self.loop.run(self.slot, pieces.next()), name=name)
         try:
             while True:
                 piece = await running
                 if piece.stopped:
                     return
                 if not piece.last:  # decoding goes on while this piece is voiced
-                    running = asyncio.ensure_future(self.loop.run(self.slot, pieces.next()))
+                    running = asyncio.create_task(
+                        self.loop.run(self.slot, pieces.next()), name=name
+                    )
                 samples = None
                 if voice is not None and (piece.speech or piece.last):
                     push = (voice, piece.speech, piece.last, piece.flush)

@@ -2,9 +2,8 @@
 :class:`~omnilive.engines.minicpmo.sessions.simplex.SlotSimplex` in a slot of the
 shared batch loop, its steps batched with every other live session's.
 
-The worker calls these synchronously from its step threads; each call runs a
-coroutine on the engine's event loop and waits (as the duplex view does), so
-a slow session blocks only its own thread. A chat takes its slot at its
+Their steps are coroutines the worker awaits on its own event loop (as the
+duplex view's); an answer is an async generator. A chat takes its slot at its
 prefill and gives it back at its close; a half-duplex session holds one from
 its prepare to its close.
 """
@@ -13,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +27,6 @@ from omnilive.engines.base import (
     GenerationOptions,
     HalfDuplexOptions,
     HalfDuplexSession,
-    Interruptible,
     Part,
     TextAudioChunk,
     Voice,
@@ -66,11 +65,11 @@ class _SlotSimplexView:
         self._audio = False
         self._warnings: list[str] = []
 
-    def _open(self) -> SlotSimplex:
+    async def _open(self) -> SlotSimplex:
         self._leave()
         model = self._model
         try:
-            slot = model.events.run(model.batch.acquire())
+            slot = await model.batch.acquire()
         except SlotError:
             raise EngineError(
                 f"every session slot of this GPU is live ({model.batch.steps.cache.slots})"
@@ -100,7 +99,7 @@ class _SlotSimplexView:
             self._audio = False
         return reference if self._audio else None
 
-    def _answer(self, generation: GenerationOptions) -> Iterator[TextAudioChunk]:
+    async def _answer(self, generation: GenerationOptions) -> AsyncIterator[TextAudioChunk]:
         session = self._require()
         answer = session.answer(
             AnswerSampling.of(generation),
@@ -109,35 +108,19 @@ class _SlotSimplexView:
             use_tts_template=self._audio,
             enable_thinking=generation.enable_thinking,
         )
-        return Interruptible(self._stream(answer), session.interrupt)
-
-    def _stream(self, answer: AsyncIterator[TextAudioChunk]) -> Iterator[TextAudioChunk]:
-        events = self._model.events
-        done = object()
-
-        async def next_piece() -> Any:
-            return await anext(answer, done)
-
-        try:
-            while True:
-                with model_errors("generate"):
-                    piece = events.run(next_piece())
-                if piece is done:
-                    return
-                yield piece
-        finally:
-            try:
-                events.run(answer.aclose())  # type: ignore[attr-defined]
-            except Exception:  # the loop is closing: the answer goes with it
-                log.exception("minicpmo: closing an answer failed")
+        async with aclosing(answer) as pieces:  # left early: the answer stops at its next step
+            with model_errors("generate"):
+                async for piece in pieces:
+                    yield piece
 
     def _leave(self) -> None:
+        """Give the slot back without waiting (from any thread)."""
         session, self._session = self._session, None
         if session is not None:
             try:
-                self._model.events.run(self._model.batch.release(session.slot))
-            except Exception:  # the loop is closing: the slot goes with it
-                log.exception("minicpmo: releasing slot %d failed", session.slot)
+                self._model.batch.release_nowait(session.slot)
+            except RuntimeError:  # the loop is closed: the slot goes with it
+                log.info("minicpmo: slot %d left with its closed loop", session.slot)
 
     @property
     def warnings(self) -> list[str]:
@@ -145,9 +128,12 @@ class _SlotSimplexView:
 
 
 async def _with_voice(session: SlotSimplex, reference: np.ndarray | None, work: Any) -> Any:
-    """``work`` (a coroutine) while the voice is prepared beside it."""
+    """``work`` (a coroutine) while the voice is prepared beside it (a task
+    of this session's, awaited before this returns)."""
     preparing = (
-        asyncio.ensure_future(session.set_voice(reference)) if reference is not None else None
+        asyncio.create_task(session.set_voice(reference), name=f"minicpmo-voice-{session.slot}")
+        if reference is not None
+        else None
     )
     try:
         return await work
@@ -163,9 +149,9 @@ class SlotChat(_SlotSimplexView, ChatSession):
         super().__init__(model, default_voice)
         self._generation = GenerationOptions()
 
-    def prefill(self, messages: list[ChatMessage], options: ChatOptions) -> int:
+    async def prefill(self, messages: list[ChatMessage], options: ChatOptions) -> int:
         contents = [content_of(m.parts) for m in messages]  # fail before taking a slot
-        session = self._open()
+        session = await self._open()
         reference = self._voice_of(options.voice, options.tts_enabled)
         self._generation = options.generation
 
@@ -184,10 +170,12 @@ class SlotChat(_SlotSimplexView, ChatSession):
             return length
 
         with model_errors("prefill"):
-            return self._model.events.run(_with_voice(session, reference, messages_in()))
+            return await _with_voice(session, reference, messages_in())
 
-    def generate(self) -> Iterator[TextAudioChunk]:
-        return self._answer(self._generation)
+    async def generate(self) -> AsyncIterator[TextAudioChunk]:
+        async with aclosing(self._answer(self._generation)) as pieces:
+            async for piece in pieces:
+                yield piece
 
     def close(self) -> None:
         self._leave()
@@ -203,16 +191,16 @@ class SlotHalfDuplex(_SlotSimplexView, HalfDuplexSession):
         self._mark: _Mark | None = None
         self._pending = False
 
-    def prepare(self, system: list[Part], options: HalfDuplexOptions) -> int:
+    async def prepare(self, system: list[Part], options: HalfDuplexOptions) -> int:
         content = content_of(system)
-        session = self._open()
+        session = await self._open()
         self._options = options
         reference = self._voice_of(options.voice, options.tts_enabled)
         work = session.prefill("system", content, use_tts_template=self._audio)
         with model_errors("prefill"):
-            return self._model.events.run(_with_voice(session, reference, work))
+            return await _with_voice(session, reference, work)
 
-    def prefill(self, speech: np.ndarray) -> int:
+    async def prefill(self, speech: np.ndarray) -> int:
         session = self._require()
         before = session.kv_length
         work = session.prefill(
@@ -222,30 +210,32 @@ class SlotHalfDuplex(_SlotSimplexView, HalfDuplexSession):
             use_tts_template=self._audio,
         )
         with model_errors("prefill"):
-            after = self._model.events.run(work)
+            after = await work
         self._pending = True
         return after - before
 
-    def generate(self) -> Iterator[TextAudioChunk]:
+    async def generate(self) -> AsyncIterator[TextAudioChunk]:
         if not self._pending:
             raise EngineError("generate before prefill")
         self._pending = False
-        return self._answer(self._options.generation)
+        async with aclosing(self._answer(self._options.generation)) as pieces:
+            async for piece in pieces:
+                yield piece
 
-    def snapshot(self) -> None:
+    async def snapshot(self) -> None:
         session = self._require()
         state = {name: getattr(session, name) for name in _TURN_STATE}
         self._mark = _Mark(session.kv_length, state)
 
-    def rollback(self) -> None:
+    async def rollback(self) -> None:
         self._pending = False
         session, mark = self._session, self._mark
         if session is None or mark is None:
             return
         cache = self._model.batch.steps.cache
         with model_errors("rollback"):
-            self._model.events.run(
-                self._model.batch.call(cache.crop, session.slot, mark.kv_length, slot=session.slot)
+            await self._model.batch.call(
+                cache.crop, session.slot, mark.kv_length, slot=session.slot
             )
         session.kv_length = mark.kv_length
         for name, value in mark.state.items():

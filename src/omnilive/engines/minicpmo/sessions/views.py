@@ -4,10 +4,10 @@ Duplex sessions (audio and omni) are :class:`SlotDuplex` sessions, each in a
 slot of one :class:`BatchLoop`: their LLM and speech-LM steps run batched with
 every other live session's on the loop's thread; their encoder and vocoder
 calls run one at a time on the loop's side lane (a second thread and CUDA
-stream), beside the batches. The sessions themselves are coroutines on the
-engine's own event loop (:class:`EngineLoop`); the worker calls the
-synchronous engine API from its step threads, which submit to that loop and
-wait, so that a slow session blocks only its own thread.
+stream), beside the batches. The views' steps are coroutines: the worker
+awaits them on its own event loop (no thread of its own per session, no
+second event loop), and every blocking piece of work is a job of the batch
+loop or of a lane.
 
 Chat and half-duplex run the model's own simplex code, whose context lives on
 the model object: one such session at a time holds the *simplex seat*, and
@@ -24,7 +24,8 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -47,10 +48,11 @@ from omnilive.engines.base import (
     PrefillStats,
     TextAudioChunk,
 )
-from omnilive.engines.minicpmo.content import VoiceFile, image_of
+from omnilive.engines.minicpmo.content import VoiceFile
 from omnilive.engines.minicpmo.reference.duplex import system_prompt_parts
 from omnilive.engines.minicpmo.reference.host import Flavour, ModelHost, model_errors
 from omnilive.engines.minicpmo.runtime.batch import SlotError
+from omnilive.engines.minicpmo.runtime.lanes import LaneCall
 from omnilive.engines.minicpmo.runtime.loop import BatchLoop
 from omnilive.engines.minicpmo.runtime.tensors import clone_tensors
 from omnilive.engines.minicpmo.sessions.duplex import SlotDuplex
@@ -123,39 +125,13 @@ def plan_slots(
     return wanted
 
 
-# --- the engine's event loop -------------------------------------------------------------
-
-
-class EngineLoop:
-    """An asyncio event loop on a thread of its own, where the slot sessions'
-    coroutines run; :meth:`run` is the synchronous way in."""
-
-    def __init__(self, name: str = "minicpmo-sessions") -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
-        self.thread.start()
-
-    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
-
-    def close(self) -> None:
-        if self.loop.is_running():
-            self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=5)
-        if not self.thread.is_alive():
-            # Closed, not just stopped: a loop left to the garbage collector
-            # warns (and fails a test that happens to be running then).
-            self.loop.close()
-
-
 @dataclass
 class SlotEngine:
-    """What the slot views share: the model, its batch loop and event loop."""
+    """What the slot views share: the model and its batch loop (with its lanes)."""
 
     host: ModelHost
     shared: SharedModel
     batch: BatchLoop
-    events: EngineLoop
     seat: threading.Semaphore
     # Chat and half-duplex in slots (simplex_sessions), or on the seat (a
     # speech LM whose context handling simplex_slots does not own).
@@ -191,22 +167,30 @@ class SlotEngine:
             host,
             shared,
             batch,
-            EngineLoop(),
             threading.Semaphore(1),
             simplex_in_slots=in_slots,
             simplex_suppress_text_only=not unified,
         )
 
-    def warm_graphs(self) -> None:
+    async def warm_graphs(self) -> None:
         """Every batch and step bucket's CUDA graphs, captured before any session."""
         started = time.perf_counter()
-        captured = self.events.run(self.batch.warm_graphs())
+        captured = await self.batch.warm_graphs()
         log.info("%d step graphs captured in %.1f s", captured, time.perf_counter() - started)
 
-    def on_side_lane(self, fn: Callable[..., T], *args: Any) -> T:
+    async def on_side_lane(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` (a step of the model's own code) on the side lane,
         in turn with the duplex sessions' encoder and vocoder calls."""
-        return self.events.run(self.batch.side_call(self._seat_step, fn, *args))
+        return await self.batch.side_call(self._seat_step, fn, *args)
+
+    def on_side_lane_nowait(self, fn: Callable[[], Any]) -> None:
+        """``fn()`` on the side lane from any thread, awaited by nobody (a
+        session's close): a failure is logged on the lane's thread."""
+        side = self.batch.side
+        if side is None:
+            fn()
+        else:
+            side.jobs.put(LaneCall(fn=self._seat_step, args=(fn,)))
 
     def _seat_step(self, fn: Callable[..., T], *args: Any) -> T:
         try:
@@ -223,7 +207,6 @@ class SlotEngine:
     def close(self) -> None:
         self.batch.close()
         self.batch.thread.join(timeout=10)
-        self.events.close()
 
 
 # --- duplex ---------------------------------------------------------------------------------
@@ -248,12 +231,13 @@ class SlotDuplexSession(DuplexSession):
         self._session: SlotDuplex | None = None
         self._voice_file: VoiceFile | None = None
         self._units = 0
+        self._unit_start = 0
+        self.handoffs = UnitHandoffs()
 
-    def prepare(self, system_prompt: str, options: DuplexOptions) -> int:
+    async def prepare(self, system_prompt: str, options: DuplexOptions) -> int:
         self._leave()  # a second prepare starts over in a fresh slot
-        events = self._model.events
         try:
-            slot = events.run(self._model.batch.acquire())
+            slot = await self._model.batch.acquire()
         except SlotError:
             raise EngineError(
                 f"every session slot of this GPU is live ({self._model.batch.steps.cache.slots})"
@@ -276,23 +260,21 @@ class SlotDuplexSession(DuplexSession):
         prompt_wav = str(self._voice_file.path) if self._voice_file else None
         self._units = 0
         with model_errors("duplex prepare"):
-            return events.run(self._session.prepare(prefix, suffix, llm_voice, prompt_wav))
+            return await self._session.prepare(prefix, suffix, llm_voice, prompt_wav)
 
     def _require(self) -> SlotDuplex:
         if self._session is None:
             raise EngineError("duplex step before prepare")
         return self._session
 
-    def prefill(
+    async def prefill(
         self, audio: np.ndarray, frames: list[bytes], max_slice_nums: int | None = None
     ) -> PrefillStats:
         session = self._require()
-        images = [image_of(frame) for frame in frames]
+        self._unit_start = session.handoffs
         started = time.perf_counter()
-        with model_errors("duplex prefill"):
-            fed = self._model.events.run(
-                session.prefill(np.asarray(audio, np.float32), images, max_slice_nums or 1)
-            )
+        with model_errors("duplex prefill"):  # frames decoded off the loop, with the unit
+            fed = await session.prefill(np.asarray(audio, np.float32), frames, max_slice_nums or 1)
         return PrefillStats(
             vision_slices=fed["slices"],
             vision_tokens=fed["vision"],
@@ -300,12 +282,13 @@ class SlotDuplexSession(DuplexSession):
             cost_ms=(time.perf_counter() - started) * 1000,
         )
 
-    def generate(self, force_listen: bool = False) -> DuplexUnit:
+    async def generate(self, force_listen: bool = False) -> DuplexUnit:
         session = self._require()
         forced = force_listen or self._units < self._force_listen_units
         self._units += 1
         with model_errors("duplex generate"):
-            outcome = self._model.events.run(session.generate(forced))
+            outcome = await session.generate(forced)
+        self.handoffs.add(outcome.is_listen, session.handoffs - self._unit_start)
         return DuplexUnit(
             is_listen=outcome.is_listen,
             text=outcome.text,
@@ -319,12 +302,14 @@ class SlotDuplexSession(DuplexSession):
             cost_token2wav_ms=outcome.vocoder_ms,
         )
 
-    def finalize(self) -> None:
+    async def finalize(self) -> None:
         session = self._require()
         with model_errors("duplex finalize"):
-            self._model.events.run(session.finalize())
+            await session.finalize()
 
     def close(self) -> None:
+        """Give the slot back without waiting (from any thread: the worker
+        runs a session's close as its last step)."""
         self._leave()
 
     def _leave(self) -> None:
@@ -333,12 +318,13 @@ class SlotDuplexSession(DuplexSession):
         if session is not None:
             batch = self._model.batch
             try:
-                self._model.events.run(batch.release(session.slot))
-            except Exception:  # the loop is closing: the slot goes with it
-                log.exception("minicpmo: releasing slot %d failed", session.slot)
+                batch.release_nowait(session.slot)
+            except RuntimeError:  # the loop is closed: the slot goes with it
+                log.info("minicpmo: slot %d left with its closed loop", session.slot)
             log.info(
-                "slot %d released; batch sizes %s, speech %s; busy %s",
+                "slot %d released; %s; batch sizes %s, speech %s; busy %s",
                 session.slot,
+                self.handoffs,
                 dict(batch.batch_sizes),
                 dict(batch.speech_batch_sizes),
                 batch.busy(),
@@ -348,6 +334,30 @@ class SlotDuplexSession(DuplexSession):
             self._voice_file = None
 
 
+@dataclass
+class UnitHandoffs:
+    """Thread hand-offs of a session's units, speaking and listening apart."""
+
+    speak: int = 0
+    speak_units: int = 0
+    listen: int = 0
+    listen_units: int = 0
+
+    def add(self, is_listen: bool, handoffs: int) -> None:
+        if is_listen:
+            self.listen, self.listen_units = self.listen + handoffs, self.listen_units + 1
+        else:
+            self.speak, self.speak_units = self.speak + handoffs, self.speak_units + 1
+
+    def __str__(self) -> str:
+        speak = self.speak / max(1, self.speak_units)
+        listen = self.listen / max(1, self.listen_units)
+        return (
+            f"thread hand-offs per speaking unit {speak:.1f} ({self.speak_units} units), "
+            f"per listening unit {listen:.1f} ({self.listen_units} units)"
+        )
+
+
 # --- simplex views on the seat --------------------------------------------------------------
 
 
@@ -355,65 +365,51 @@ class _Seated:
     """A simplex view of the model's own code, holding the simplex seat from
     its first step to its close, every step run on the model's side lane.
 
-    The seat is taken at the first step, not when the view is made: views are
-    made on the worker's event loop, and waiting there for a seat that the
-    previous chat gives back only when that loop runs its close (a client who
-    left mid-answer) would stop the worker."""
+    The seat is taken at the first step, not when the view is made, and
+    waited for off the event loop: the previous chat gives it back only when
+    its close has run (a client who left mid-answer)."""
 
-    def __init__(self, model: SlotEngine) -> None:
+    def __init__(self, model: SlotEngine, inner: Any) -> None:
         self._model = model
+        self._inner = inner  # the model code's chat or half-duplex view
         self._seated = False
         self._closed = False
 
-    def _sit(self) -> None:
+    async def _sit(self) -> None:
         if self._seated:
             return
         if self._closed:
             raise EngineError("this session is closed")
-        if not self._model.seat.acquire(timeout=SEAT_WAIT_S):
+        seat = self._model.seat
+        if not seat.acquire(blocking=False) and not await asyncio.to_thread(
+            seat.acquire, True, SEAT_WAIT_S
+        ):
             raise EngineError(
                 "another chat or half-duplex session holds this GPU's simplex seat "
                 f"(one at a time beside the duplex slots) for over {SEAT_WAIT_S:.0f} s"
             )
         self._seated = True
 
-    def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        self._sit()
-        return self._model.on_side_lane(fn, *args)
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        await self._sit()
+        return await self._model.on_side_lane(fn, *args)
 
-    def _stream(self, make: Callable[[], Iterator[T]]) -> Iterator[T]:
+    async def _stream(self, make: Callable[[], Iterator[T]]) -> AsyncIterator[T]:
         """The iterator ``make()`` returns, each item made on the side lane."""
-        iterator = self._run(make)
+        iterator = await self._run(make)
         done = object()
         try:
-            while (item := self._run(next, iterator, done)) is not done:
+            while (item := await self._run(next, iterator, done)) is not done:
                 yield item  # type: ignore[misc]
         finally:
             close = getattr(iterator, "close", None)
             if close is not None:
-                self._run(close)
+                self._model.on_side_lane_nowait(close)
 
-    def _stand_up(self, close: Callable[[], None]) -> None:
-        self._closed = True
-        if not self._seated:
-            return
-        self._seated = False
-        try:
-            self._model.on_side_lane(close)
-        finally:
-            self._model.seat.release()
-
-
-class SeatedChat(_Seated, ChatSession):
-    def __init__(self, model: SlotEngine, inner: ChatSession) -> None:
-        super().__init__(model)
-        self._inner = inner
-
-    def prefill(self, messages: list[ChatMessage], options: ChatOptions) -> int:
-        return self._run(self._inner.prefill, messages, options)
-
-    def generate(self) -> Iterator[TextAudioChunk]:
-        return self._stream(self._inner.generate)
+    async def generate(self) -> AsyncIterator[TextAudioChunk]:
+        async with aclosing(self._stream(self._inner.generate)) as items:
+            async for item in items:
+                yield item
 
     def close(self) -> None:
         self._stand_up(self._inner.close)
@@ -422,26 +418,43 @@ class SeatedChat(_Seated, ChatSession):
     def warnings(self) -> list[str]:
         return self._inner.warnings
 
+    def _stand_up(self, close: Callable[[], None]) -> None:
+        """The inner view's close on the side lane, then the seat back."""
+        self._closed = True
+        if not self._seated:
+            return
+        self._seated = False
+        seat = self._model.seat
+
+        def stand_up() -> None:
+            try:
+                close()
+            finally:
+                seat.release()
+
+        self._model.on_side_lane_nowait(stand_up)
+
+
+class SeatedChat(_Seated, ChatSession):
+    def __init__(self, model: SlotEngine, inner: ChatSession) -> None:
+        super().__init__(model, inner)
+
+    async def prefill(self, messages: list[ChatMessage], options: ChatOptions) -> int:
+        return await self._run(self._inner.prefill, messages, options)
+
 
 class SeatedHalfDuplex(_Seated, HalfDuplexSession):
     def __init__(self, model: SlotEngine, inner: HalfDuplexSession) -> None:
-        super().__init__(model)
-        self._inner = inner
+        super().__init__(model, inner)
 
-    def prepare(self, system: list[Part], options: HalfDuplexOptions) -> int:
-        return self._run(self._inner.prepare, system, options)
+    async def prepare(self, system: list[Part], options: HalfDuplexOptions) -> int:
+        return await self._run(self._inner.prepare, system, options)
 
-    def prefill(self, speech: np.ndarray) -> int:
-        return self._run(self._inner.prefill, speech)
+    async def prefill(self, speech: np.ndarray) -> int:
+        return await self._run(self._inner.prefill, speech)
 
-    def generate(self) -> Iterator[TextAudioChunk]:
-        return self._stream(self._inner.generate)
+    async def snapshot(self) -> None:
+        await self._run(self._inner.snapshot)
 
-    def snapshot(self) -> None:
-        self._run(self._inner.snapshot)
-
-    def rollback(self) -> None:
-        self._run(self._inner.rollback)
-
-    def close(self) -> None:
-        self._stand_up(self._inner.close)
+    async def rollback(self) -> None:
+        await self._run(self._inner.rollback)
