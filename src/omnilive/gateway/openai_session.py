@@ -1,0 +1,86 @@
+"""An OpenAI Realtime API (GA) connection on ``/v1/realtime``: the I/O
+around its machine (``openai_machine.py``).
+
+The session is served by the worker's conversation runner over the
+half-duplex path; the worker speaks the dialect itself (its presenter), so
+its events are relayed untouched. Refusals and server-side ends are
+OpenAI-shaped ``error`` events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import Any
+
+from fastapi import WebSocket
+from starlette.websockets import WebSocketDisconnect
+
+from omnilive.gateway.app_gate import CLOSE_POLICY_VIOLATION
+from omnilive.gateway.client_ws import CLOSE_TRY_AGAIN, close_quietly
+from omnilive.gateway.lifecycle import Ending
+from omnilive.gateway.openai_machine import OpenAIRealtimeMachine
+from omnilive.gateway.realtime_io import RealtimeIO
+from omnilive.gateway.realtime_machine import ToWorker
+from omnilive.gateway.session_link import SessionLink, WorkerLink
+from omnilive.gateway.state import Gateway
+from omnilive.ids import mint
+from omnilive.protocol.internal import Envelope
+from omnilive.protocol.openai_realtime import error_event
+from omnilive.protocol.realtime import CloseReason, RealtimeErrorCode
+
+
+class OpenAIRealtimeConnection(RealtimeIO):
+    """One GA-dialect client connection, from accept to close."""
+
+    def __init__(self, gateway: Gateway, ws: WebSocket, model: str) -> None:
+        super().__init__(gateway, ws)
+        max_bytes = gateway.settings.limits.max_message_bytes
+        self.machine = OpenAIRealtimeMachine(mint("sess_", 12), model, max_bytes)
+        self.limit_s = gateway.settings.realtime.audio_max_s
+        self.worker: WorkerLink | None = None
+
+    def client_frame(self, raw: str | bytes) -> list[Any]:
+        return self.machine.client_frame(raw)
+
+    async def run(self) -> None:
+        await self.apply(self.machine.created())
+        await super().run()
+
+    async def act(self, action: Any) -> None:
+        if isinstance(action, ToWorker):
+            if self.worker is not None:
+                await self.worker.send(json.dumps(action.message))
+            return
+        await super().act(action)
+
+    async def refuse(self, code: RealtimeErrorCode, message: str) -> None:
+        with contextlib.suppress(WebSocketDisconnect, OSError, RuntimeError):
+            await self.send(error_event(code.value, message, kind="server_error"))
+        await close_quietly(self.ws, CLOSE_TRY_AGAIN)
+
+    async def tell(self, ending: Ending, detail: str) -> None:
+        if ending is Ending.APP_DISABLED:
+            await self.send(error_event("app_disabled", detail))
+            await close_quietly(self.ws, CLOSE_POLICY_VIOLATION)
+            return
+        await super().tell(ending, detail)
+
+    async def serve_leased(self, link: SessionLink) -> None:
+        async with link.worker("conversation") as worker:  # type: ignore[arg-type]
+            self.worker = worker
+            try:
+                await self.apply(self.machine.attach_worker())
+
+                async def to_client(envelope: Envelope, payload: str) -> None:
+                    await self.ws.send_text(payload)
+
+                name = f"{self.machine.session_id}:from-worker"
+                relay = asyncio.create_task(worker.relay(to_client), name=name)
+                ending = await self.while_reading(relay)
+            finally:
+                self.worker = None
+        if ending is not None:  # else the client left
+            link.end(ending)
+            await self.end(CloseReason.ERROR if ending is Ending.FAILED else CloseReason.STOPPED)

@@ -1,0 +1,227 @@
+"""OpenAI's Realtime API (GA) on ``/v1/realtime``, through a real
+``omnilive serve`` on the scripted engine, with the ``openai`` SDK unchanged
+as the client: conversation items, responses, tools, audio turns (manual
+commit and server VAD), cancel, truncate, and bad events of every kind."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+from openai import AsyncOpenAI
+
+from omnilive.audio import INPUT_RATE, resample
+from tests.servers import Server
+from tests.speech import silence, speak
+
+MODEL = "omnilive-realtime"
+
+
+def pcm24(audio: np.ndarray) -> str:
+    """16 kHz float32 as the GA API's audio/pcm: 24 kHz 16-bit, base64."""
+    samples = resample(audio, INPUT_RATE, 24_000)
+    return base64.b64encode((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes()).decode()
+
+
+def connect(server: Server, **kwargs: Any) -> Any:
+    client = AsyncOpenAI(base_url=f"{server.http}/v1", api_key="any-key-on-an-open-gateway")
+    return client.realtime.connect(model=MODEL, **kwargs)
+
+
+async def until(connection: Any, *types: str, timeout: float = 30) -> tuple[Any, list[Any]]:
+    """Read events until one of ``types``; returns it and everything read."""
+    seen: list[Any] = []
+    async with asyncio.timeout(timeout):
+        async for event in connection:
+            seen.append(event)
+            if event.type in types:
+                return event, seen
+    raise AssertionError(f"the connection closed before {types}: {[e.type for e in seen]}")
+
+
+async def text_session(connection: Any, **session: Any) -> None:
+    created, _ = await until(connection, "session.created")
+    assert created.session.id.startswith("sess_")
+    await connection.session.update(
+        session={"type": "realtime", "output_modalities": ["text"], **session}
+    )
+    updated, _ = await until(connection, "session.updated")
+    assert updated.session.output_modalities == ["text"]
+
+
+async def say(connection: Any, text: str) -> None:
+    await connection.conversation.item.create(
+        item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+    )
+
+
+async def test_a_text_only_session(server: Server):
+    async with connect(server) as connection:
+        await text_session(connection, instructions="Be brief.")
+        await say(connection, "hello there")
+        added, _ = await until(connection, "conversation.item.added")
+        assert added.item.role == "user" and added.item.content[0].text == "hello there"
+        await connection.response.create()
+        done, seen = await until(connection, "response.done")
+        kinds = [e.type for e in seen]
+        assert kinds.index("response.created") < kinds.index("response.output_item.added")
+        assert "response.output_audio.delta" not in kinds
+        text = "".join(e.delta for e in seen if e.type == "response.output_text.delta")
+        assert text == "Answered: hello there"
+        assert next(e for e in seen if e.type == "response.output_text.done").text == text
+        assert done.response.status == "completed"
+        assert done.response.output[0].content[0].text == text
+        assert done.response.usage.output_tokens > 0
+
+
+async def test_a_tool_call_and_its_output(server: Server):
+    weather = {
+        "type": "function",
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    }
+    async with connect(server) as connection:
+        await text_session(connection, tools=[weather], tool_choice="auto")
+        await say(connection, "get_weather in Paris")
+        await connection.response.create()
+        done, seen = await until(connection, "response.done")
+        call = done.response.output[0]
+        assert call.type == "function_call" and call.name == "get_weather"
+        deltas = [e.delta for e in seen if e.type == "response.function_call_arguments.delta"]
+        finished = next(e for e in seen if e.type == "response.function_call_arguments.done")
+        assert "".join(deltas) == finished.arguments == call.arguments
+        assert json.loads(call.arguments) == {"text": "get_weather in Paris"}
+        output = {"type": "function_call_output", "call_id": call.call_id, "output": "sunny, 21 C"}
+        await connection.conversation.item.create(item=output)
+        await connection.response.create()
+        done, seen = await until(connection, "response.done")
+        text = "".join(e.delta for e in seen if e.type == "response.output_text.delta")
+        assert text == "Answered: sunny, 21 C"
+
+
+async def test_items_retrieve_delete_and_errors_keep_the_session(server: Server):
+    async with connect(server) as connection:
+        await text_session(connection)
+        await say(connection, "first")
+        added, _ = await until(connection, "conversation.item.added")
+        await connection.conversation.item.retrieve(item_id=added.item.id)
+        retrieved, _ = await until(connection, "conversation.item.retrieved")
+        assert retrieved.item.content[0].text == "first"
+        await connection.conversation.item.delete(item_id=added.item.id)
+        deleted, _ = await until(connection, "conversation.item.deleted")
+        assert deleted.item_id == added.item.id
+        bad: list[tuple[dict[str, Any] | str, str]] = [
+            (
+                {"type": "conversation.item.retrieve", "item_id": "nope", "event_id": "e1"},
+                "item_not_found",
+            ),
+            ({"type": "no.such.event"}, "invalid_value"),
+            ({"type": "conversation.item.create"}, "missing_required_parameter"),
+            ({"type": "input_audio_buffer.append", "audio": "not base64!"}, "invalid_value"),
+            ({"type": "response.cancel"}, "response_cancel_not_active"),
+            ({"type": "input_audio_buffer.commit"}, "input_audio_buffer_commit_empty"),
+            ({"type": "output_audio_buffer.clear"}, "unsupported"),
+            (
+                {"type": "session.update", "session": {"output_modalities": ["smell"]}},
+                "invalid_value",
+            ),
+            ("[1, 2", "invalid_json"),
+        ]
+        for event, code in bad:
+            raw = event if isinstance(event, str) else json.dumps(event)
+            await connection.send_raw(raw)
+            error, _ = await until(connection, "error")
+            assert error.error.code == code, (event, error)
+        await say(connection, "still here")
+        await connection.response.create()
+        done, _seen = await until(connection, "response.done")
+        assert done.response.status == "completed"
+
+
+async def test_a_spoken_turn_with_server_vad(server: Server):
+    speech = np.concatenate([silence(0.6), speak("What is the weather like today?"), silence(1.5)])
+    async with connect(server) as connection:
+        await until(connection, "session.created")
+        await connection.session.update(
+            session={
+                "type": "realtime",
+                "audio": {
+                    "input": {
+                        "transcription": {"model": "whisper-1"},
+                        "turn_detection": {"type": "server_vad", "silence_duration_ms": 500},
+                    }
+                },
+            }
+        )
+        await until(connection, "session.updated")
+        encoded = pcm24(speech)
+        step = 24_000 * 2 // 10 * 4 // 3  # 100 ms of base64 pcm16 at 24 kHz
+        for start in range(0, len(encoded), step):
+            await connection.input_audio_buffer.append(audio=encoded[start : start + step])
+        done, seen = await until(connection, "response.done")
+        kinds = [e.type for e in seen]
+        for kind in (
+            "input_audio_buffer.speech_started",
+            "input_audio_buffer.speech_stopped",
+            "input_audio_buffer.committed",
+            "conversation.item.input_audio_transcription.completed",
+            "response.output_audio.delta",
+            "response.output_audio_transcript.done",
+        ):
+            assert kind in kinds, kind
+        transcript = next(e for e in seen if e.type.endswith("transcription.completed")).transcript
+        assert transcript.endswith("s of speech")
+        audio = b"".join(
+            base64.b64decode(e.delta) for e in seen if e.type == "response.output_audio.delta"
+        )
+        assert len(audio) > 24_000 * 2 * 0.2 and len(audio) % 2 == 0
+        assert done.response.output[0].content[0].transcript.startswith("Turn 0")
+
+
+async def test_cancel_mid_answer_and_truncate(server: Server):
+    async with connect(server) as connection:
+        await until(connection, "session.created")
+        await connection.session.update(
+            session={
+                "type": "realtime",
+                "instructions": "#latency:0.2",
+                "audio": {"input": {"turn_detection": None}},
+            }
+        )
+        await until(connection, "session.updated")
+        await connection.input_audio_buffer.append(audio=pcm24(speak("Tell me a long story.")))
+        await connection.input_audio_buffer.commit()
+        _first, _ = await until(connection, "response.output_audio.delta")
+        await connection.response.cancel()
+        done, _seen = await until(connection, "response.done")
+        assert done.response.status == "cancelled"
+        assert done.response.status_details.reason == "client_cancelled"
+        item = done.response.output[0]
+        assert item.status == "incomplete"
+        await connection.conversation.item.truncate(
+            item_id=item.id, content_index=0, audio_end_ms=0
+        )
+        truncated, _ = await until(connection, "conversation.item.truncated")
+        assert truncated.item_id == item.id and truncated.audio_end_ms == 0
+        await connection.conversation.item.retrieve(item_id=item.id)
+        retrieved, _ = await until(connection, "conversation.item.retrieved")
+        assert retrieved.item.content[0].transcript == ""
+        await connection.conversation.item.truncate(
+            item_id=item.id, content_index=0, audio_end_ms=10_000_000
+        )
+        error, _ = await until(connection, "error")
+        assert error.error.code == "invalid_value" and error.error.param == "audio_end_ms"
+
+
+@pytest.mark.parametrize("dialect_url", ["?mode=audio&model=x", "?mode=chat"])
+async def test_minicpmo_clients_keep_their_dialect(server: Server, dialect_url: str):
+    from websockets.asyncio.client import connect as ws_connect
+
+    async with ws_connect(f"{server.ws}/v1/realtime{dialect_url}") as ws:
+        first = json.loads(await asyncio.wait_for(ws.recv(), 10))
+        assert first["type"].startswith("session.queue")
