@@ -206,11 +206,29 @@ class ScriptedSettings(_Section):
     load_faults: int = Field(0, ge=0, description="Only the first N loads fail; 0: every one.")
 
 
+class CascadeLlmSettings(_Section):
+    """The cascade's language model: the packaged SmolLM2, a GGUF file of the
+    user's, or any OpenAI-compatible chat-completions server (which also
+    makes tool calls real: tools are passed to it natively)."""
+
+    url: str | None = Field(
+        None, description="Base URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1."
+    )
+    model: str = Field("", description="Model name to ask that server for (empty: its first).")
+    api_key_env: str | None = Field(
+        None, description="Environment variable holding that server's API key."
+    )
+    gguf: Path | None = Field(None, description="A local GGUF chat model instead of SmolLM2.")
+    n_ctx: int = Field(2048, ge=512, description="Context the conversation is fitted to.")
+    timeout_s: float = Field(60.0, gt=0, description="Longest wait for that server.")
+
+
 class CascadeSettings(_Section):
     """The embedded CPU cascade (VAD + Whisper + SmolLM2 + espeak-ng)."""
 
     threads: int = Field(2, ge=1, description="CPU threads for ASR and the LLM.")
     voice: str = Field("en-us", description="Default espeak-ng voice.")
+    llm: CascadeLlmSettings = Field(default_factory=CascadeLlmSettings)
 
 
 class MiniCPMoSettings(_Section):

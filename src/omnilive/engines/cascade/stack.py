@@ -10,6 +10,7 @@ from omnilive.engines.base import GenerationOptions, Part, TextPart, Voice
 from omnilive.engines.cascade.answer import AnswerStream
 from omnilive.engines.cascade.asr import WhisperASR
 from omnilive.engines.cascade.llm import LlamaChat
+from omnilive.engines.cascade.remote_llm import RemoteChat
 from omnilive.engines.cascade.tts import EspeakTTS, SpokenVoice
 
 log = logging.getLogger("omnilive.engines.cascade")
@@ -54,7 +55,7 @@ class ModelStack:
     """Whisper, SmolLM2 and espeak-ng, loaded once and shared by all sessions."""
 
     asr: WhisperASR
-    llm: LlamaChat
+    llm: LlamaChat | RemoteChat
     tts: EspeakTTS
 
     def voice(self, voice: Voice | None, notices: Notices) -> SpokenVoice:
