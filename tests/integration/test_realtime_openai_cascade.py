@@ -58,9 +58,21 @@ def llm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """llama-cpp-python's OpenAI-compatible server over the packaged GGUF."""
     port = free_port()
     log = open(tmp_path_factory.mktemp("llm") / "llm.log", "wb")  # noqa: SIM115
-    command = [sys.executable, "-m", "llama_cpp.server", "--model", str(llm_gguf_path()),
-               "--chat_format", "chatml-function-calling", "--port", str(port),
-               "--n_threads", "1", "--n_ctx", "2048"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        str(llm_gguf_path()),
+        "--chat_format",
+        "chatml-function-calling",
+        "--port",
+        str(port),
+        "--n_threads",
+        "1",
+        "--n_ctx",
+        "2048",
+    ]
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/v1"
     try:
@@ -149,8 +161,11 @@ async def test_a_spoken_conversation_with_a_tool_call(cascade_with_tools: Server
             "required": ["city"],
         },
     }
-    session = {**VOICE_SESSION, "tools": [weather],
-               "tool_choice": {"type": "function", "name": "get_weather"}}  # fmt: skip
+    session = {
+        **VOICE_SESSION,
+        "tools": [weather],
+        "tool_choice": {"type": "function", "name": "get_weather"},
+    }
     speech = np.concatenate([silence(0.6), speak("What is the weather in Paris?"), silence(1.5)])
     async with connect(cascade_with_tools) as connection:
         await until(connection, "session.created")
@@ -165,8 +180,11 @@ async def test_a_spoken_conversation_with_a_tool_call(cascade_with_tools: Server
         assert isinstance(arguments, dict) and "city" in arguments
         deltas = [e for e in seen if e.type == "response.function_call_arguments.delta"]
         assert "".join(e.delta for e in deltas) == call.arguments
-        output = {"type": "function_call_output", "call_id": call.call_id,
-                  "output": json.dumps({"city": "Paris", "forecast": "sunny", "celsius": 21})}  # fmt: skip
+        output = {
+            "type": "function_call_output",
+            "call_id": call.call_id,
+            "output": json.dumps({"city": "Paris", "forecast": "sunny", "celsius": 21}),
+        }
         await connection.conversation.item.create(item=output)
         await until(connection, "conversation.item.done")
         await connection.response.create(response={"tool_choice": "none"})
