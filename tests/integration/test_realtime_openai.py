@@ -8,8 +8,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import time
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 from openai import AsyncOpenAI
@@ -225,3 +227,33 @@ async def test_minicpmo_clients_keep_their_dialect(server: Server, dialect_url: 
     async with ws_connect(f"{server.ws}/v1/realtime{dialect_url}") as ws:
         first = json.loads(await asyncio.wait_for(ws.recv(), 10))
         assert first["type"].startswith("session.queue")
+
+
+async def test_an_ephemeral_key_in_openais_shape(tmp_path):
+    key = "openai-dialect-key-0123456789"
+    keys = json.dumps([{"key": key, "role": "user", "name": "t"}])
+    server = Server(tmp_path, env={"OMNILIVE_AUTH__KEYS": keys}, api_key=key).start()
+    try:
+        await server.wait_ready(workers=1)
+        async with httpx.AsyncClient() as http:
+            url = f"{server.http}/v1/realtime/client_secrets"
+            body = {
+                "expires_after": {"anchor": "created_at", "seconds": 120},
+                "session": {"type": "realtime", "instructions": "hi"},
+            }
+            answer = await http.post(url, json=body, headers=server.headers)
+            refused = await http.post(url, json=body)
+        assert answer.status_code == 200 and refused.status_code == 401
+        secret = answer.json()
+        assert secret["session"]["instructions"] == "hi"
+        assert 0 < secret["expires_at"] - time.time() <= 121
+        client = AsyncOpenAI(base_url=f"{server.http}/v1", api_key=secret["value"])
+        async with client.realtime.connect(model=MODEL) as connection:
+            created, _ = await until(connection, "session.created")
+            assert created.session.model == MODEL
+        bad = AsyncOpenAI(base_url=f"{server.http}/v1", api_key="not-a-key-of-this-gateway")
+        with pytest.raises(Exception, match="401"):
+            async with bad.realtime.connect(model=MODEL) as connection:
+                await connection.recv()
+    finally:
+        server.stop()
