@@ -9,9 +9,7 @@ OpenAI-shaped ``error`` events.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import json
 from typing import Any
 
 from fastapi import WebSocket
@@ -22,8 +20,7 @@ from omnilive.gateway.client_ws import CLOSE_TRY_AGAIN, close_quietly
 from omnilive.gateway.lifecycle import Ending
 from omnilive.gateway.openai_machine import OpenAIRealtimeMachine
 from omnilive.gateway.realtime_io import RealtimeIO
-from omnilive.gateway.realtime_machine import ToWorker
-from omnilive.gateway.session_link import SessionLink, WorkerLink
+from omnilive.gateway.session_link import SessionLink
 from omnilive.gateway.state import Gateway
 from omnilive.ids import mint
 from omnilive.protocol.internal import Envelope
@@ -39,7 +36,6 @@ class OpenAIRealtimeConnection(RealtimeIO):
         max_bytes = gateway.settings.limits.max_message_bytes
         self.machine = OpenAIRealtimeMachine(mint("sess_", 12), model, max_bytes)
         self.limit_s = gateway.settings.realtime.audio_max_s
-        self.worker: WorkerLink | None = None
 
     def client_frame(self, raw: str | bytes) -> list[Any]:
         return self.machine.client_frame(raw)
@@ -47,13 +43,6 @@ class OpenAIRealtimeConnection(RealtimeIO):
     async def run(self) -> None:
         await self.apply(self.machine.created())
         await super().run()
-
-    async def act(self, action: Any) -> None:
-        if isinstance(action, ToWorker):
-            if self.worker is not None:
-                await self.worker.send(json.dumps(action.message))
-            return
-        await super().act(action)
 
     async def refuse(self, code: RealtimeErrorCode, message: str) -> None:
         with contextlib.suppress(WebSocketDisconnect, OSError, RuntimeError):
@@ -68,19 +57,10 @@ class OpenAIRealtimeConnection(RealtimeIO):
         await super().tell(ending, detail)
 
     async def serve_leased(self, link: SessionLink) -> None:
-        async with link.worker("conversation") as worker:  # type: ignore[arg-type]
-            self.worker = worker
-            try:
-                await self.apply(self.machine.attach_worker())
+        async def to_client(envelope: Envelope, payload: str) -> None:
+            await self.ws.send_text(payload)  # the worker speaks the dialect
 
-                async def to_client(envelope: Envelope, payload: str) -> None:
-                    await self.ws.send_text(payload)
-
-                name = f"{self.machine.session_id}:from-worker"
-                relay = asyncio.create_task(worker.relay(to_client), name=name)
-                ending = await self.while_reading(relay)
-            finally:
-                self.worker = None
+        ending = await self.relay_leased(link, to_client, "conversation")
         if ending is not None:  # else the client left
             link.end(ending)
             await self.end(CloseReason.ERROR if ending is Ending.FAILED else CloseReason.STOPPED)

@@ -170,6 +170,20 @@ Item = Annotated[
 ]
 
 
+class ItemReference(BaseModel):
+    """An item of the conversation, named in a response's own ``input``."""
+
+    model_config = _MODEL
+    type: Literal["item_reference"]
+    id: str
+
+
+InputItem = Annotated[
+    MessageItem | FunctionCallItem | FunctionCallOutputItem | ItemReference,
+    Field(discriminator="type"),
+]
+
+
 class ResponseParams(BaseModel):
     """``response.create``'s ``response``: what this one response does differently."""
 
@@ -180,7 +194,7 @@ class ResponseParams(BaseModel):
     tool_choice: ToolChoice | None = None
     max_output_tokens: int | Literal["inf"] | None = None
     conversation: Literal["auto", "none"] = "auto"
-    input: list[Item] | None = None
+    input: list[InputItem] | None = Field(None, max_length=4096)
     metadata: dict[str, Any] | None = None
 
 

@@ -98,12 +98,18 @@ class Conversation:
 
     def messages(self, instructions: str) -> list[ChatMessage]:
         """The conversation as the engine's messages, the instructions first."""
-        out = [ChatMessage("system", (TextPart(instructions),))]
-        for item in self.items.values():
-            message = _message_of(item)
-            if message is not None:
-                out.append(message)
-        return out
+        return messages_of(instructions, list(self.items.values()))
+
+
+def messages_of(instructions: str, items: list[Item]) -> list[ChatMessage]:
+    """Items as the engine's messages, the instructions first; speech as its
+    transcript (speech not transcribed is left out)."""
+    out = [ChatMessage("system", (TextPart(instructions),))]
+    for item in items:
+        message = _message_of(item)
+        if message is not None:
+            out.append(message)
+    return out
 
 
 def text_of(item: Item) -> str:

@@ -14,9 +14,7 @@ Events leave in the dialect's shapes (``presenter_openai.py``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import math
 import time
 from typing import Any
 
@@ -24,7 +22,7 @@ import numpy as np
 
 from omnilive.audio import INPUT_RATE, AudioDecodeError
 from omnilive.audio_codecs import decode_input
-from omnilive.engines.base import EngineError, GenerationOptions, HalfDuplexOptions, TextPart, Tools
+from omnilive.engines.base import EngineError, TextPart
 from omnilive.protocol.common import parse_json_object
 from omnilive.protocol.openai_realtime import (
     AudioAppend,
@@ -39,7 +37,6 @@ from omnilive.protocol.openai_realtime import (
     ResponseCancel,
     ResponseCreate,
     ResponseParams,
-    SemanticVad,
     SessionConfig,
     SessionUpdate,
     error_event,
@@ -47,46 +44,22 @@ from omnilive.protocol.openai_realtime import (
     server_event,
     session_object,
 )
-from omnilive.vad import SileroModel, SpeechEnded, SpeechStarted, StreamingVad, VadConfig
+from omnilive.vad import SileroModel, SpeechEnded, SpeechStarted, StreamingVad
 from omnilive.worker.conversation_items import Conversation, client_item
-from omnilive.worker.machines.session import Ended, Phase, SessionMachine
-from omnilive.worker.presenter_openai import ResponsePresenter, item_id, usage
+from omnilive.worker.machines import conversation as rules
+from omnilive.worker.machines.conversation import ConversationMachine
+from omnilive.worker.machines.session import Ended
+from omnilive.worker.presenter_openai import item_id
+from omnilive.worker.runners.hearing import EarlyHearing
+from omnilive.worker.runners.responses import Responses
 from omnilive.worker.runners.streaming import StreamingRunner, Work
 
 log = logging.getLogger(__name__)
 
-DEFAULT_INSTRUCTIONS = "You are a helpful assistant. Reply briefly and naturally."
 MAX_BUFFER_S = 120  # a manually committed input buffer keeps at most this much
-SEMANTIC_SILENCE_MS = {"low": 1200, "medium": 800, "high": 400, "auto": 800}
-_AUDIO_DELTA = "response.output_audio.delta"
 
 
-class ConversationMachine(SessionMachine):
-    """The session's phases (prepared at once: the gateway configured it);
-    no inactivity deadline: the gateway bounds the session's life."""
-
-    def deadline(self) -> tuple[float, str]:
-        if self.phase in (Phase.WAITING_PREPARE, Phase.PREPARING):
-            return super().deadline()
-        return math.inf, "timeout"
-
-
-def vad_config(config: SessionConfig) -> VadConfig | None:
-    detection = config.audio.input.turn_detection
-    if detection is None:
-        return None
-    if isinstance(detection, SemanticVad):  # no end-of-turn model yet: silence by eagerness
-        return VadConfig(
-            threshold=0.5, min_silence_duration_ms=SEMANTIC_SILENCE_MS[detection.eagerness]
-        )
-    return VadConfig(
-        threshold=min(max(detection.threshold, 0.2), 0.99),
-        min_silence_duration_ms=max(detection.silence_duration_ms, 100),
-        speech_pad_ms=min(detection.prefix_padding_ms, 1000),
-    )
-
-
-class ConversationRunner(StreamingRunner):
+class ConversationRunner(Responses, StreamingRunner):
     """One GA-dialect session; :meth:`run` returns when it has ended."""
 
     machine: ConversationMachine
@@ -96,6 +69,7 @@ class ConversationRunner(StreamingRunner):
             self.settings.limits.first_message_timeout_s, time.monotonic()
         )
         self.session = self.runtime.engine.open_half_duplex()
+        self.hearing = EarlyHearing(self.runtime, self.record, self.session, self.spawn)
         self.record.closer = self.session.close
         self.config = SessionConfig()
         self.session_id = self.record.session_id
@@ -107,11 +81,8 @@ class ConversationRunner(StreamingRunner):
         self.heard_ms = 0.0  # input audio so far (the VAD's and the buffer's clock)
         self._speech_item: str | None = None  # the item the VAD's current speech will be
         self._prefilled = False  # the last speech is in the engine, unanswered
-        self._response: asyncio.Task[None] | None = None
-        self._presenter: ResponsePresenter | None = None
-        self._hear: asyncio.Task[None] | None = None
-        self._hear_wanted: tuple[np.ndarray, bool] | None = None
         self._spoken_ms: dict[str, float] = {}  # assistant item → its audio's length
+        self._init_responses()
 
     # --- the session's tasks --------------------------------------------------------
 
@@ -119,8 +90,8 @@ class ConversationRunner(StreamingRunner):
         return {"reader": self._read}
 
     async def _wind_down(self) -> None:
-        await self._cancel_response("client_cancelled", tell=False)
-        await self._stop_hear()
+        await self._cancel_response("client_cancelled")
+        await self.hearing.stop()
 
     async def _goodbye(self, ended: Ended) -> None:
         """The GA dialect has no goodbye event: the socket closes."""
@@ -138,7 +109,10 @@ class ConversationRunner(StreamingRunner):
                 await self._start(data)
                 continue
             try:
-                await self._handle(parse_client_event(data))
+                event = parse_client_event(data)
+                await self._handle(event)
+                if not isinstance(event, AudioAppend):
+                    await self._settle_history()
             except OpenAIError as exc:
                 await self._error(exc)
             except EngineError as exc:  # a capability the engine lacks, a failed step
@@ -150,10 +124,11 @@ class ConversationRunner(StreamingRunner):
         self.model = data.get("model") or self.model
         self.config = SessionConfig.model_validate(data.get("session") or {})
         self.machine.prepare()
+        system = [TextPart(rules.instructions(self.config))]
         await self.runtime.step(
-            self.record, self.session.prepare, [TextPart(self._instructions())], self._options()
+            self.record, self.session.prepare, system, rules.options(self.config)
         )
-        await self._apply_tools(self.config.tools, self.config.tool_choice)
+        await self._apply_tools()
         self.machine.prepared(time.monotonic())
         await self._new_vad()
 
@@ -187,22 +162,10 @@ class ConversationRunner(StreamingRunner):
 
     # --- the session's configuration ----------------------------------------------------
 
-    def _instructions(self) -> str:
-        return self.config.instructions or DEFAULT_INSTRUCTIONS
-
-    def _options(self, params: ResponseParams | None = None) -> HalfDuplexOptions:
-        modalities = (params and params.output_modalities) or self.config.output_modalities
-        limit = (params and params.max_output_tokens) or self.config.max_output_tokens
-        tokens = 4096 if limit == "inf" else int(limit)
-        return HalfDuplexOptions(
-            generation=GenerationOptions(max_new_tokens=tokens, length_penalty=1.1),
-            tts_enabled="audio" in modalities,
-        )
-
-    async def _apply_tools(self, tools: Any, choice: Any) -> None:
-        functions = tuple(t.model_dump(exclude_none=True) for t in tools)
-        name = choice if isinstance(choice, str) else f"function:{choice.name}"
-        await self.runtime.step(self.record, self.session.set_tools, Tools(functions, name))
+    async def _apply_tools(self, params: ResponseParams | None = None) -> None:
+        """Offer the session's functions (or one response's) to the model."""
+        offered = rules.tools(self.config, params)
+        await self.runtime.step(self.record, self.session.set_tools, offered)
 
     async def _update(self, event: SessionUpdate) -> None:
         before = self.config
@@ -212,16 +175,18 @@ class ConversationRunner(StreamingRunner):
         if self.config.output_modalities != before.output_modalities or (
             self.config.max_output_tokens != before.max_output_tokens
         ):
-            await self.runtime.step(self.record, self.session.set_options, self._options())
+            await self.runtime.step(
+                self.record, self.session.set_options, rules.options(self.config)
+            )
         if self.config.tools != before.tools or self.config.tool_choice != before.tool_choice:
-            await self._apply_tools(self.config.tools, self.config.tool_choice)
+            await self._apply_tools()
         if self.config.audio.input.turn_detection != before.audio.input.turn_detection:
             await self._new_vad()
         session = session_object(self.session_id, self.config, self.model)
         await self.send(server_event("session.updated", session=session))
 
     async def _new_vad(self) -> None:
-        config = vad_config(self.config)
+        config = rules.vad_config(self.config)
         self.vad = (
             None if config is None else StreamingVad(await asyncio.to_thread(SileroModel), config)
         )
@@ -256,8 +221,8 @@ class ConversationRunner(StreamingRunner):
                 )
                 await self._commit_speech(vad_event.segment, item)
                 return
-        if self.vad.speaking and self._response is None:
-            self._want_hear(self.vad.speech_so_far, self.vad.paused)
+        if self.vad.speaking and not self._answering:
+            self.hearing.want(self.vad.speech_so_far, self.vad.paused)
 
     async def _speech_started(self, at_ms: float) -> None:
         detection = self.config.audio.input.turn_detection
@@ -271,6 +236,7 @@ class ConversationRunner(StreamingRunner):
         )
         if detection is not None and detection.interrupt_response:
             await self._cancel_response("turn_detected")
+        await self._settle_history()
 
     async def _commit(self, client_event_id: str | None) -> None:
         """Commit the buffer; with turn detection on, end the speech it hears now."""
@@ -293,7 +259,7 @@ class ConversationRunner(StreamingRunner):
         """The user's turn: an item, the engine hears it, its transcript, and
         (as turn detection says) a response."""
         await self._cancel_response("turn_detected")
-        await self._stop_hear()
+        await self.hearing.stop()
         item = {
             "id": new_id,
             "object": "realtime.item",
@@ -309,14 +275,9 @@ class ConversationRunner(StreamingRunner):
         await self.send(
             server_event("conversation.item.added", previous_item_id=previous, item=item)
         )
-        if self.conversation.dirty:
-            await self._sync_history()
-        await self.runtime.step(self.record, self.session.prefill, speech)
-        self._prefilled = True
-        transcript = self.session.transcript
-        item["content"][0]["transcript"] = transcript
+        await self._hear_item(item, speech)
         await self.send(server_event("conversation.item.done", item=item))
-        await self._send_transcript(new_id, transcript)
+        await self._send_transcript(new_id, item["content"][0]["transcript"])
         detection = self.config.audio.input.turn_detection
         if detection is None or detection.create_response:
             await self._create_response(ResponseParams(), None)
@@ -353,42 +314,55 @@ class ConversationRunner(StreamingRunner):
             )
         )
 
-    # --- early work while the user speaks (as half-duplex) ---------------------------
-
-    def _want_hear(self, speech: np.ndarray, paused: bool) -> None:
-        self._hear_wanted = (speech, paused)
-        if self._hear is None or self._hear.done():
-            self._hear = self.spawn("hear", self._hear_loop())
-
-    async def _hear_loop(self) -> None:
-        while self._hear_wanted is not None:
-            (speech, paused), self._hear_wanted = self._hear_wanted, None
-            try:
-                await self.runtime.step(self.record, self.session.hear, speech, paused)
-            except EngineError as exc:
-                log.warning("early hearing of %s failed: %s", self.record.session_id, exc)
-
-    async def _stop_hear(self) -> None:
-        self._hear_wanted = None
-        if self._hear is not None:
-            hear, self._hear = self._hear, None
-            await asyncio.wait([hear])
-
     # --- items --------------------------------------------------------------------------------
 
+    async def _hear_item(self, item: dict[str, Any], speech: np.ndarray) -> None:
+        """The engine hears a user's speech item (the last one of the
+        conversation, or the history is replaced later); its transcript
+        goes into the item."""
+        dirty = self.conversation.dirty and self.conversation.last_id != item["id"]
+        self.conversation.dirty = False  # the item itself arrives as speech, not as text
+        if dirty:
+            await self._sync_history()
+        await self.runtime.step(self.record, self.session.prefill, speech)
+        self._prefilled = True
+        item["content"][0]["transcript"] = await self._transcript(speech)
+
+    async def _transcript(self, speech: np.ndarray) -> str | None:
+        return self.session.transcript
+
     async def _create_item(self, event: ItemCreate) -> None:
-        item = client_item(event.item.model_dump(mode="json"), item_id())
-        if item["type"] == "message" and any(p["type"] == "input_audio" for p in item["content"]):
-            message = "audio items are not taken yet: append audio to the input buffer instead"
-            raise OpenAIError("unsupported", message, "item.content", event.event_id)
+        raw = event.item.model_dump(mode="json")
+        item = client_item(raw, item_id())
+        speech = self._item_speech(raw, event.event_id)
         previous = self.conversation.add(item, event.previous_item_id, event.event_id)
-        self.conversation.dirty = True
         await self.send(
             server_event("conversation.item.added", previous_item_id=previous, item=item)
         )
+        if speech is not None:
+            await self._cancel_response("client_cancelled")
+            await self._hear_item(item, speech)
+            if self.conversation.last_id != item["id"]:
+                self.conversation.dirty = True  # heard last, but it belongs earlier
+        else:
+            self.conversation.dirty = True
         await self.send(
             server_event("conversation.item.done", previous_item_id=previous, item=item)
         )
+
+    def _item_speech(self, raw: dict[str, Any], client_event_id: str | None) -> np.ndarray | None:
+        """A user message's audio (in the session's input format), or None."""
+        parts = [p for p in raw.get("content") or [] if p["type"] == "input_audio"]
+        if not parts:
+            return None
+        if raw["role"] != "user" or len(raw["content"]) != 1 or not parts[0].get("audio"):
+            message = "an audio item is a user message with one input_audio part holding audio"
+            raise OpenAIError("invalid_value", message, "item.content", client_event_id)
+        try:
+            return decode_input(parts[0]["audio"], self.config.audio.input.format.type)
+        except AudioDecodeError as exc:
+            message = f"audio: {exc}"
+            raise OpenAIError("invalid_value", message, "item.content", client_event_id) from None
 
     async def _truncate(self, event: ItemTruncate) -> None:
         spoken = self._spoken_ms.get(event.item_id, 0.0)
@@ -404,114 +378,16 @@ class ConversationRunner(StreamingRunner):
             )
         )
 
+    async def _settle_history(self) -> None:
+        """Bring the engine up to date now, unless an answer is running (its
+        end does, or the next answer): speech that follows an edit then gets
+        the engine's early work, which a later replacement would discard."""
+        if self.conversation.dirty and not self._answering:
+            await self._sync_history()
+
     async def _sync_history(self) -> None:
         """The engine's context becomes the conversation as it stands."""
-        messages = self.conversation.messages(self._instructions())
+        messages = self.conversation.messages(rules.instructions(self.config))
         await self.runtime.step(self.record, self.session.set_history, messages)
         self.conversation.dirty = False
         self._prefilled = False
-
-    # --- responses ------------------------------------------------------------------------------
-
-    async def _create_response(self, params: ResponseParams, client_event_id: str | None) -> None:
-        if self._response is not None and not self._response.done():
-            message = "the conversation already has an active response"
-            raise OpenAIError(
-                "conversation_already_has_active_response", message, None, client_event_id
-            )
-        if params.conversation == "none" or params.input is not None:
-            message = "out-of-band responses (conversation: none, input) are not served yet"
-            raise OpenAIError("unsupported", message, "response.conversation", client_event_id)
-        modalities = params.output_modalities or self.config.output_modalities
-        presenter = ResponsePresenter(
-            "audio" in modalities,
-            self.config.audio.output.format.type,
-            self.conversation.last_id,
-            metadata=params.metadata,
-        )
-        self._presenter = presenter
-        self._response = self.spawn(f"response-{presenter.id}", self._respond(params, presenter))
-
-    async def _respond(self, params: ResponseParams, presenter: ResponsePresenter) -> None:
-        record, session = self.record, self.session
-        out_tokens, status, reason = 0, "completed", None
-        await self.send(presenter.created()[0])
-        try:
-            if params.tools is not None or params.tool_choice is not None:
-                await self._apply_tools(
-                    params.tools if params.tools is not None else self.config.tools,
-                    params.tool_choice or self.config.tool_choice,
-                )
-            if params.output_modalities or params.max_output_tokens:
-                await self.runtime.step(record, session.set_options, self._options(params))
-            if self.conversation.dirty:
-                await self._sync_history()
-            await self.runtime.step(record, session.snapshot)
-            if not self._prefilled or params.instructions:
-                await self.runtime.step(record, session.respond, params.instructions)
-            self._prefilled = False
-            async for chunk in self.runtime.stream(record, session.generate):
-                out_tokens += chunk.n_tokens
-                if chunk.tool_call is not None:
-                    events = presenter.tool_call(chunk.tool_call)
-                else:
-                    events = presenter.chunk(chunk.text, chunk.audio)
-                for event in events:
-                    await self.send(event)
-        except asyncio.CancelledError:
-            status, reason = "cancelled", getattr(self, "_cancel_reason", "client_cancelled")
-            raise
-        except EngineError as exc:
-            status = "failed"
-            log.warning("response %s of %s failed: %s", presenter.id, self.session_id, exc)
-            await self.runtime.step(record, session.rollback)
-            await self.send(
-                error_event("inference_error", f"the response failed: {exc}", kind="server_error")
-            )
-        finally:
-            await self._finish(params, presenter, status, reason, out_tokens)
-
-    async def _finish(
-        self,
-        params: ResponseParams,
-        presenter: ResponsePresenter,
-        status: str,
-        reason: str | None,
-        out_tokens: int,
-    ) -> None:
-        spoken = presenter.spoken_ms
-        for event in presenter.done(status, usage(0, out_tokens, presenter.audio), reason):
-            await self.send(event)
-        for item in presenter.output:
-            self.conversation.add(item)
-            if item["type"] == "function_call":
-                self.conversation.dirty = True  # the engine's context has no calls
-            elif presenter.audio:
-                self._spoken_ms[item["id"]] = spoken
-        if params.tools is not None or params.tool_choice is not None:
-            await self._apply_tools(self.config.tools, self.config.tool_choice)
-        if params.output_modalities or params.max_output_tokens:
-            await self.runtime.step(self.record, self.session.set_options, self._options())
-        self.conversation.dirty = self.conversation.dirty or bool(params.instructions)
-
-    async def _cancel(self, event: ResponseCancel) -> None:
-        running = (
-            self._presenter if self._response is not None and not self._response.done() else None
-        )
-        if running is None or (event.response_id and event.response_id != running.id):
-            raise OpenAIError(
-                "response_cancel_not_active", "no active response to cancel", None, event.event_id
-            )
-        await self._cancel_response("client_cancelled")
-
-    async def _cancel_response(self, reason: str, tell: bool = True) -> None:
-        """Stop the answer: queued audio is dropped, the step in flight
-        finishes, what was said stays in the conversation."""
-        task, self._response = self._response, None
-        if task is None or task.done():
-            return
-        self._cancel_reason = reason
-        self.outbox.drop(lambda m: m.get("type") == _AUDIO_DELTA)
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait([task])

@@ -63,6 +63,7 @@ from omnilive.vad import (
 from omnilive.worker.decode import DecodeError, load_stored_voice
 from omnilive.worker.machines.half_duplex import HalfDuplexMachine
 from omnilive.worker.machines.session import Ended
+from omnilive.worker.runners.hearing import EarlyHearing
 from omnilive.worker.runners.streaming import StreamingRunner, Work
 
 log = logging.getLogger(__name__)
@@ -107,13 +108,12 @@ class HalfDuplexRunner(StreamingRunner):
         first_message_s = self.settings.limits.first_message_timeout_s
         self.machine = HalfDuplexMachine(first_message_s, time.monotonic())
         self.session: HalfDuplexSession = self.runtime.engine.open_half_duplex()
+        self.hearing = EarlyHearing(self.runtime, self.record, self.session, self.spawn)
         self.record.closer = self.session.close  # the lane's last step
         self.vad: StreamingVad | None = None
         self.turns = 0
         self.ignored_chunks = 0  # audio that arrived while answering (echo risk)
         self._turn: asyncio.Task[None] | None = None
-        self._hear: asyncio.Task[None] | None = None
-        self._hear_wanted: tuple[np.ndarray, bool] | None = None  # newest (speech, paused)
         self.recorder: TurnRecorder | None = None
 
     # --- the session's tasks ----------------------------------------------------
@@ -124,7 +124,7 @@ class HalfDuplexRunner(StreamingRunner):
     async def _wind_down(self) -> None:
         try:
             await self._end_turn()
-            await self._stop_hear()
+            await self.hearing.stop()
         finally:
             if self.recorder is not None:  # after the last turn was recorded
                 await self.recorder.close()
@@ -272,36 +272,12 @@ class HalfDuplexRunner(StreamingRunner):
                 self._turn = self.spawn("turn", self._answer(event.segment, time.time()))
                 return  # audio after the end of speech belongs to no turn
         if vad.speaking:
-            self._want_hear(vad.speech_so_far, vad.paused)
-
-    # --- early work while the user speaks ----------------------------------------
-
-    def _want_hear(self, speech: np.ndarray, paused: bool) -> None:
-        self._hear_wanted = (speech, paused)
-        if self._hear is None or self._hear.done():  # a failed one has ended the session
-            self._hear = self.spawn("hear", self._hear_loop())
-
-    async def _hear_loop(self) -> None:
-        """At most one ``hear`` step in flight; the newest request wins. Early
-        work is optional: an engine error in it is logged, and the turn's
-        prefill does the work again."""
-        while self._hear_wanted is not None:
-            (speech, paused), self._hear_wanted = self._hear_wanted, None
-            try:
-                await self.runtime.step(self.record, self.session.hear, speech, paused)
-            except EngineError as exc:
-                log.warning("early hearing of %s failed: %s", self.record.session_id, exc)
-
-    async def _stop_hear(self) -> None:
-        self._hear_wanted = None
-        if self._hear is not None:
-            hear, self._hear = self._hear, None
-            await asyncio.wait([hear])  # the step in flight finishes; its error is the group's
+            self.hearing.want(vad.speech_so_far, vad.paused)
 
     # --- the answer ----------------------------------------------------------------
 
     async def _answer(self, speech: np.ndarray, ended_ts: float) -> None:
-        await self._stop_hear()  # one model step per session at a time
+        await self.hearing.stop()  # one model step per session at a time
         record = self.record
         started = time.perf_counter()
         output = TurnOutput()
