@@ -195,6 +195,9 @@ class ScriptedSettings(_Section):
     )
     slots: int = Field(1, ge=1, description="Sessions one worker serves at once.")
     chars_per_chunk: int = Field(12, ge=1, description="Text per streamed chat chunk.")
+    transcribes: bool = Field(
+        True, description="Half-duplex speech gets a transcript (off: like MiniCPM-o)."
+    )
     load_latency_s: float = Field(0.0, ge=0, description="Time load() takes.")
     load_fault: Literal["none", "crash", "unavailable", "error"] = Field(
         "none",
@@ -204,6 +207,16 @@ class ScriptedSettings(_Section):
         ),
     )
     load_faults: int = Field(0, ge=0, description="Only the first N loads fail; 0: every one.")
+
+
+class TranscriptionSettings(_Section):
+    """A Whisper beside an engine that does not transcribe speech itself
+    (MiniCPM-o): the packaged Whisper base, for the transcripts of what users
+    said (the OpenAI Realtime dialect's transcription events)."""
+
+    whisper: bool = Field(False, description="Transcribe with the packaged Whisper base.")
+    device: Literal["cpu", "cuda"] = Field("cpu", description="Where that Whisper runs.")
+    threads: int = Field(1, ge=1, description="Its CPU threads.")
 
 
 class CascadeLlmSettings(_Section):
@@ -369,6 +382,7 @@ class Settings(_Section):
     recording: RecordingSettings = Field(default_factory=RecordingSettings)
     duplex: DuplexSettings = Field(default_factory=DuplexSettings)
     realtime: RealtimeSettings = Field(default_factory=RealtimeSettings)
+    transcription: TranscriptionSettings = Field(default_factory=TranscriptionSettings)
     presets: PresetSettings = Field(default_factory=PresetSettings)
     voices: VoiceSettings = Field(default_factory=VoiceSettings)
     pages: PageSettings = Field(default_factory=PageSettings)

@@ -257,3 +257,50 @@ async def test_an_ephemeral_key_in_openais_shape(tmp_path):
                 await connection.recv()
     finally:
         server.stop()
+
+
+async def test_out_of_band_responses_and_audio_items(server: Server):
+    async with connect(server) as connection:
+        await text_session(connection)
+        await say(connection, "keep me")
+        kept, _ = await until(connection, "conversation.item.done")
+        question = {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": "classify this"}],
+        }
+        await connection.response.create(
+            response={
+                "conversation": "none",
+                "metadata": {"topic": "triage"},
+                "input": [{"type": "item_reference", "id": kept.item.id}, question],
+            }
+        )
+        done, seen = await until(connection, "response.done")
+        assert done.response.conversation_id is None
+        assert done.response.metadata == {"topic": "triage"}
+        assert done.response.output[0].content[0].text == "Answered: classify this"
+        assert "conversation.item.added" not in [e.type for e in seen]
+        audio = pcm24(speak("Hello there, how are you?"))
+        item = {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_audio", "audio": audio}],
+        }
+        await connection.conversation.item.create(item=item)
+        heard, _ = await until(connection, "conversation.item.done")
+        assert heard.item.content[0].transcript.endswith("s of speech")
+        await connection.response.create()
+        done, _ = await until(connection, "response.done")
+        assert done.response.output[0].content[0].text.startswith("Turn 0: heard")
+        await connection.conversation.item.retrieve(item_id=kept.item.id)
+        retrieved, _ = await until(connection, "conversation.item.retrieved")
+        assert retrieved.item.content[0].text == "keep me"  # the conversation is untouched
+        bad = {
+            "type": "message",
+            "role": "assistant",
+            "content": [{"type": "input_audio", "audio": audio}],
+        }
+        await connection.conversation.item.create(item=bad)
+        error, _ = await until(connection, "error")
+        assert error.error.code == "invalid_value" and error.error.param == "item.content"

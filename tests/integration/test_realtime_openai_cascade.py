@@ -148,6 +148,8 @@ async def test_tools_need_a_model_that_takes_them(cascade: Server):
         await connection.session.update(session={"type": "realtime", "tools": [tool]})
         error, _ = await until(connection, "error", timeout=30)
         assert error.error.code == "unsupported" and "cascade.llm.url" in error.error.message
+        updated, _ = await until(connection, "session.updated", timeout=30)
+        assert updated.session.tools == []  # the rest of the update stands
 
 
 async def test_a_spoken_conversation_with_a_tool_call(cascade_with_tools: Server):
@@ -193,3 +195,25 @@ async def test_a_spoken_conversation_with_a_tool_call(cascade_with_tools: Server
     answer = done.response.output[0]
     assert answer.type == "message" and answer.content[0].transcript.strip()
     assert any(e.type == "response.output_audio.delta" for e in seen)
+
+
+async def test_a_side_whisper_transcribes_for_an_engine_that_does_not(tmp_path: Path):
+    """MiniCPM-o hears speech as audio; a Whisper beside it (here beside the
+    scripted engine, told not to transcribe) gives the user's transcript."""
+    env = {"OMNILIVE_SCRIPTED__TRANSCRIBES": "false", "OMNILIVE_TRANSCRIPTION__WHISPER": "true"}
+    server = Server(tmp_path, env=env).start()
+    speech = np.concatenate([silence(0.6), speak(QUESTION), silence(1.5)])
+    try:
+        await server.wait_ready(workers=1)
+        async with connect(server) as connection:
+            await until(connection, "session.created")
+            await connection.session.update(session=VOICE_SESSION)
+            await until(connection, "session.updated")
+            sender = asyncio.ensure_future(stream_speech(connection, speech))
+            heard, _ = await until(
+                connection, "conversation.item.input_audio_transcription.completed", timeout=120
+            )
+            await sender
+        assert "capital" in heard.transcript.lower()
+    finally:
+        server.stop()

@@ -200,8 +200,9 @@ class ScriptedHalfDuplex(HalfDuplexSession):
     def prefill(self, speech: np.ndarray) -> int:
         self._knobs.pause()
         self._pending = speech.size / INPUT_RATE
-        self._transcript = f"{self._pending:.2f} s of speech"
-        self._history.append(ChatMessage("user", (TextPart(self._transcript),)))
+        heard = f"{self._pending:.2f} s of speech"
+        self._transcript = heard if self._settings.transcribes else None
+        self._history.append(ChatMessage("user", (TextPart(heard),)))
         return max(1, speech.size // 1600)
 
     @property

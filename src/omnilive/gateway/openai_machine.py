@@ -85,7 +85,8 @@ class OpenAIRealtimeMachine:
 
     def attach_worker(self) -> list[Action]:
         """The worker's session socket is open: it learns the session, then
-        gets what the client sent meanwhile, in order."""
+        gets what the client sent meanwhile, in order (the configuration as
+        one update, which the worker answers, and refuses in part, as any)."""
         if self.state is not OpenAIState.QUEUED:
             raise IllegalTransition(f"{self.state} → active")
         self.state = OpenAIState.ACTIVE
@@ -93,7 +94,6 @@ class OpenAIRealtimeMachine:
             "type": "internal.openai",
             "session_id": self.session_id,
             "model": self.model,
-            "session": self.config.model_dump(mode="json"),
             "dropped_appends": self.dropped_appends,
         }
         held, self._held = list(self._held), deque()

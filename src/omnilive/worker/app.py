@@ -39,6 +39,7 @@ from omnilive.worker.runners.duplex import DuplexRunner
 from omnilive.worker.runners.half_duplex import HalfDuplexRunner
 from omnilive.worker.runners.streaming import StreamingRunner
 from omnilive.worker.runtime import SESSION_KINDS, SessionRecord, WorkerNotReady, WorkerRuntime
+from omnilive.worker.transcriber import SideTranscriber
 from omnilive.wsutil import PeerGone, frames_of, race
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,7 @@ def create_worker_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         runtime = WorkerRuntime(engine or create_engine(settings), worker_id)
+        runtime.transcriber = SideTranscriber.from_settings(settings)
         tasks = TaskSet(f"worker-{worker_id}")
         app.state.runtime = runtime
 

@@ -21,6 +21,7 @@ from omnilive.protocol.internal import (
     SessionState,
     WorkerStatus,
 )
+from omnilive.worker.transcriber import SideTranscriber
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -73,6 +74,8 @@ class WorkerRuntime:
     def __init__(self, engine: Engine, worker_id: str) -> None:
         self.engine = engine
         self.worker_id = worker_id
+        # A Whisper beside an engine that does not transcribe (transcription.whisper).
+        self.transcriber: SideTranscriber | None = None
         self.state = WorkerState.LOADING
         self.error: str | None = None
         self.sessions: dict[str, SessionRecord] = {}

@@ -122,7 +122,6 @@ class ConversationRunner(Responses, StreamingRunner):
     async def _start(self, data: dict[str, Any]) -> None:
         self.session_id = data.get("session_id") or self.session_id
         self.model = data.get("model") or self.model
-        self.config = SessionConfig.model_validate(data.get("session") or {})
         self.machine.prepare()
         system = [TextPart(rules.instructions(self.config))]
         await self.runtime.step(
@@ -179,7 +178,14 @@ class ConversationRunner(Responses, StreamingRunner):
                 self.record, self.session.set_options, rules.options(self.config)
             )
         if self.config.tools != before.tools or self.config.tool_choice != before.tool_choice:
-            await self._apply_tools()
+            try:
+                await self._apply_tools()
+            except EngineError as exc:  # the rest of the update stands; the tools do not
+                kept = {"tools": before.tools, "tool_choice": before.tool_choice}
+                self.config = self.config.model_copy(update=kept)
+                await self._error(
+                    OpenAIError("unsupported", str(exc), "session.tools", event.event_id)
+                )
         if self.config.audio.input.turn_detection != before.audio.input.turn_detection:
             await self._new_vad()
         session = session_object(self.session_id, self.config, self.model)
@@ -317,19 +323,22 @@ class ConversationRunner(Responses, StreamingRunner):
     # --- items --------------------------------------------------------------------------------
 
     async def _hear_item(self, item: dict[str, Any], speech: np.ndarray) -> None:
-        """The engine hears a user's speech item (the last one of the
-        conversation, or the history is replaced later); its transcript
-        goes into the item."""
-        dirty = self.conversation.dirty and self.conversation.last_id != item["id"]
-        self.conversation.dirty = False  # the item itself arrives as speech, not as text
-        if dirty:
+        """The engine hears a user's speech item; its transcript goes into
+        the item. Speech not yet transcribed is no part of a replaced
+        history, so the history is brought up to date first."""
+        if self.conversation.dirty:
             await self._sync_history()
         await self.runtime.step(self.record, self.session.prefill, speech)
         self._prefilled = True
         item["content"][0]["transcript"] = await self._transcript(speech)
 
     async def _transcript(self, speech: np.ndarray) -> str | None:
-        return self.session.transcript
+        """What the engine heard, or the side Whisper's transcript when the
+        engine does not transcribe (and the worker has one)."""
+        heard = self.session.transcript
+        if heard is None and self.runtime.transcriber is not None:
+            heard = await self.runtime.transcriber.transcribe(speech)
+        return heard
 
     async def _create_item(self, event: ItemCreate) -> None:
         raw = event.item.model_dump(mode="json")
