@@ -293,6 +293,22 @@ CLIENT_EVENT_TYPES = frozenset(
 )
 
 
+ERROR_CODES = frozenset(
+    {
+        # a bad event (gateway): the session goes on
+        "invalid_json", "missing_required_parameter", "invalid_value", "payload_too_large",
+        "too_many_events",
+        # an event the session cannot follow (worker): the session goes on
+        "item_not_found", "item_already_exists", "conversation_full", "unsupported",
+        "input_audio_buffer_commit_empty", "conversation_already_has_active_response",
+        "response_cancel_not_active", "inference_error",
+        # the session ends
+        "session_expired", "server_shutdown", "context_full", "server_error", "app_disabled",
+    }
+)  # fmt: skip
+"""Every ``error.code`` omnilive sends in this dialect (README, the GA event table)."""
+
+
 class OpenAIError(Exception):
     """A client event refused with an OpenAI-shaped ``error``."""
 
