@@ -67,10 +67,11 @@ def test_created_at_once_and_configuration_merged_while_queued():
     second = {"type": "session.update", "session": {"output_modalities": ["text"]}}
     assert m.client_frame(json.dumps(first)) == []
     assert m.client_frame(json.dumps(second)) == []
-    start, update = worker(m.attach_worker())
+    [start] = worker(m.attach_worker())
     assert start["type"] == "internal.openai" and m.state is OpenAIState.ACTIVE
-    assert update["session"]["instructions"] == "A"
-    assert update["session"]["output_modalities"] == ["text"]
+    assert start["updated"] is True  # the worker answers session.updated
+    assert start["session"]["instructions"] == "A"
+    assert start["session"]["output_modalities"] == ["text"]
     with pytest.raises(IllegalTransition):
         m.attach_worker()
 

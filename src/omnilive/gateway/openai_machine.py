@@ -84,19 +84,24 @@ class OpenAIRealtimeMachine:
         return [ToClient(server_event(kind, **fields))]
 
     def attach_worker(self) -> list[Action]:
-        """The worker's session socket is open: it learns the session, then
-        gets what the client sent meanwhile, in order (the configuration as
-        one update, which the worker answers, and refuses in part, as any)."""
+        """The worker's session socket is open: it learns the session as
+        configured so far (it answers ``session.updated`` if the client sent
+        an update meanwhile), then what else the client sent, in order."""
         if self.state is not OpenAIState.QUEUED:
             raise IllegalTransition(f"{self.state} → active")
         self.state = OpenAIState.ACTIVE
+        update = next((e for e in self._held if e["type"] == "session.update"), None)
         start = {
             "type": "internal.openai",
             "session_id": self.session_id,
             "model": self.model,
+            "session": self.config.model_dump(mode="json"),
+            "updated": update is not None,
+            "event_id": update.get("event_id") if update is not None else None,
             "dropped_appends": self.dropped_appends,
         }
-        held, self._held = list(self._held), deque()
+        held = [e for e in self._held if e["type"] != "session.update"]
+        self._held = deque()
         return [ToWorker(start), *(ToWorker(event) for event in held)]
 
     # --- the client --------------------------------------------------------------------

@@ -22,7 +22,7 @@ import numpy as np
 
 from omnilive.audio import INPUT_RATE, AudioDecodeError
 from omnilive.audio_codecs import decode_input
-from omnilive.engines.base import EngineError, TextPart
+from omnilive.engines.base import CapabilityError, EngineError, TextPart
 from omnilive.protocol.common import parse_json_object
 from omnilive.protocol.openai_realtime import (
     AudioAppend,
@@ -82,6 +82,7 @@ class ConversationRunner(Responses, StreamingRunner):
         self._speech_item: str | None = None  # the item the VAD's current speech will be
         self._prefilled = False  # the last speech is in the engine, unanswered
         self._spoken_ms: dict[str, float] = {}  # assistant item → its audio's length
+        self._history_refused = False  # the engine keeps its own context (told once)
         self._init_responses()
 
     # --- the session's tasks --------------------------------------------------------
@@ -120,16 +121,21 @@ class ConversationRunner(Responses, StreamingRunner):
         self.machine.disconnected()
 
     async def _start(self, data: dict[str, Any]) -> None:
+        """The session as the gateway has it so far: prepared with its
+        instructions and options; what the engine cannot take is refused as
+        in any update, and the rest stands."""
         self.session_id = data.get("session_id") or self.session_id
         self.model = data.get("model") or self.model
+        wanted = SessionConfig.model_validate(data.get("session") or {})
         self.machine.prepare()
-        system = [TextPart(rules.instructions(self.config))]
-        await self.runtime.step(
-            self.record, self.session.prepare, system, rules.options(self.config)
-        )
-        await self._apply_tools()
+        system = [TextPart(rules.instructions(wanted))]
+        await self.runtime.step(self.record, self.session.prepare, system, rules.options(wanted))
         self.machine.prepared(time.monotonic())
-        await self._new_vad()
+        await self._update(
+            SessionUpdate(type="session.update", session=wanted, event_id=data.get("event_id")),
+            tell=bool(data.get("updated")),
+            prepared=True,
+        )
 
     async def _handle(self, event: Any) -> None:
         if isinstance(event, AudioAppend):
@@ -166,30 +172,52 @@ class ConversationRunner(Responses, StreamingRunner):
         offered = rules.tools(self.config, params)
         await self.runtime.step(self.record, self.session.set_tools, offered)
 
-    async def _update(self, event: SessionUpdate) -> None:
-        before = self.config
+    async def _update(
+        self, event: SessionUpdate, tell: bool = True, prepared: bool = False
+    ) -> None:
+        """Apply the session as the gateway has it now; what the engine
+        refuses (tools, options) is an error, keeps its former value, and
+        the rest stands. ``prepared``: instructions and options went into
+        the engine's ``prepare`` already."""
+        before = self.config if not prepared else event.session
         self.config = event.session  # the gateway sends the whole session
         if self.config.instructions != before.instructions:
             self.conversation.dirty = True
-        if self.config.output_modalities != before.output_modalities or (
+        options_changed = self.config.output_modalities != before.output_modalities or (
             self.config.max_output_tokens != before.max_output_tokens
-        ):
-            await self.runtime.step(
-                self.record, self.session.set_options, rules.options(self.config)
-            )
-        if self.config.tools != before.tools or self.config.tool_choice != before.tool_choice:
-            try:
-                await self._apply_tools()
-            except EngineError as exc:  # the rest of the update stands; the tools do not
-                kept = {"tools": before.tools, "tool_choice": before.tool_choice}
-                self.config = self.config.model_copy(update=kept)
-                await self._error(
-                    OpenAIError("unsupported", str(exc), "session.tools", event.event_id)
-                )
-        if self.config.audio.input.turn_detection != before.audio.input.turn_detection:
+        )
+        if options_changed:
+            options = rules.options(self.config)
+            kept = {
+                "output_modalities": before.output_modalities,
+                "max_output_tokens": before.max_output_tokens,
+            }
+            await self._applied(self.session.set_options, options, kept, event.event_id)
+        tools = self.config.tools, self.config.tool_choice
+        if prepared or tools != (before.tools, before.tool_choice):
+            kept = {
+                "tools": [] if prepared else before.tools,
+                "tool_choice": "auto" if prepared else before.tool_choice,
+            }
+            offered = rules.tools(self.config)
+            await self._applied(self.session.set_tools, offered, kept, event.event_id)
+        if prepared or self.config.audio.input.turn_detection != before.audio.input.turn_detection:
             await self._new_vad()
-        session = session_object(self.session_id, self.config, self.model)
-        await self.send(server_event("session.updated", session=session))
+        if tell:
+            session = session_object(self.session_id, self.config, self.model)
+            await self.send(server_event("session.updated", session=session))
+
+    async def _applied(
+        self, step: Any, argument: Any, kept: dict[str, Any], client_event_id: str | None
+    ) -> None:
+        """One engine step of an update; refused, the fields it served keep
+        their former values (``kept``) and the client is told."""
+        try:
+            await self.runtime.step(self.record, step, argument)
+        except EngineError as exc:
+            self.config = self.config.model_copy(update=kept)
+            param = "session." + next(iter(kept))
+            await self._error(OpenAIError("unsupported", str(exc), param, client_event_id))
 
     async def _new_vad(self) -> None:
         config = rules.vad_config(self.config)
@@ -395,8 +423,17 @@ class ConversationRunner(Responses, StreamingRunner):
             await self._sync_history()
 
     async def _sync_history(self) -> None:
-        """The engine's context becomes the conversation as it stands."""
+        """The engine's context becomes the conversation as it stands. An
+        engine that keeps its own context (MiniCPM-o's KV cache) cannot: the
+        client hears so once, and the items change without it."""
         messages = self.conversation.messages(rules.instructions(self.config))
-        await self.runtime.step(self.record, self.session.set_history, messages)
         self.conversation.dirty = False
+        try:
+            await self.runtime.step(self.record, self.session.set_history, messages)
+        except CapabilityError as exc:
+            if not self._history_refused:
+                self._history_refused = True
+                message = f"{exc}: edits reach the conversation's items, not the model's context"
+                await self._error(OpenAIError("unsupported", message, None, None))
+            return
         self._prefilled = False
