@@ -29,9 +29,9 @@ def pcm24(audio: np.ndarray) -> str:
     return base64.b64encode((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes()).decode()
 
 
-def connect(server: Server, **kwargs: Any) -> Any:
+def connect(server: Server, model: str = MODEL) -> Any:
     client = AsyncOpenAI(base_url=f"{server.http}/v1", api_key="any-key-on-an-open-gateway")
-    return client.realtime.connect(model=MODEL, **kwargs)
+    return client.realtime.connect(model=model)
 
 
 async def until(connection: Any, *types: str, timeout: float = 30) -> tuple[Any, list[Any]]:
@@ -304,3 +304,77 @@ async def test_out_of_band_responses_and_audio_items(server: Server):
         await connection.conversation.item.create(item=bad)
         error, _ = await until(connection, "error")
         assert error.error.code == "invalid_value" and error.error.param == "item.content"
+
+
+# --- the full-duplex loop (a model named *-duplex) -------------------------------------------
+
+
+async def duplex_session(connection: Any, schedule: str, **audio_input: Any) -> None:
+    await until(connection, "session.created")
+    await connection.session.update(
+        session={
+            "type": "realtime",
+            "instructions": f"#schedule:{schedule}",
+            "audio": {"input": {"turn_detection": None, **audio_input}},
+        }
+    )
+    await until(connection, "session.updated")
+
+
+async def stream_audio(connection: Any, audio: np.ndarray, pace: float = 0.5) -> None:
+    """100 ms pieces at ``pace`` times real time."""
+    encoded = pcm24(audio)
+    step = 6400
+    for start in range(0, len(encoded), step):
+        await connection.input_audio_buffer.append(audio=encoded[start : start + step])
+        await asyncio.sleep(0.1 * pace)
+
+
+async def test_full_duplex_units_as_responses(server: Server):
+    async with connect(server, model="minicpm-o-4.5-duplex") as connection:
+        await duplex_session(connection, "LLSSE")
+        sender = asyncio.ensure_future(stream_audio(connection, silence(8.0) + 0.01))
+        done, seen = await until(connection, "response.done")
+        kinds = [e.type for e in seen]
+        assert kinds.index("response.created") < kinds.index("response.output_audio.delta")
+        assert done.response.status == "completed"
+        transcript = done.response.output[0].content[0].transcript
+        assert transcript.startswith("unit 2")  # the first speaking unit (0-based)
+        await connection.response.create()
+        error, _ = await until(connection, "error")
+        assert error.error.code == "unsupported"
+        await connection.conversation.item.retrieve(item_id=done.response.output[0].id)
+        retrieved, _ = await until(connection, "conversation.item.retrieved")
+        assert retrieved.item.content[0].transcript == transcript
+        sender.cancel()
+
+
+async def test_full_duplex_cancel_and_barge_in(server: Server):
+    async with connect(server, model="x-duplex") as connection:
+        await duplex_session(connection, "LSSSSSSSSE")
+        sender = asyncio.ensure_future(stream_audio(connection, silence(12.0) + 0.01))
+        await until(connection, "response.output_audio.delta")
+        await connection.response.cancel()
+        done, _ = await until(connection, "response.done")
+        assert done.response.status == "cancelled"
+        assert done.response.status_details.reason == "client_cancelled"
+        sender.cancel()
+    speech = np.concatenate([silence(2.5), speak("Wait, stop talking please."), silence(1.0)])
+    async with connect(server, model="x-duplex") as connection:
+        await until(connection, "session.created")
+        await connection.session.update(
+            session={
+                "type": "realtime",
+                "instructions": "#schedule:LSSSSSSSSSSE",
+                "audio": {"input": {"turn_detection": {"type": "server_vad"}}},
+            }
+        )
+        await until(connection, "session.updated")
+        sender = asyncio.ensure_future(stream_audio(connection, speech, pace=1.0))
+        done, seen = await until(connection, "response.done")
+        assert done.response.status == "cancelled"
+        assert done.response.status_details.reason == "turn_detected"
+        assert "input_audio_buffer.speech_started" in [e.type for e in seen]
+        stopped, _ = await until(connection, "conversation.item.done")
+        assert stopped.item.role == "user"
+        await sender

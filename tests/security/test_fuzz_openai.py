@@ -1,7 +1,8 @@
 """The OpenAI Realtime (GA) dialect's decoders under hypothesis: every frame
 a client may send is taken or refused with a documented ``error`` code, at
-the gateway (its machine) and on the worker (the conversation runner, fed
-what the gateway passed on); the worker never fails on its own."""
+the gateway (its machine) and on the worker (the conversation runner and
+the duplex one, fed what the gateway passed on); the worker never fails on
+its own."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import json
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -149,13 +151,14 @@ def test_gateway_machine(raw: str | bytes):
             parse_client_event(action.message)  # what reaches the worker is well-formed
 
 
-@examples(150)
+@pytest.mark.parametrize("model", ["m", "m-duplex"])
+@examples(100)
 @given(data=st.data())
-def test_worker_conversation_runner(worker: tuple[Any, ...], data: st.DataObject):  # noqa: F811
-    machine = OpenAIRealtimeMachine("sess_f", "m", 1 << 20)
+def test_worker_runners(worker: tuple[Any, ...], model: str, data: st.DataObject):  # noqa: F811
+    machine = OpenAIRealtimeMachine("sess_f", model, 1 << 20)
     to_worker = [json.dumps(a.message) for a in machine.attach_worker()]
     for raw in data.draw(st.lists(frames, min_size=1, max_size=8)):
         to_worker += [
             json.dumps(a.message) for a in machine.client_frame(raw) if isinstance(a, ToWorker)
         ]
-    _run_worker_session(worker, "conversation", to_worker, check=_documented)
+    _run_worker_session(worker, machine.worker_kind, to_worker, check=_documented)

@@ -17,6 +17,7 @@ from omnilive.audio_codecs import decode_input, encode_output
 from omnilive.engines.base import ToolCall
 from omnilive.gateway.openai_machine import MAX_HELD_EVENTS, OpenAIRealtimeMachine, OpenAIState
 from omnilive.gateway.realtime_machine import Close, IllegalTransition, ToClient, ToWorker
+from omnilive.protocol.common import ErrorCode
 from omnilive.protocol.openai_realtime import (
     OpenAIError,
     SessionConfig,
@@ -299,3 +300,33 @@ def test_audio_formats_round_trip(fmt):
     assert abs(heard.size - 16_000) <= 2
     reference = (0.3 * np.sin(2 * np.pi * 440 * np.arange(heard.size) / 16_000)).astype(np.float32)
     assert np.sqrt(np.mean((heard - reference) ** 2)) < 0.03
+
+
+def test_duplex_units_as_responses_conform():
+    from omnilive.engines.base import DuplexUnit
+    from omnilive.worker.presenter_openai_duplex import OpenAIDuplexPresenter
+
+    config = SessionConfig()
+    conversation = Conversation()
+    presenter = OpenAIDuplexPresenter(
+        lambda: config, lambda: session_object("s", config, "m-duplex"), conversation
+    )
+    speech = np.zeros(24_000, np.float32)
+    units = [
+        DuplexUnit(is_listen=True),
+        DuplexUnit(is_listen=False, text="Hello ", audio=speech, n_tokens=2),
+        DuplexUnit(is_listen=False, text="there.", audio=speech, end_of_turn=True, n_tokens=2),
+        DuplexUnit(is_listen=False, text="Again", audio=speech, n_tokens=1),
+    ]
+    events = [e for unit in units for e in presenter.unit(unit, None, None)]  # type: ignore[arg-type]
+    events += presenter.close("cancelled", "turn_detected")
+    assert presenter.unit(units[3], None, None) == []  # type: ignore[arg-type]  # muted
+    assert presenter.unit(units[0], None, None) == []  # type: ignore[arg-type]  # listening again
+    events += presenter.unit(units[3], None, None)  # type: ignore[arg-type]
+    events += [presenter.updated([], []), presenter.error(ErrorCode.INFERENCE_ERROR, "x")]
+    for event in events:
+        conforms(event)
+    done = [e["response"] for e in events if e["type"] == "response.done"]
+    assert [d["status"] for d in done] == ["completed", "cancelled"]
+    assert done[0]["output"][0]["content"][0]["transcript"] == "Hello there."
+    assert len(conversation.items) == 2  # the third response is still open

@@ -22,6 +22,7 @@ from omnilive.protocol.common import has_lone_surrogates
 from omnilive.protocol.internal import Envelope
 from omnilive.protocol.openai_realtime import (
     DIALECT,
+    DUPLEX_SUFFIX,
     OMNILIVE_QUEUE_EVENTS,
     AudioAppend,
     OpenAIError,
@@ -59,11 +60,16 @@ class OpenAIRealtimeMachine:
     """One GA-dialect connection's rules at the gateway."""
 
     dialect = DIALECT
-    task_type = "half_duplex"  # served by the worker's voice-turn path, and queued as such
 
     def __init__(self, session_id: str, model: str, max_message_bytes: int) -> None:
         self.session_id = session_id
         self.model = model
+        # omnilive's extension: a model named ``*-duplex`` runs the session on
+        # the full-duplex unit loop (the model decides when to speak); any
+        # other on the half-duplex path (turn detection decides).
+        self.duplex = model.endswith(DUPLEX_SUFFIX)
+        self.task_type = "audio_duplex" if self.duplex else "half_duplex"
+        self.worker_kind = "openai_duplex" if self.duplex else "conversation"
         self.max_message_bytes = max_message_bytes
         self.state = OpenAIState.QUEUED
         self.config = SessionConfig()

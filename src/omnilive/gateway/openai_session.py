@@ -60,7 +60,7 @@ class OpenAIRealtimeConnection(RealtimeIO):
         async def to_client(envelope: Envelope, payload: str) -> None:
             await self.ws.send_text(payload)  # the worker speaks the dialect
 
-        ending = await self.relay_leased(link, to_client, "conversation")
+        ending = await self.relay_leased(link, to_client, self.machine.worker_kind)
         if ending is not None:  # else the client left
             link.end(ending)
             await self.end(CloseReason.ERROR if ending is Ending.FAILED else CloseReason.STOPPED)

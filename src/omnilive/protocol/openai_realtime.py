@@ -22,6 +22,7 @@ from omnilive.protocol.common import Base64Str
 _MODEL = ConfigDict(extra="ignore", frozen=True)
 DIALECT = "openai"
 DEFAULT_MODEL = "omnilive-realtime"
+DUPLEX_SUFFIX = "-duplex"  # a model named so is served on the full-duplex loop
 INPUT_RATE_HZ = 24_000  # audio/pcm in the GA API is 24 kHz 16-bit mono
 
 

@@ -35,6 +35,7 @@ from omnilive.tasks import TaskSet, leaf_errors
 from omnilive.worker.outbox import Outbox
 from omnilive.worker.runners.chat import run_chat
 from omnilive.worker.runners.conversation import ConversationRunner
+from omnilive.worker.runners.conversation_duplex import OpenAIDuplexRunner
 from omnilive.worker.runners.duplex import DuplexRunner
 from omnilive.worker.runners.half_duplex import HalfDuplexRunner
 from omnilive.worker.runners.streaming import StreamingRunner
@@ -207,6 +208,7 @@ async def _serve_streaming(
 _RUNNERS: dict[str, type[StreamingRunner]] = {
     "half_duplex": HalfDuplexRunner,
     "conversation": ConversationRunner,  # the OpenAI Realtime dialect's sessions
+    "openai_duplex": OpenAIDuplexRunner,  # ...on the full-duplex unit loop
 }
 
 

@@ -41,14 +41,23 @@ class WorkerState(StrEnum):
     ERROR = "error"
 
 
-# ``conversation``: a half-duplex session in the OpenAI Realtime dialect.
-SESSION_KINDS = ("chat", "half_duplex", "audio_duplex", "omni_duplex", "conversation")
+# ``conversation`` / ``openai_duplex``: a half-duplex / duplex session in the
+# OpenAI Realtime dialect.
+SESSION_KINDS = (
+    "chat",
+    "half_duplex",
+    "audio_duplex",
+    "omni_duplex",
+    "conversation",
+    "openai_duplex",
+)
 _BUSY_STATE = {
     "chat": WorkerState.BUSY_CHAT,
     "half_duplex": WorkerState.BUSY_HALF_DUPLEX,
     "conversation": WorkerState.BUSY_HALF_DUPLEX,
     "audio_duplex": WorkerState.DUPLEX_ACTIVE,
     "omni_duplex": WorkerState.DUPLEX_ACTIVE,
+    "openai_duplex": WorkerState.DUPLEX_ACTIVE,
 }
 
 
