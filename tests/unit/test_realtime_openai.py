@@ -330,3 +330,20 @@ def test_duplex_units_as_responses_conform():
     assert [d["status"] for d in done] == ["completed", "cancelled"]
     assert done[0]["output"][0]["content"][0]["transcript"] == "Hello there."
     assert len(conversation.items) == 2  # the third response is still open
+
+
+def test_error_params_name_fields_as_openai_does():
+    cases = {
+        '{"type": "conversation.item.create", "item": {"type": "message", "role": "robot",'
+        ' "content": []}}': "item.role",
+        '{"type": "session.update", "session": {"tool_choice": 3}}': "session.tool_choice",
+        '{"type": "session.update", "session": {"audio": {"input": {"turn_detection":'
+        ' {"type": "server_vad", "threshold": 5}}}}}':
+        "session.audio.input.turn_detection.threshold",
+        '{"type": "response.create", "response": {"input": [{"type": "item_reference"}]}}':
+        "response.input.0.id",
+    }  # fmt: skip
+    for raw, param in cases.items():
+        with pytest.raises(OpenAIError) as exc:
+            parse_client_event(json.loads(raw))
+        assert exc.value.param == param

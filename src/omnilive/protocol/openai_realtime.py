@@ -335,11 +335,22 @@ def parse_client_event(data: dict[str, Any]) -> ClientEvent:
         return client_event.validate_python(data)
     except ValidationError as exc:
         first = exc.errors()[0]
-        param = ".".join(str(p) for p in first["loc"][1:] if not str(p).startswith("function"))
+        param = _param(first["loc"][1:]) or None
         code = "missing_required_parameter" if first["type"] == "missing" else "invalid_value"
-        raise OpenAIError(
-            code, f"{param or kind}: {first['msg']}", param or None, event_id
-        ) from None
+        raise OpenAIError(code, f"{param or kind}: {first['msg']}", param, event_id) from None
+
+
+# Where pydantic's error locations name a union's member, not a field.
+_UNION_TAGS = frozenset(
+    {"message", "function_call", "function_call_output", "item_reference", "server_vad",
+     "semantic_vad", "FunctionChoice"}
+)  # fmt: skip
+
+
+def _param(loc: tuple[Any, ...]) -> str:
+    """The field an error names, as OpenAI's ``param`` says it (``item.role``)."""
+    names = [str(p) for p in loc if p not in _UNION_TAGS and not str(p).startswith("literal[")]
+    return ".".join(names)
 
 
 # --- server events -----------------------------------------------------------------------
