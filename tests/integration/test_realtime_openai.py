@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
+import signal
 import time
 from typing import Any
 
@@ -378,3 +380,12 @@ async def test_full_duplex_cancel_and_barge_in(server: Server):
         stopped, _ = await until(connection, "conversation.item.done")
         assert stopped.item.role == "user"
         await sender
+
+
+async def test_a_worker_lost_mid_session_is_an_openai_error(server: Server):
+    async with connect(server) as connection:
+        await text_session(connection)
+        workers = await server.get("/workers")
+        os.kill(workers["workers"][0]["pid"], signal.SIGKILL)
+        error, _ = await until(connection, "error")
+        assert error.error.type == "server_error" and error.error.message

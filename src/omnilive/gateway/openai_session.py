@@ -1,15 +1,18 @@
 """An OpenAI Realtime API (GA) connection on ``/v1/realtime``: the I/O
 around its machine (``openai_machine.py``).
 
-The session is served by the worker's conversation runner over the
-half-duplex path; the worker speaks the dialect itself (its presenter), so
-its events are relayed untouched. Refusals and server-side ends are
-OpenAI-shaped ``error`` events.
+The session is served on the worker by the conversation runner (the
+half-duplex path) or, for a ``*-duplex`` model, by the duplex one; the worker
+speaks the dialect itself (its presenters), so its events are relayed
+untouched, but for the one message a worker sends in every protocol's shape,
+its failure, which becomes an OpenAI ``error``. Refusals and server-side ends
+are OpenAI-shaped ``error`` events.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 from typing import Any
 
 from fastapi import WebSocket
@@ -58,9 +61,22 @@ class OpenAIRealtimeConnection(RealtimeIO):
 
     async def serve_leased(self, link: SessionLink) -> None:
         async def to_client(envelope: Envelope, payload: str) -> None:
+            if envelope.type == "error":
+                payload = _openai_error(payload)
             await self.ws.send_text(payload)  # the worker speaks the dialect
 
         ending = await self.relay_leased(link, to_client, self.machine.worker_kind)
         if ending is not None:  # else the client left
-            link.end(ending)
-            await self.end(CloseReason.ERROR if ending is Ending.FAILED else CloseReason.STOPPED)
+            link.end(ending)  # a worker lost is told by the session's path (tell)
+            if ending is Ending.FAILED:  # the worker told the client why
+                await self.end(CloseReason.ERROR)
+
+
+def _openai_error(payload: str) -> str:
+    """A worker's failure in the common shape (``error`` a string, ``code``
+    beside it) as OpenAI's ``error``; the dialect's own errors as they are."""
+    message = json.loads(payload)
+    if not isinstance(message.get("error"), str):
+        return payload
+    code = str(message.get("code") or "server_error")
+    return json.dumps(error_event(code, message["error"], kind="server_error"))
