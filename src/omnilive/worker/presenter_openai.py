@@ -17,7 +17,8 @@ import numpy as np
 from omnilive.audio_codecs import encode_output
 from omnilive.engines.base import ToolCall
 from omnilive.ids import mint
-from omnilive.protocol.openai_realtime import server_event
+from omnilive.protocol.openai_realtime import ItemDelete, ItemRetrieve, ItemTruncate, server_event
+from omnilive.worker.conversation_items import Conversation
 
 Event = dict[str, Any]
 
@@ -235,3 +236,78 @@ def usage(input_tokens: int, output_tokens: int, audio: bool) -> Event:
             "audio_tokens": out_audio,
         },
     }
+
+
+# --- the user's side, the same in both of the dialect's runners ------------------------------
+
+
+def speech_item(new_id: str) -> Event:
+    """A user's committed speech, its transcript to come."""
+    return {
+        "id": new_id,
+        "object": "realtime.item",
+        "type": "message",
+        "role": "user",
+        "status": "completed",
+        "content": [{"type": "input_audio", "transcript": None}],
+    }
+
+
+def speech_started(at_ms: float, new_id: str) -> Event:
+    return server_event(
+        "input_audio_buffer.speech_started", audio_start_ms=round(at_ms), item_id=new_id
+    )
+
+
+def committed(item: Event, previous: str | None) -> list[Event]:
+    """The buffer became ``item``, now in the conversation after ``previous``."""
+    return [
+        server_event("input_audio_buffer.committed", previous_item_id=previous, item_id=item["id"]),
+        server_event("conversation.item.added", previous_item_id=previous, item=item),
+    ]
+
+
+def transcription(new_id: str, transcript: str | None, missing: str) -> list[Event]:
+    """The transcription events of a speech item (``missing``: why there is none)."""
+    ids = {"item_id": new_id, "content_index": 0}
+    prefix = "conversation.item.input_audio_transcription"
+    if transcript is None:
+        error = {
+            "type": "transcription_error",
+            "code": "unsupported",
+            "message": missing,
+            "param": None,
+        }
+        return [server_event(f"{prefix}.failed", **ids, error=error)]
+    return [
+        server_event(f"{prefix}.delta", **ids, delta=transcript),
+        server_event(
+            f"{prefix}.completed",
+            **ids,
+            transcript=transcript,
+            usage={"type": "duration", "seconds": 0},
+        ),
+    ]
+
+
+def edit(event: Any, conversation: Conversation, spoken_ms: dict[str, float]) -> Event | None:
+    """A ``conversation.item.retrieve|delete|truncate`` done on the
+    conversation, as the event that answers it (None for other events)."""
+    if isinstance(event, ItemRetrieve):
+        item = conversation.get(event.item_id, event.event_id)
+        return server_event("conversation.item.retrieved", item=item)
+    if isinstance(event, ItemDelete):
+        conversation.delete(event.item_id, event.event_id)
+        return server_event("conversation.item.deleted", item_id=event.item_id)
+    if isinstance(event, ItemTruncate):
+        spoken = spoken_ms.get(event.item_id, 0.0)
+        conversation.truncate(
+            event.item_id, event.content_index, event.audio_end_ms, spoken, event.event_id
+        )
+        return server_event(
+            "conversation.item.truncated",
+            item_id=event.item_id,
+            content_index=event.content_index,
+            audio_end_ms=event.audio_end_ms,
+        )
+    return None

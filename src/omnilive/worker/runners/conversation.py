@@ -29,9 +29,6 @@ from omnilive.protocol.openai_realtime import (
     AudioClear,
     AudioCommit,
     ItemCreate,
-    ItemDelete,
-    ItemRetrieve,
-    ItemTruncate,
     OpenAIError,
     OutputAudioClear,
     ResponseCancel,
@@ -49,7 +46,14 @@ from omnilive.worker.conversation_items import Conversation, client_item
 from omnilive.worker.machines import conversation as rules
 from omnilive.worker.machines.conversation import ConversationMachine
 from omnilive.worker.machines.session import Ended
-from omnilive.worker.presenter_openai import item_id
+from omnilive.worker.presenter_openai import (
+    committed,
+    edit,
+    item_id,
+    speech_item,
+    speech_started,
+    transcription,
+)
 from omnilive.worker.runners.hearing import EarlyHearing
 from omnilive.worker.runners.responses import Responses
 from omnilive.worker.runners.streaming import StreamingRunner, Work
@@ -149,14 +153,8 @@ class ConversationRunner(Responses, StreamingRunner):
             await self.send(server_event("input_audio_buffer.cleared"))
         elif isinstance(event, ItemCreate):
             await self._create_item(event)
-        elif isinstance(event, ItemRetrieve):
-            item = self.conversation.get(event.item_id, event.event_id)
-            await self.send(server_event("conversation.item.retrieved", item=item))
-        elif isinstance(event, ItemDelete):
-            self.conversation.delete(event.item_id, event.event_id)
-            await self.send(server_event("conversation.item.deleted", item_id=event.item_id))
-        elif isinstance(event, ItemTruncate):
-            await self._truncate(event)
+        elif (answer := edit(event, self.conversation, self._spoken_ms)) is not None:
+            await self.send(answer)
         elif isinstance(event, ResponseCreate):
             await self._create_response(event.response, event.event_id)
         elif isinstance(event, ResponseCancel):
@@ -261,13 +259,7 @@ class ConversationRunner(Responses, StreamingRunner):
     async def _speech_started(self, at_ms: float) -> None:
         detection = self.config.audio.input.turn_detection
         self._speech_item = item_id()
-        await self.send(
-            server_event(
-                "input_audio_buffer.speech_started",
-                audio_start_ms=round(at_ms),
-                item_id=self._speech_item,
-            )
-        )
+        await self.send(speech_started(at_ms, self._speech_item))
         if detection is not None and detection.interrupt_response:
             await self._cancel_response("turn_detected")
         await self._settle_history()
@@ -294,21 +286,9 @@ class ConversationRunner(Responses, StreamingRunner):
         (as turn detection says) a response."""
         await self._cancel_response("turn_detected")
         await self.hearing.stop()
-        item = {
-            "id": new_id,
-            "object": "realtime.item",
-            "type": "message",
-            "role": "user",
-            "status": "completed",
-            "content": [{"type": "input_audio", "transcript": None}],
-        }
-        previous = self.conversation.add(item)
-        await self.send(
-            server_event("input_audio_buffer.committed", previous_item_id=previous, item_id=new_id)
-        )
-        await self.send(
-            server_event("conversation.item.added", previous_item_id=previous, item=item)
-        )
+        item = speech_item(new_id)
+        for event in committed(item, self.conversation.add(item)):
+            await self.send(event)
         await self._hear_item(item, speech)
         await self.send(server_event("conversation.item.done", item=item))
         await self._send_transcript(new_id, item["content"][0]["transcript"])
@@ -317,36 +297,9 @@ class ConversationRunner(Responses, StreamingRunner):
             await self._create_response(ResponseParams(), None)
 
     async def _send_transcript(self, item: str, transcript: str | None) -> None:
-        if self.config.audio.input.transcription is None:
-            return
-        ids = {"item_id": item, "content_index": 0}
-        if transcript is None:
-            error = {
-                "type": "transcription_error",
-                "code": "unsupported",
-                "message": "this engine does not transcribe speech",
-                "param": None,
-            }
-            await self.send(
-                server_event(
-                    "conversation.item.input_audio_transcription.failed", **ids, error=error
-                )
-            )
-            return
-        await self.send(
-            server_event(
-                "conversation.item.input_audio_transcription.delta", **ids, delta=transcript
-            )
-        )
-        seconds = {"type": "duration", "seconds": 0}
-        await self.send(
-            server_event(
-                "conversation.item.input_audio_transcription.completed",
-                **ids,
-                transcript=transcript,
-                usage=seconds,
-            )
-        )
+        if self.config.audio.input.transcription is not None:
+            for event in transcription(item, transcript, "this engine does not transcribe"):
+                await self.send(event)
 
     # --- items --------------------------------------------------------------------------------
 
@@ -400,20 +353,6 @@ class ConversationRunner(Responses, StreamingRunner):
         except AudioDecodeError as exc:
             message = f"audio: {exc}"
             raise OpenAIError("invalid_value", message, "item.content", client_event_id) from None
-
-    async def _truncate(self, event: ItemTruncate) -> None:
-        spoken = self._spoken_ms.get(event.item_id, 0.0)
-        self.conversation.truncate(
-            event.item_id, event.content_index, event.audio_end_ms, spoken, event.event_id
-        )
-        await self.send(
-            server_event(
-                "conversation.item.truncated",
-                item_id=event.item_id,
-                content_index=event.content_index,
-                audio_end_ms=event.audio_end_ms,
-            )
-        )
 
     async def _settle_history(self) -> None:
         """Bring the engine up to date now, unless an answer is running (its

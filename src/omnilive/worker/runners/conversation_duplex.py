@@ -29,9 +29,6 @@ from omnilive.protocol.duplex import Prepare, Update
 from omnilive.protocol.openai_realtime import (
     AudioAppend,
     AudioClear,
-    ItemDelete,
-    ItemRetrieve,
-    ItemTruncate,
     OpenAIError,
     ResponseCancel,
     SessionConfig,
@@ -44,7 +41,14 @@ from omnilive.protocol.openai_realtime import (
 from omnilive.vad import SileroModel, SpeechEnded, SpeechStarted, StreamingVad
 from omnilive.worker.conversation_items import Conversation
 from omnilive.worker.machines import conversation as rules
-from omnilive.worker.presenter_openai import item_id
+from omnilive.worker.presenter_openai import (
+    committed,
+    edit,
+    item_id,
+    speech_item,
+    speech_started,
+    transcription,
+)
 from omnilive.worker.presenter_openai_duplex import OpenAIDuplexPresenter
 from omnilive.worker.runners.duplex import DuplexRunner
 from omnilive.worker.unit_assembler import UnitAssembler
@@ -132,25 +136,8 @@ class OpenAIDuplexRunner(DuplexRunner):
             await self._interrupt("client_cancelled")
         elif isinstance(event, AudioClear):
             await self.send(server_event("input_audio_buffer.cleared"))
-        elif isinstance(event, ItemRetrieve):
-            item = self.conversation.get(event.item_id, event.event_id)
-            await self.send(server_event("conversation.item.retrieved", item=item))
-        elif isinstance(event, ItemDelete):
-            self.conversation.delete(event.item_id, event.event_id)
-            await self.send(server_event("conversation.item.deleted", item_id=event.item_id))
-        elif isinstance(event, ItemTruncate):
-            spoken = self.presenter.spoken_ms.get(event.item_id, 0.0)
-            self.conversation.truncate(
-                event.item_id, event.content_index, event.audio_end_ms, spoken, event.event_id
-            )
-            await self.send(
-                server_event(
-                    "conversation.item.truncated",
-                    item_id=event.item_id,
-                    content_index=event.content_index,
-                    audio_end_ms=event.audio_end_ms,
-                )
-            )
+        elif (answer := edit(event, self.conversation, self.presenter.spoken_ms)) is not None:
+            await self.send(answer)
         else:
             raise OpenAIError("unsupported", _NOT_IN_DUPLEX[event.type], "type", event.event_id)
 
@@ -188,13 +175,7 @@ class OpenAIDuplexRunner(DuplexRunner):
 
     async def _speech_started(self, at_ms: float) -> None:
         self._speech_item = item_id()
-        await self.send(
-            server_event(
-                "input_audio_buffer.speech_started",
-                audio_start_ms=round(at_ms),
-                item_id=self._speech_item,
-            )
-        )
+        await self.send(speech_started(at_ms, self._speech_item))
         detection = self.config.audio.input.turn_detection
         if self.presenter.response is not None and detection and detection.interrupt_response:
             await self._interrupt("turn_detected")
@@ -209,21 +190,9 @@ class OpenAIDuplexRunner(DuplexRunner):
                 item_id=new_id,
             )
         )
-        item = {
-            "id": new_id,
-            "object": "realtime.item",
-            "type": "message",
-            "role": "user",
-            "status": "completed",
-            "content": [{"type": "input_audio", "transcript": None}],
-        }
-        previous = self.conversation.add(item)
-        await self.send(
-            server_event("input_audio_buffer.committed", previous_item_id=previous, item_id=new_id)
-        )
-        await self.send(
-            server_event("conversation.item.added", previous_item_id=previous, item=item)
-        )
+        item = speech_item(new_id)
+        for event in committed(item, self.conversation.add(item)):
+            await self.send(event)
         self.spawn(f"transcribe-{new_id}", self._transcribe(item, speech))
 
     async def _transcribe(self, item: dict[str, Any], speech: np.ndarray) -> None:
@@ -232,23 +201,11 @@ class OpenAIDuplexRunner(DuplexRunner):
         text = await transcriber.transcribe(speech) if transcriber is not None else None
         item["content"][0]["transcript"] = text
         await self.send(server_event("conversation.item.done", item=item))
-        if self.config.audio.input.transcription is None:
-            return
-        ids = {"item_id": item["id"], "content_index": 0}
-        if text is None:
-            error = {
-                "type": "transcription_error",
-                "code": "unsupported",
-                "param": None,
-                "message": "no transcriber: set transcription.whisper",
-            }
-            kind = "conversation.item.input_audio_transcription.failed"
-            await self.send(server_event(kind, **ids, error=error))
-            return
-        kind = "conversation.item.input_audio_transcription.completed"
-        await self.send(
-            server_event(kind, **ids, transcript=text, usage={"type": "duration", "seconds": 0})
-        )
+        if self.config.audio.input.transcription is not None:
+            for event in transcription(
+                item["id"], text, "no transcriber: set transcription.whisper"
+            ):
+                await self.send(event)
 
     async def _interrupt(self, reason: str) -> None:
         """The open response ends ``cancelled`` now; its queued audio is
