@@ -121,7 +121,8 @@ class ConversationRunner(Responses, StreamingRunner):
             except OpenAIError as exc:
                 await self._error(exc)
             except EngineError as exc:  # a capability the engine lacks, a failed step
-                await self._error(OpenAIError("unsupported", str(exc), None, data.get("event_id")))
+                code = "unsupported" if isinstance(exc, CapabilityError) else "inference_error"
+                await self._error(OpenAIError(code, str(exc), None, data.get("event_id")))
         self.machine.disconnected()
 
     async def _start(self, data: dict[str, Any]) -> None:
