@@ -71,6 +71,12 @@ class LimitSettings(_Section):
         900.0, gt=0, description="Cap on a half-duplex session's inactivity timeout."
     )
     first_message_timeout_s: float = Field(30.0, description="Wait for a client's first message.")
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="Time a connection has to send a whole request head (its HTTP "
+        "headers, a WebSocket upgrade included) before it is closed.",
+    )
     max_prepare_audio_s: float = Field(
         120.0, gt=0, description="Audio in one prepare (reference voice and system audio)."
     )

@@ -17,6 +17,7 @@ from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
 from omnilive.config import Settings
+from omnilive.header_deadline import http_protocol
 
 if TYPE_CHECKING:
     from omnilive.tls import Certificate
@@ -124,6 +125,7 @@ def run_server(
         log_level=settings.log_level,
         ws_max_size=settings.limits.max_message_bytes + WS_FRAME_MARGIN,
         ws_per_message_deflate=settings.ws_compression,
+        http=http_protocol(settings.limits.header_timeout_s),
         lifespan="on",
         timeout_graceful_shutdown=10,
         log_config=None,  # uvicorn's records go through ours (session ids, JSON lines)

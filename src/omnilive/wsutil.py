@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 T = TypeVar("T")
 
@@ -15,7 +15,12 @@ FrameSource = AsyncIterator[str | bytes]
 
 
 async def receive_frame(ws: WebSocket) -> str | bytes:
-    """The next text or binary frame; raises WebSocketDisconnect when the peer leaves."""
+    """The next text or binary frame; raises WebSocketDisconnect when the peer
+    leaves, or has left: a session's readers take turns on one socket (while
+    it queues, then while it runs), and the peer's leaving may have been read
+    by an earlier one, after which Starlette refuses to receive again."""
+    if ws.client_state is WebSocketState.DISCONNECTED:
+        raise WebSocketDisconnect(1006)
     message = await ws.receive()
     if message["type"] == "websocket.disconnect":
         raise WebSocketDisconnect(message.get("code", 1000))

@@ -63,7 +63,7 @@ async def test_post_api_chat_errors(server: Server):
         failing = await client.post(
             f"{server.http}/api/chat", json=user("#fail:prefill"), timeout=10
         )
-    assert bad.status_code == 400 and bad.json()["code"] == "invalid_json"
+    assert bad.status_code == 422 and bad.json()["code"] == "invalid_json"
     assert failing.status_code == 502 and failing.json()["code"] == "inference_error"
 
 

@@ -389,3 +389,22 @@ async def test_a_worker_lost_mid_session_is_an_openai_error(server: Server):
         os.kill(workers["workers"][0]["pid"], signal.SIGKILL)
         error, _ = await until(connection, "error")
         assert error.error.type == "server_error" and error.error.message
+
+
+async def test_control_never_waits_behind_the_engine(server: Server):
+    """An update whose engine step waits behind a running answer does not
+    hold up the cancel sent after it: the reader never waits for the engine."""
+    tool = {"type": "function", "name": "get_weather"}
+    async with connect(server) as connection:
+        await text_session(connection, instructions="#latency:0.4")
+        await say(connection, "tell me a long long story please")
+        await connection.response.create()
+        await until(connection, "response.output_text.delta")
+        await connection.session.update(session={"type": "realtime", "tools": [tool]})
+        await connection.response.cancel()
+        done, seen = await until(connection, "response.done", timeout=10)
+        assert done.response.status == "cancelled"
+        text = "".join(e.delta for e in seen if e.type == "response.output_text.delta")
+        assert len(text) < len("Answered: tell me a long long story please") - 12
+        updated, _ = await until(connection, "session.updated")
+        assert updated.session.tools[0].name == "get_weather"

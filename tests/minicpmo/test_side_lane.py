@@ -1,5 +1,7 @@
 """The side lane (side_lane.py) on the CPU: one worker thread beside the event
-loop, running calls one at a time in submission order.
+loop, running calls one at a time in submission order. What its queue
+guarantees (dropping, gathering, settling) is tested once, in
+tests/unit/test_job_queue.py; here, what the lane adds.
 
 Where a test needs calls waiting behind a running one, it holds the lane in a
 first call blocked on a :class:`threading.Event`.
@@ -40,7 +42,7 @@ async def hold(lane: SideLane) -> tuple[asyncio.Task[str], threading.Event]:
         release.wait(WAIT_S)
         return "released"
 
-    task = asyncio.ensure_future(lane.call(blocker))
+    task = asyncio.create_task(lane.call(blocker))
     assert await asyncio.to_thread(entered.wait, WAIT_S), "the lane never started the call"
     return task, release
 
@@ -49,7 +51,7 @@ async def queued_together(lane: SideLane, calls: list[Coroutine[Any, Any, T]]) -
     """``calls`` (the lane's coroutines) all queued behind a held call before
     the lane goes on; their futures, once the held call has ended."""
     running, release = await hold(lane)
-    futures = [asyncio.ensure_future(call) for call in calls]
+    futures = [asyncio.create_task(call) for call in calls]
     await asyncio.sleep(0)  # all queued behind the held call
     release.set()
     assert await running == "released"
@@ -83,26 +85,6 @@ async def test_an_error_reaches_the_caller_and_the_lane_goes_on(lane: SideLane):
 
     assert await lane.call(lambda a, b: a + b, 2, 3) == 5
     assert lane.thread.is_alive()
-
-
-async def test_a_call_cancelled_before_it_starts_never_runs(lane: SideLane):
-    running, release = await hold(lane)
-    called: list[str] = []
-
-    def second() -> None:
-        called.append("second")
-
-    waiting = asyncio.ensure_future(lane.call(second))
-    await asyncio.sleep(0)  # it is queued behind the held call
-    waiting.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await waiting
-    release.set()
-
-    assert await running == "released"
-    assert await lane.call(lambda: "third") == "third"  # the lane is past where it was
-    assert called == []
-    assert lane.busy_count["second"] == 0
 
 
 async def test_a_call_cancelled_while_it_runs_finishes_and_the_lane_goes_on(lane: SideLane):
@@ -142,23 +124,6 @@ async def test_after_close_calls_are_refused_and_the_thread_ends(lane: SideLane)
     assert not lane.thread.is_alive()
 
 
-async def test_close_cancels_the_waiting_calls_and_lets_the_running_one_end(lane: SideLane):
-    running, release = await hold(lane)
-    called: list[str] = []
-    waiting = asyncio.ensure_future(lane.call(called.append, "waiting"))
-    await asyncio.sleep(0)
-
-    lane.close()
-    release.set()
-
-    assert await running == "released"
-    with pytest.raises(asyncio.CancelledError):
-        await waiting
-    lane.thread.join(WAIT_S)
-    assert not lane.thread.is_alive()
-    assert called == []
-
-
 # --- gathered calls -----------------------------------------------------------------------
 
 
@@ -182,30 +147,6 @@ async def test_gathered_calls_waiting_together_run_as_one_call_each_with_its_res
     assert lane.busy_count["sq"] == 1
 
 
-async def test_gathering_takes_only_its_own_key_and_at_most_max_gather_items():
-    lane = SideLane(torch.device("cpu"), name="test-side", max_gather=2)
-    try:
-        calls: list[tuple[str, list[int]]] = []
-
-        def tagged(tag: str):
-            def run(items: list[int]) -> list[str]:
-                calls.append((tag, list(items)))
-                return [f"{tag}{item}" for item in items]
-
-            return run
-
-        keys = ["a", "b", "a", "a"]
-        jobs = await queued_together(
-            lane, [lane.gather(key, tagged(key), k + 1) for k, key in enumerate(keys)]
-        )
-
-        assert await asyncio.gather(*jobs) == ["a1", "b2", "a3", "a4"]
-        assert calls == [("a", [1, 3]), ("b", [2]), ("a", [4])]
-    finally:
-        lane.close()
-        lane.thread.join(WAIT_S)
-
-
 async def test_a_gathered_error_reaches_every_caller_and_a_short_answer_is_an_error(
     lane: SideLane,
 ):
@@ -227,26 +168,6 @@ async def test_a_gathered_error_reaches_every_caller_and_a_short_answer_is_an_er
     assert await lane.gather("short", short, 9) == 9  # alone it is fine; the lane goes on
 
 
-async def test_a_gathered_call_cancelled_before_it_starts_is_left_out(lane: SideLane):
-    seen: list[list[int]] = []
-
-    def record(items: list[int]) -> list[int]:
-        seen.append(list(items))
-        return items
-
-    running, release = await hold(lane)
-    jobs = [asyncio.ensure_future(lane.gather("r", record, k)) for k in range(3)]
-    await asyncio.sleep(0)
-    jobs[1].cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await jobs[1]
-    release.set()
-    await running
-
-    assert [await jobs[0], await jobs[2]] == [0, 2]
-    assert seen == [[0, 2]]
-
-
 async def test_a_lane_without_random_draws_runs_through_a_capture_and_the_other_waits():
     from omnilive.engines.minicpmo.batch_graphs import CAPTURE_LOCK
 
@@ -263,7 +184,7 @@ async def test_a_lane_without_random_draws_runs_through_a_capture_and_the_other_
     holder.start()
     try:
         assert capturing.wait(WAIT_S)
-        drawn = asyncio.ensure_future(drawing.call(lambda: "drawn"))
+        drawn = asyncio.create_task(drawing.call(lambda: "drawn"))
         # The encoders' call ends while the capture still holds the lock...
         assert await asyncio.wait_for(encoders.call(lambda: "encoded"), WAIT_S) == "encoded"
         await asyncio.sleep(0.05)

@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 from omnilive.audio import tone
 from omnilive.config import Settings, load_settings
 from omnilive.engines.base import AudioPart, ChatMessage, ImagePart, TextPart
+from omnilive.gateway.http_errors import install_error_handlers
 from omnilive.gateway.pool import Pool
 from omnilive.gateway.routes import sessions
 from omnilive.gateway.state import Gateway
@@ -55,6 +56,7 @@ def settings(tmp_path: Path) -> Settings:
 @pytest.fixture
 def client(settings: Settings) -> Iterator[TestClient]:
     app = FastAPI()
+    install_error_handlers(app)
     app.include_router(sessions.router)
     app.state.gateway = Gateway(settings=settings, pool=Pool(settings))
     with TestClient(app) as test_client:
@@ -199,7 +201,13 @@ def test_multipart_upload_as_the_reference_pages_send_it(client: TestClient, set
     assert answer["status"] == "ok" and answer["size_bytes"] == len(WEBM)
     assert (directory / "frontend_replay.webm").read_bytes() == WEBM
     refused = client.post(url, files={"other": ("a.webm", WEBM, "video/webm")})
-    assert refused.status_code == 400 and "file" in refused.json()["detail"]
+    assert refused.status_code == 422 and "file" in refused.json()["detail"]
+    truncated = (b'--B\r\nContent-Disposition: form-data; name="file"; filename="r.webm"'
+                 b"\r\n\r\n" + WEBM[:7])  # fmt: skip
+    cut = client.post(
+        url, content=truncated, headers={"content-type": "multipart/form-data; boundary=B"}
+    )
+    assert cut.status_code == 422 and "closing boundary" in cut.json()["error"], cut.text
     too_big = {"file": ("big.wav", WAV + bytes(2 * 1024 * 1024), "audio/wav")}
     assert client.post(url, files=too_big).status_code == 413
     assert (directory / "frontend_replay.webm").read_bytes() == WEBM, "refusals change nothing"

@@ -74,6 +74,11 @@ class PayloadTooLargeError(OmniliveError):
     """A message, chunk, frame or request over its limit."""
 
 
+@_code("unsupported_media_type")
+class UnsupportedMediaTypeError(OmniliveError):
+    """An HTTP body declared as something other than what the route reads (JSON)."""
+
+
 @_code("unsupported_capability")
 class UnsupportedCapabilityError(OmniliveError):
     """The engine cannot take that input (e.g. images on a speech-only engine)."""

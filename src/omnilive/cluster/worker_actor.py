@@ -18,6 +18,7 @@ from typing import Any
 
 from omnilive.cluster.ray_api import REGISTRY_NAME, import_ray
 from omnilive.config import Settings
+from omnilive.header_deadline import http_protocol
 from omnilive.logs import configure_logging
 from omnilive.protocol.internal import LoadOutcome, LoadReport
 from omnilive.serving import WS_FRAME_MARGIN, ExitCode, listen_socket
@@ -70,6 +71,7 @@ class WorkerHost:
             app,
             log_level=settings.log_level,
             ws_max_size=settings.limits.max_message_bytes + WS_FRAME_MARGIN,
+            http=http_protocol(settings.limits.header_timeout_s),
             lifespan="on",
             log_config=None,
         )

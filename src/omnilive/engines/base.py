@@ -156,11 +156,19 @@ class Voice:
 
 @dataclass(frozen=True)
 class GenerationOptions:
+    """How an answer's text is chosen. ``do_sample=False`` (or a temperature
+    of 0) is greedy decoding: every engine honours it."""
+
     max_new_tokens: int = 512
+    do_sample: bool = True
     temperature: float = 0.7
     top_p: float = 0.8
     length_penalty: float = 1.0
     enable_thinking: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return not self.do_sample or self.temperature <= 0
 
 
 @dataclass(frozen=True)

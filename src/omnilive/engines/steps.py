@@ -21,12 +21,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import queue
 import threading
-from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+
+from omnilive.engines.job_queue import Job, JobQueue
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -37,38 +37,29 @@ STREAM_AHEAD = 4
 _STOP = object()
 
 
-@dataclass(eq=False)
-class _Job:
+@dataclass(eq=False, kw_only=True)
+class Step(Job):
+    """One step of a lane: ``fn(*args)``."""
+
+    lane: Lane
     fn: Callable[..., Any]
-    args: tuple[Any, ...]
-    future: asyncio.Future[Any] | None  # None: nobody awaits the result
-    loop: asyncio.AbstractEventLoop
-    started: bool = False
-    dropped: bool = False
+    args: tuple[Any, ...] = field(default_factory=tuple)
 
 
 @dataclass(eq=False)
 class Lane:
-    """One session's queue of steps."""
+    """One session's queue of steps (on the loop's one queue, in order)."""
 
     steps: StepLoop
     name: str
     on_finished: Callable[[], None] | None = None
-    _pending: deque[_Job] = field(default_factory=deque)
-    _running: _Job | None = None
     _closing: bool = False
-    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` as this session's next step and return its result."""
-        loop = asyncio.get_running_loop()
-        job = _Job(fn, args, loop.create_future(), loop)
-        self._submit(job)
-        try:
-            return await job.future  # type: ignore[misc]
-        except asyncio.CancelledError:
-            self._drop(job)
-            raise
+        if self._closing:
+            raise RuntimeError(f"lane {self.name} is finished")
+        return await self.steps.jobs.submit(Step(lane=self, fn=fn, args=args))
 
     async def stream(self, fn: Callable[..., Iterator[T]], *args: Any) -> AsyncIterator[T]:
         """Iterate ``fn(*args)`` as one step: the engine's thread produces items
@@ -77,7 +68,8 @@ class Lane:
         interrupts it first where it can be (an ``interrupt()`` method: the
         engine's thread may be waiting inside ``next()``)."""
         loop = asyncio.get_running_loop()
-        items: asyncio.Queue[Any] = asyncio.Queue()
+        # Bounded by ``room``: at most STREAM_AHEAD items and the end are in it.
+        items: asyncio.Queue[Any] = asyncio.Queue(STREAM_AHEAD + 1)
         room = threading.Semaphore(STREAM_AHEAD)
         stop = threading.Event()
 
@@ -109,8 +101,10 @@ class Lane:
                     close()
             hand_over(_STOP)
 
-        job = _Job(produce, (), loop.create_future(), loop)
-        self._submit(job)
+        if self._closing:
+            raise RuntimeError(f"lane {self.name} is finished")
+        job = Step(lane=self, fn=produce, loop=loop)  # its outcome is the items
+        self.steps.jobs.put(job)
         try:
             while True:
                 item, error = await items.get()
@@ -129,83 +123,41 @@ class Lane:
                     interrupt()
                 except Exception:  # the stream is left either way
                     log.exception("interrupting a stream failed")
-            self._drop(job)
+            self.steps.jobs.drop(job)
 
     def finish(self, last: Callable[[], Any] | None = None) -> None:
         """No more steps: pending ones are dropped, ``last`` (if any) runs once
         the running step is over, then ``on_finished`` is called."""
-        with self._lock:
-            if self._closing:
-                return
-            self._closing = True
-            for job in self._pending:
-                job.dropped = True
-                _cancel(job)
-            self._pending.clear()
+        if self._closing:
+            return
+        self._closing = True
+        jobs = self.steps.jobs
+        jobs.drop_where(lambda job: job.lane is self)
+        finished, self.on_finished = self.on_finished, None
+        if last is None and not self.steps.busy(self):
+            if finished is not None:
+                finished()
+            return
+
+        def close() -> None:
             if last is not None:
-                self._pending.append(_Job(last, (), None, asyncio.get_running_loop()))
-            idle = self._running is None
-        if idle:
-            self._next()
+                try:
+                    last()
+                except Exception:  # the session is gone: nobody else to tell
+                    log.exception("the last step of %s failed", self.name)
 
-    # --- bookkeeping ------------------------------------------------------------
-
-    def _submit(self, job: _Job) -> None:
-        with self._lock:
-            if self._closing:
-                raise RuntimeError(f"lane {self.name} is finished")
-            self._pending.append(job)
-            idle = self._running is None
-        if idle:
-            self._next()
-
-    def _drop(self, job: _Job) -> None:
-        with self._lock:
-            if not job.started and job in self._pending:
-                self._pending.remove(job)
-                job.dropped = True
-
-    def _next(self) -> None:
-        """Hand the next pending step to the loop, or report the lane done."""
-        with self._lock:
-            if self._running is not None:
-                return
-            job = self._pending.popleft() if self._pending else None
-            self._running = job
-            finished = job is None and self._closing
-        if job is not None:
-            self.steps.schedule(self, job)
-        elif finished and self.on_finished is not None:
-            callback, self.on_finished = self.on_finished, None
-            callback()
-
-    def _done(self, job: _Job) -> None:
-        """Called on the engine's thread when ``job`` has run."""
-        with self._lock:
-            self._running = None
-        with contextlib.suppress(RuntimeError):  # the event loop is gone (shutdown)
-            job.loop.call_soon_threadsafe(self._next)
-
-
-def _cancel(job: _Job) -> None:
-    if job.future is not None:
-        job.loop.call_soon_threadsafe(job.future.cancel)
-
-
-def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
-    if future.done():
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
+        job = Step(lane=self, fn=close, loop=asyncio.get_running_loop())
+        job.orphan = lambda _: finished() if finished is not None else None
+        jobs.put(job)
 
 
 class StepLoop:
-    """Runs the lanes' steps on ``threads`` threads of its own."""
+    """Runs the lanes' steps on ``threads`` threads of its own: any lane's
+    first step in line whose lane has none running."""
 
     def __init__(self, threads: int, name: str = "engine") -> None:
-        self._queue: queue.SimpleQueue[tuple[Lane, _Job] | None] = queue.SimpleQueue()
+        self.jobs: JobQueue[Step] = JobQueue(name)
+        self._running: set[int] = set()  # ids of the lanes with a step running
         self._threads = [
             threading.Thread(target=self._work, name=f"{name}-{n}", daemon=True)
             for n in range(threads)
@@ -216,8 +168,10 @@ class StepLoop:
     def lane(self, name: str, on_finished: Callable[[], None] | None = None) -> Lane:
         return Lane(self, name, on_finished)
 
-    def schedule(self, lane: Lane, job: _Job) -> None:
-        self._queue.put((lane, job))
+    def busy(self, lane: Lane) -> bool:
+        """Whether ``lane`` has a step running or waiting."""
+        with self.jobs.lock:
+            return id(lane) in self._running or self.jobs.any(lambda job: job.lane is lane)
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
         """One step outside any session (loading, warm-up)."""
@@ -225,27 +179,30 @@ class StepLoop:
         try:
             return await lane.run(fn, *args)
         finally:
-            with contextlib.suppress(RuntimeError):
-                lane.finish()
+            lane.finish()
 
     def close(self) -> None:
-        for _ in self._threads:
-            self._queue.put(None)
+        self.jobs.close()
+
+    def _choose(self, pending: Sequence[Step]) -> tuple[list[Step], Step | None]:
+        """The first step whose lane has none running (called under the lock)."""
+        for job in pending:
+            if id(job.lane) not in self._running:
+                self._running.add(id(job.lane))
+                return [job], job
+        return [], None
+
+    def _ready(self, pending: Sequence[Step]) -> bool:
+        return any(id(job.lane) not in self._running for job in pending)
 
     def _work(self) -> None:
-        while (entry := self._queue.get()) is not None:
-            lane, job = entry
-            if job.dropped:
-                lane._done(job)
-                continue
-            job.started = True
+        while (job := self.jobs.take(self._choose, ready=self._ready)) is not None:
+            assert isinstance(job, Step)
             try:
-                result, error = job.fn(*job.args), None
-            except BaseException as exc:
-                result, error = None, exc
-                if job.future is None:
-                    log.error("step %s of %s failed", job.fn, lane.name, exc_info=exc)
-            if job.future is not None:
-                with contextlib.suppress(RuntimeError):  # the event loop is gone (shutdown)
-                    job.loop.call_soon_threadsafe(_settle, job.future, result, error)
-            lane._done(job)
+                job.result = job.fn(*job.args)
+            except BaseException as exc:  # handed to its waiter (or logged)
+                job.fail(exc)
+            with self.jobs.lock:
+                self._running.discard(id(job.lane))
+                self.jobs.lock.notify_all()  # that lane's next step may go
+            self.jobs.deliver([job])

@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from omnilive.config import Settings
 from omnilive.gateway.auth import AuthMiddleware, Gatekeeper, install_log_filter
 from omnilive.gateway.catalogs import Catalogs
+from omnilive.gateway.http_errors import install_error_handlers
 from omnilive.gateway.links import WorkerLink, close_quietly
 from omnilive.gateway.metrics import GatewayMetrics
 from omnilive.gateway.observe import ObserveMiddleware
@@ -136,6 +137,7 @@ def create_app(
                 await cluster.close()
 
     app = FastAPI(title="omnilive", lifespan=lifespan)
+    install_error_handlers(app)
     app.include_router(status.router)
     app.include_router(queue.router)
     app.include_router(chat.router)

@@ -82,6 +82,7 @@ class AccessRequest:
     headers: Headers
     query: dict[str, str]
     subprotocols: tuple[str, ...] = ()
+    secure: bool = False  # it came over TLS (https, wss)
 
 
 def is_loopback_host(host: str) -> bool:
@@ -95,12 +96,20 @@ def is_loopback_host(host: str) -> bool:
         return False
 
 
-def origin_allowed(origin: str, host: str, allowed: list[str]) -> bool:
-    """Same origin (the Origin's host:port is the Host header) or listed."""
+def origin_allowed(origin: str, host: str, allowed: list[str], secure: bool = False) -> bool:
+    """Same origin or listed. Same origin: a web page's scheme (``https``;
+    also ``http`` unless the request came over TLS, since a TLS proxy in front
+    of the gateway sees its pages' ``https`` origins over plain HTTP) and
+    the Host header's host:port."""
     if "*" in allowed or origin.rstrip("/") in allowed:
         return True
-    netloc = urlsplit(origin).netloc
-    return bool(netloc) and netloc.lower() == host.lower()
+    parts = urlsplit(origin)
+    schemes = ("https",) if secure else ("http", "https")
+    return (
+        parts.scheme.lower() in schemes
+        and bool(parts.netloc)
+        and parts.netloc.lower() == host.lower()
+    )
 
 
 class Gatekeeper:
@@ -157,7 +166,7 @@ class Gatekeeper:
         if origin is None or request.method in SAFE_METHODS:
             return  # not a browser, or a request that changes nothing (an upgrade is "WS")
         host = request.headers.get("host", "")
-        if not origin_allowed(origin, host, self.settings.allowed_origins):
+        if not origin_allowed(origin, host, self.settings.allowed_origins, request.secure):
             raise Denied(403, ErrorCode.ORIGIN_NOT_ALLOWED, f"origin {origin} is not allowed")
 
     def _check_open_host(self, request: AccessRequest) -> None:
@@ -247,6 +256,7 @@ class AuthMiddleware:
             headers=Headers(scope=scope),
             query=query,
             subprotocols=tuple(scope.get("subprotocols") or ()),
+            secure=scope.get("scheme") in ("https", "wss"),
         )
         try:
             rule, principal = self.gatekeeper.decide(request)

@@ -33,6 +33,7 @@ class FilePartStream:
             raise MultipartError("multipart/form-data without a boundary")
         self.field = field.encode()
         self.found = False
+        self.complete = False  # the closing boundary was read
         self._sink = sink
         self._header_name = b""
         self._header_value = b""
@@ -45,6 +46,7 @@ class FilePartStream:
                 "on_header_value": self._header_value_data,
                 "on_header_end": self._header_end,
                 "on_part_data": self._part_data,
+                "on_end": self._end,
             },
         )
 
@@ -55,11 +57,18 @@ class FilePartStream:
             raise MultipartError(f"bad multipart body: {exc}") from None
 
     def finish(self) -> None:
+        """The body has ended: it must have been a whole form (a body cut
+        off before its closing boundary is a truncated upload, not a file)."""
         self._parser.finalize()
+        if not self.complete:
+            raise MultipartError("the multipart body ends before its closing boundary")
         if not self.found:
             raise MultipartError(f"no file field {self.field.decode()!r} in the form")
 
     # --- parser callbacks --------------------------------------------------------
+
+    def _end(self) -> None:
+        self.complete = True
 
     def _part_begin(self) -> None:
         self._in_field = False

@@ -12,13 +12,12 @@ events, which OpenAI's SDKs pass on as unknown events.
 
 from __future__ import annotations
 
-import json
 from collections import deque
 from enum import StrEnum
 from typing import Any
 
 from omnilive.gateway.realtime_machine import Action, Close, IllegalTransition, ToClient, ToWorker
-from omnilive.protocol.common import has_lone_surrogates
+from omnilive.protocol.common import ProtocolError, load_json
 from omnilive.protocol.internal import Envelope
 from omnilive.protocol.openai_realtime import (
     DIALECT,
@@ -115,15 +114,12 @@ class OpenAIRealtimeMachine:
     def client_frame(self, raw: str | bytes) -> list[Action]:
         if self.state is OpenAIState.CLOSED:
             return []
-        if len(raw) > self.max_message_bytes:
-            message = f"an event may be at most {self.max_message_bytes} bytes"
-            return [ToClient(error_event("payload_too_large", message))]
         try:
-            data = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+            data = load_json(raw, self.max_message_bytes)  # the one client JSON decoder
+        except ProtocolError as exc:
+            return [ToClient(error_event(exc.code.value, exc.message))]
+        if not isinstance(data, dict):
             return [ToClient(error_event("invalid_json", "an event is a JSON object"))]
-        if not isinstance(data, dict) or has_lone_surrogates(raw, data):
-            return [ToClient(error_event("invalid_json", "an event is a JSON object of text"))]
         try:
             event = parse_client_event(data)
         except OpenAIError as exc:

@@ -44,7 +44,9 @@ WATCH_INTERVAL_S = 0.25
 class RealtimeChatConnection(RealtimeIO):
     def __init__(self, gateway: Gateway, ws: WebSocket) -> None:
         super().__init__(gateway, ws)
-        self.machine = RealtimeChatMachine(mint_realtime(), self._check)
+        self.machine = RealtimeChatMachine(
+            mint_realtime(), self._check, gateway.settings.limits.max_message_bytes
+        )
         self.limit_s = gateway.settings.realtime.chat_max_s
         self.link: SessionLink | None = None
         # Turns run one after another, each only once the previous one's

@@ -22,7 +22,7 @@ from typing import Any
 
 from omnilive.gateway.realtime_machine import Action, Close, IllegalTransition, ToClient
 from omnilive.protocol.chat import ChatRequest
-from omnilive.protocol.common import has_lone_surrogates
+from omnilive.protocol.common import ProtocolError, load_json
 from omnilive.protocol.realtime import QUEUE_EVENT_NAMES, CloseReason
 from omnilive.protocol.realtime_v2 import (
     CLOSE_FATAL,
@@ -93,10 +93,17 @@ class RealtimeChatMachine:
     dialect = "realtime_v2"
     task_type = "chat"  # it queues, and holds its worker, like a chat request
 
-    def __init__(self, session_id: str, check: Callable[[dict[str, Any]], ChatRequest]) -> None:
-        """``check`` validates a chat request (raises ``ValueError`` with the reason)."""
+    def __init__(
+        self,
+        session_id: str,
+        check: Callable[[dict[str, Any]], ChatRequest],
+        max_bytes: int | None = None,
+    ) -> None:
+        """``check`` validates a chat request (raises ``ValueError`` with the reason);
+        ``max_bytes`` is the largest client frame."""
         self.session_id = session_id
         self.check = check
+        self.max_bytes = max_bytes
         self.state = ChatState.QUEUED
         self.usage = UsageMeter()
         self._init_waiting = False
@@ -123,8 +130,8 @@ class RealtimeChatMachine:
         if self.state is ChatState.CLOSED:
             return []
         try:
-            data = json.loads(raw)
-            if not isinstance(data, dict) or has_lone_surrogates(raw, data):
+            data = load_json(raw, self.max_bytes)
+            if not isinstance(data, dict):
                 raise V2Error("an event is a JSON object of valid text")
             event_ = parse_event(data)
             if isinstance(event_, SessionClose):
@@ -132,8 +139,8 @@ class RealtimeChatMachine:
             if isinstance(event_, SessionInit):
                 return self._init()
             return self._append(event_)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return self._fatal("an event is a JSON object")
+        except ProtocolError as exc:  # not JSON, nested too deeply, too large
+            return self._fatal(f"an event is a JSON object: {exc.message}")
         except V2Error as exc:
             return self._fatal(str(exc))
 

@@ -10,12 +10,11 @@ actions.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal
 
-from omnilive.protocol.common import has_lone_surrogates
+from omnilive.protocol.common import ErrorCode, ProtocolError, load_json
 from omnilive.protocol.internal import Envelope
 from omnilive.protocol.realtime import (
     CLOSE_UNSUPPORTED_DATA,
@@ -80,11 +79,16 @@ class DuplexRealtimeMachine:
     dialect: str
 
     def __init__(
-        self, mode: Literal["video", "audio"], session_id: str, context_limit: int
+        self,
+        mode: Literal["video", "audio"],
+        session_id: str,
+        context_limit: int,
+        max_bytes: int | None = None,
     ) -> None:
         self.mode = mode
         self.session_id = session_id
         self.context_limit = context_limit
+        self.max_bytes = max_bytes  # the largest client frame (limits.max_message_bytes)
         self.state = RealtimeState.QUEUED
         self.worker_attached = False
         self._configuring = False  # the first configuration is with the worker
@@ -118,13 +122,13 @@ class DuplexRealtimeMachine:
         if self.state is RealtimeState.CLOSED:
             return []
         try:
-            data = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError):
+            data = load_json(raw, self.max_bytes)
+        except ProtocolError as exc:
+            if exc.code is ErrorCode.PAYLOAD_TOO_LARGE:
+                return self._too_large(exc.message)
             return self._not_json()
         if not isinstance(data, dict):
             return self._malformed("an event is a JSON object")
-        if has_lone_surrogates(raw, data):
-            return self._malformed("unpaired UTF-16 surrogate")
         return self.client_event(data)
 
     def options_message(self) -> dict[str, Any]:
@@ -142,6 +146,9 @@ class DuplexRealtimeMachine:
     def _not_json(self) -> list[Action]:
         raise NotImplementedError
 
+    def _too_large(self, message: str) -> list[Action]:
+        raise NotImplementedError
+
     def _malformed(self, message: str) -> list[Action]:
         raise NotImplementedError
 
@@ -157,9 +164,13 @@ class RealtimeMachine(DuplexRealtimeMachine):
     dialect = "realtime"
 
     def __init__(
-        self, mode: Literal["video", "audio"], session_id: str, context_limit: int
+        self,
+        mode: Literal["video", "audio"],
+        session_id: str,
+        context_limit: int,
+        max_bytes: int | None = None,
     ) -> None:
-        super().__init__(mode, session_id, context_limit)
+        super().__init__(mode, session_id, context_limit, max_bytes)
         self._cancel_pending = False  # the next append forces a listen
 
     def _not_json(self) -> list[Action]:
@@ -168,6 +179,9 @@ class RealtimeMachine(DuplexRealtimeMachine):
 
     def _malformed(self, message: str) -> list[Action]:
         return [self._error(RealtimeErrorCode.INVALID_PAYLOAD, message)]
+
+    def _too_large(self, message: str) -> list[Action]:
+        return [self._error(RealtimeErrorCode.PAYLOAD_TOO_LARGE, message)]
 
     def client_event(self, data: dict[str, Any]) -> list[Action]:
         """One decoded client event."""

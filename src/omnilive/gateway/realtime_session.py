@@ -10,7 +10,6 @@ worker's events (already in the session's dialect) come back as they are.
 
 from __future__ import annotations
 
-import json
 from typing import Literal
 
 from fastapi import WebSocket
@@ -22,6 +21,7 @@ from omnilive.gateway.realtime_v2_machine import RealtimeV2Machine
 from omnilive.gateway.session_link import SessionLink
 from omnilive.gateway.state import Gateway
 from omnilive.ids import mint_realtime
+from omnilive.protocol.common import ProtocolError, load_json
 from omnilive.protocol.internal import Envelope
 from omnilive.protocol.realtime import (
     V1_EVENT_TYPES,
@@ -30,11 +30,11 @@ from omnilive.protocol.realtime import (
 from omnilive.protocol.realtime_v2 import V2_EVENT_TYPES
 
 
-def event_kind(raw: str | bytes) -> str | None:
+def event_kind(raw: str | bytes, max_bytes: int) -> str | None:
     """The ``type`` of a client event, if it is a JSON object with one."""
     try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        data = load_json(raw, max_bytes)
+    except ProtocolError:
         return None
     kind = data.get("type") if isinstance(data, dict) else None
     return kind if isinstance(kind, str) else None
@@ -47,7 +47,7 @@ class RealtimeConnection(RealtimeIO):
         super().__init__(gateway, ws)
         limits = gateway.settings.realtime
         self.machine: RealtimeMachine | RealtimeV2Machine = RealtimeMachine(
-            mode, mint_realtime(), limits.context_tokens
+            mode, mint_realtime(), limits.context_tokens, gateway.settings.limits.max_message_bytes
         )
         self.dialect_known = False
         self.limit_s = limits.video_max_s if mode == "video" else limits.audio_max_s
@@ -56,7 +56,7 @@ class RealtimeConnection(RealtimeIO):
         """Through the machine of the session's dialect, chosen by its first
         event that tells (``session.close`` and queue events do not)."""
         if not self.dialect_known:
-            kind = event_kind(raw)
+            kind = event_kind(raw, self.machine.max_bytes or len(raw))
             if kind in V2_EVENT_TYPES:
                 self.machine = RealtimeV2Machine.taking_over(self.machine)
             self.dialect_known = kind in V2_EVENT_TYPES or kind in V1_EVENT_TYPES

@@ -52,7 +52,7 @@ class RealtimeV2Machine(DuplexRealtimeMachine):
     def taking_over(cls, older: DuplexRealtimeMachine) -> RealtimeV2Machine:
         """This dialect's machine for a session whose first events did not
         tell the dialect (queue events are the same in both)."""
-        machine = cls(older.mode, older.session_id, older.context_limit)
+        machine = cls(older.mode, older.session_id, older.context_limit, older.max_bytes)
         machine.state = older.state
         machine.worker_attached = older.worker_attached
         return machine
@@ -62,6 +62,9 @@ class RealtimeV2Machine(DuplexRealtimeMachine):
 
     def _malformed(self, message: str) -> list[Action]:
         return self._fatal(message)
+
+    def _too_large(self, message: str) -> list[Action]:
+        return self._fatal(message)  # this dialect has no error events
 
     def client_event(self, data: dict[str, Any]) -> list[Action]:
         try:

@@ -64,6 +64,7 @@ class Message(BaseModel):
 class GenerationConfig(BaseModel):
     model_config = _MODEL
     max_new_tokens: int = Field(512, ge=1, le=8192)
+    do_sample: bool = True  # False: greedy decoding, as in the reference
     temperature: float = Field(0.7, ge=0.0, le=2.0)
     top_p: float = Field(0.8, gt=0.0, le=1.0)
     length_penalty: float = Field(1.0, gt=0.0, le=10.0)

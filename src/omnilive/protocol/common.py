@@ -22,6 +22,7 @@ class ErrorCode(StrEnum):
     INVALID_REQUEST = "invalid_request"
     UNKNOWN_TYPE = "unknown_type"
     PAYLOAD_TOO_LARGE = "payload_too_large"
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"  # HTTP: a body that is not JSON
     UNSUPPORTED = "unsupported_capability"
     QUEUE_FULL = "queue_full"
     NO_WORKERS = "service_unavailable"
@@ -140,20 +141,68 @@ def has_lone_surrogates(raw: str | bytes, value: Any) -> bool:
     return False
 
 
-def parse_json_object(raw: str | bytes, max_bytes: int) -> dict[str, Any]:
-    """Decode one client frame into a JSON object or raise :class:`ProtocolError`."""
-    if len(raw) > max_bytes:
+MAX_JSON_DEPTH = 64
+"""How deeply a client message may nest arrays and objects. Real messages
+nest a handful of levels (a tool's JSON schema a few more); deeper ones exist
+only to exhaust a parser's recursion."""
+
+
+def json_depth(value: Any) -> int:
+    """How many arrays and objects are nested in ``value`` at its deepest
+    (walked without recursion, so any depth can be measured)."""
+    deepest = 0
+    pending: list[tuple[Any, int]] = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, dict):
+            item = item.values()
+        elif not isinstance(item, list):
+            continue
+        deepest = max(deepest, depth)
+        pending.extend((child, depth + 1) for child in item if isinstance(child, dict | list))
+    return deepest
+
+
+class _NotJsonConstant(ValueError):
+    pass
+
+
+def _refuse_constant(name: str) -> Any:
+    raise _NotJsonConstant(f"{name} is not a JSON value")
+
+
+def load_json(raw: str | bytes, max_bytes: int | None = None) -> Any:
+    """The one decoder of client JSON, in every protocol and both processes.
+
+    Raises :class:`ProtocolError`: ``payload_too_large`` over ``max_bytes``,
+    ``invalid_json`` for text that is not JSON (``NaN`` and ``Infinity``,
+    which Python's decoder would take, and unpaired UTF-16 surrogates, which
+    could not be encoded again, included) or nests deeper than
+    :data:`MAX_JSON_DEPTH` (which would exhaust the recursion of whatever
+    walks it next: validation, recording, re-encoding)."""
+    if max_bytes is not None and len(raw) > max_bytes:
         raise ProtocolError(
             ErrorCode.PAYLOAD_TOO_LARGE, f"message of {len(raw)} bytes exceeds {max_bytes}"
         )
+    too_deep = f"message nests deeper than {MAX_JSON_DEPTH} levels"
     try:
-        value = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        value = json.loads(raw, parse_constant=_refuse_constant)
+    except (json.JSONDecodeError, UnicodeDecodeError, _NotJsonConstant) as exc:
         raise ProtocolError(ErrorCode.INVALID_JSON, f"message is not JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise ProtocolError(ErrorCode.INVALID_REQUEST, "message must be a JSON object")
+    except RecursionError:  # deeper than the interpreter's own limit
+        raise ProtocolError(ErrorCode.INVALID_JSON, too_deep) from None
+    if json_depth(value) > MAX_JSON_DEPTH:
+        raise ProtocolError(ErrorCode.INVALID_JSON, too_deep)
     if has_lone_surrogates(raw, value):
         raise ProtocolError(ErrorCode.INVALID_JSON, "message holds an unpaired UTF-16 surrogate")
+    return value
+
+
+def parse_json_object(raw: str | bytes, max_bytes: int | None) -> dict[str, Any]:
+    """Decode one client frame into a JSON object or raise :class:`ProtocolError`."""
+    value = load_json(raw, max_bytes)
+    if not isinstance(value, dict):
+        raise ProtocolError(ErrorCode.INVALID_REQUEST, "message must be a JSON object")
     return value
 
 

@@ -22,6 +22,7 @@ class VadSettings(BaseModel):
 class HalfDuplexGeneration(BaseModel):
     model_config = _MODEL
     max_new_tokens: int = Field(256, ge=1, le=4096)
+    do_sample: bool = True  # False: greedy decoding
     length_penalty: float = Field(1.1, gt=0, le=10)
     temperature: float = Field(0.7, ge=0, le=2)
     top_p: float = Field(0.8, gt=0, le=1)

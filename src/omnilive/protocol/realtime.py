@@ -30,6 +30,7 @@ class RealtimeErrorCode(StrEnum):
     UNKNOWN_EVENT = "unknown_event"
     MISSING_FIELD = "missing_field"
     INVALID_PAYLOAD = "invalid_payload"
+    PAYLOAD_TOO_LARGE = "payload_too_large"
     SERVICE_UNAVAILABLE = "service_unavailable"
     QUEUE_FULL = "queue_full"
     WORKER_BUSY = "worker_busy"
@@ -43,6 +44,7 @@ CLIENT_ERRORS = {
     RealtimeErrorCode.UNKNOWN_EVENT,
     RealtimeErrorCode.MISSING_FIELD,
     RealtimeErrorCode.INVALID_PAYLOAD,
+    RealtimeErrorCode.PAYLOAD_TOO_LARGE,
     RealtimeErrorCode.APP_DISABLED,
 }
 

@@ -23,7 +23,13 @@ from omnilive.engines import create_engine
 from omnilive.engines.base import Engine
 from omnilive.logs import bind_session
 from omnilive.protocol.chat import ChatRequest
-from omnilive.protocol.common import ErrorCode, describe_validation_error, error_message
+from omnilive.protocol.common import (
+    ErrorCode,
+    ProtocolError,
+    describe_validation_error,
+    error_message,
+    parse_json_object,
+)
 from omnilive.protocol.internal import (
     CLOSE_OK,
     CLOSE_SESSION_FAILED,
@@ -178,7 +184,10 @@ async def _serve_chat(
 ) -> bool:
     raw = await ws.receive_text()
     try:
-        request = ChatRequest.model_validate_json(raw)
+        request = ChatRequest.model_validate(parse_json_object(raw, None))
+    except ProtocolError as exc:
+        await ws.send_text(Envelope.frame(error_message(exc.message, exc.code)))
+        return False
     except ValidationError as exc:
         message = describe_validation_error(exc)
         await ws.send_text(Envelope.frame(error_message(message, ErrorCode.INVALID_REQUEST)))

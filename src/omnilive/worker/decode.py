@@ -30,17 +30,37 @@ from omnilive.engines.base import (
 from omnilive.protocol.chat import AudioItem, ChatRequest, ImageItem, TextItem, VideoItem
 from omnilive.voices.store import UnknownVoice, VoiceStore
 
+MAX_IMAGE_PIXELS = 50_000_000
+"""The most pixels an image or frame may have (an 8K picture has 33 million).
+A small file can declare a huge canvas (a "decompression bomb": 109 kB of PNG
+for 30000 x 30000 pixels, 2.7 GB decoded); it is the client's bad input,
+refused from its header before anything is decoded."""
+
 
 class DecodeError(ValueError):
-    """Content that passed the gateway's checks but cannot be decoded."""
+    """Content that passed the gateway's checks but cannot be decoded
+    (the client's bad input: ``invalid_request``)."""
 
 
 def check_image(data: bytes, what: str = "image") -> bytes:
-    """Confirm the bytes are an image PIL can read (JPEG, PNG, WebP, ...)."""
+    """Confirm the bytes are an image PIL can read (JPEG, PNG, WebP, ...)
+    of at most :data:`MAX_IMAGE_PIXELS`."""
     try:
         with Image.open(io.BytesIO(data)) as img:
+            width, height = img.size
+            if width * height > MAX_IMAGE_PIXELS:
+                raise DecodeError(
+                    f"{what} of {width}x{height} pixels exceeds the limit of "
+                    f"{MAX_IMAGE_PIXELS:,} pixels"
+                )
             img.verify()
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        # PIL's own guard, at twice (error) or once (warning) its limit, fires
+        # while the header is read: far above ours, so the same refusal.
+        raise DecodeError(f"{what} exceeds the limit of {MAX_IMAGE_PIXELS:,} pixels") from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+        if isinstance(exc, DecodeError):
+            raise
         raise DecodeError(f"{what} is not a decodable image: {exc}") from None
     return data
 
@@ -102,6 +122,7 @@ def decode_chat(
     options = ChatOptions(
         generation=GenerationOptions(
             max_new_tokens=g.max_new_tokens,
+            do_sample=g.do_sample,
             temperature=g.temperature,
             top_p=g.top_p,
             length_penalty=g.length_penalty,

@@ -174,7 +174,7 @@ class LlamaChat:
             completion = self._llm.create_completion(
                 prompt,
                 max_tokens=max_tokens,
-                temperature=options.temperature,
+                temperature=0.0 if options.greedy else options.temperature,
                 top_p=options.top_p,
                 repeat_penalty=REPEAT_PENALTY,
                 stop=self._stop,

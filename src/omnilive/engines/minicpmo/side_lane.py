@@ -35,34 +35,29 @@ On the CPU there are no streams: the lane is just a thread.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import logging
 import threading
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
 
+from omnilive.engines.job_queue import Job, JobQueue
 from omnilive.engines.minicpmo.batch_graphs import CAPTURE_LOCK
 
-log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-@dataclass(eq=False)
-class _SideJob:
+@dataclass(eq=False, kw_only=True)
+class LaneCall(Job):
+    """``fn(*args)``; with a ``key``, ``fn`` takes the items of every job of
+    that key taken with it (``args[0]`` each) and returns their results."""
+
     fn: Callable[..., Any]
-    args: tuple[Any, ...]
-    future: asyncio.Future[Any]
-    loop: asyncio.AbstractEventLoop
-    started: bool = False
-    # Jobs of one gather key waiting together run as one call of ``fn`` over
-    # their items (see SideLane.gather); None: a plain call.
-    key: str | None = None
+    args: tuple[Any, ...] = field(default_factory=tuple)
 
 
 class SideLane:
@@ -83,19 +78,20 @@ class SideLane:
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.busy_s: Counter[str] = Counter()  # seconds per function name (bounded keys)
         self.busy_count: Counter[str] = Counter()
-        self._jobs: deque[_SideJob] = deque()
-        self._changed = threading.Condition()
-        self._closed = False
-        self.max_gather = max_gather
+        self.jobs: JobQueue[LaneCall] = JobQueue(name, max_gather)
         self.gathered: Counter[int] = Counter()  # items per gathered call (bounded keys)
         self.thread = threading.Thread(target=self._work, name=name, daemon=True)
         self.thread.start()
+
+    @property
+    def max_gather(self) -> int:
+        return self.jobs.max_gather
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on the lane, after the calls submitted before it. A
         call cancelled before it started never runs; one already running
         finishes and its result is dropped."""
-        return await self._run(_SideJob(fn, args, *self._future()))
+        return await self.jobs.submit(LaneCall(fn=fn, args=args))
 
     async def gather(self, key: str, fn: Callable[[list[Any]], list[T]], item: Any) -> T:
         """``fn([item, ...])[i]``: the calls with ``key`` waiting when the lane
@@ -104,65 +100,22 @@ class SideLane:
         place of the first. What makes it worth it: one batched encoder call
         costs about what one session's does. ``fn`` must return one result
         per item, in order; an error it raises reaches every caller."""
-        return await self._run(_SideJob(fn, (item,), *self._future(), key=key))
-
-    def _future(self) -> tuple[asyncio.Future[Any], asyncio.AbstractEventLoop]:
-        loop = asyncio.get_running_loop()
-        return loop.create_future(), loop
-
-    async def _run(self, job: _SideJob) -> Any:
-        with self._changed:
-            if self._closed:
-                raise RuntimeError("the side lane is closed")
-            self._jobs.append(job)
-            self._changed.notify()
-        try:
-            return await job.future
-        except asyncio.CancelledError:
-            with self._changed:
-                if not job.started and job in self._jobs:
-                    self._jobs.remove(job)
-            raise
+        return await self.jobs.submit(LaneCall(fn=fn, args=(item,), key=key))
 
     def close(self) -> None:
         """Accept nothing more and cancel what waits; the running call ends."""
-        with self._changed:
-            self._closed = True
-            jobs, self._jobs = self._jobs, deque()
-            self._changed.notify()
-        for job in jobs:
-            with contextlib.suppress(RuntimeError):  # the loop is gone (shutdown)
-                job.loop.call_soon_threadsafe(job.future.cancel)
-
-    def _next(self) -> list[_SideJob] | None:
-        """The next call's jobs: the first in line and, for a gather key, every
-        other job of that key in line (up to max_gather), marked started."""
-        with self._changed:
-            while not self._jobs and not self._closed:
-                self._changed.wait()
-            if self._closed:
-                return None
-            first = self._jobs.popleft()
-            group = [first]
-            if first.key is not None:
-                group += [job for job in self._jobs if job.key == first.key][: self.max_gather - 1]
-                for job in group[1:]:
-                    self._jobs.remove(job)
-            for job in group:
-                job.started = True
-            return group
+        self.jobs.close()
 
     def _work(self) -> None:
         streamed = torch.cuda.stream(self.stream) if self.stream is not None else None
         with streamed or contextlib.nullcontext():
-            while (group := self._next()) is not None:
-                self._run_group(group)
+            while (group := self.jobs.take()) is not None:
+                if group:
+                    self._run_group(group)  # type: ignore[arg-type]
 
-    def _run_group(self, group: list[_SideJob]) -> None:
+    def _run_group(self, group: list[LaneCall]) -> None:
         first = group[0]
         started = time.perf_counter()
-        results: list[Any] = []
-        error: BaseException | None = None
         try:
             with self.capture_lock:  # see batch_graphs.CAPTURE_LOCK
                 if first.key is None:
@@ -176,30 +129,17 @@ class SideLane:
             if self.stream is not None:
                 self.stream.synchronize()
                 _used_on(results, torch.cuda.default_stream(self.device))
+            for job, result in zip(group, results, strict=True):
+                job.result = result
         except BaseException as exc:  # the callers' to handle: handed over
-            error = exc
-            results = [None] * len(group)
+            for job in group:
+                job.fail(exc)
         name = first.key or getattr(first.fn, "__name__", "call")
         self.busy_s[name] += time.perf_counter() - started
         self.busy_count[name] += 1
         if first.key is not None:
             self.gathered[len(group)] += 1
-        for job, result in zip(group, results, strict=True):
-            with contextlib.suppress(RuntimeError):  # the loop is gone (shutdown)
-                job.loop.call_soon_threadsafe(_settle, job.future, result, error)
-
-
-def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
-    if future.done():  # cancelled while it ran: dropped
-        if error is not None:
-            log.error("a side-lane call nobody awaits failed", exc_info=error)
-        return
-    if isinstance(error, StopIteration):  # a future refuses it (it would end a generator)
-        error = RuntimeError(f"a side-lane call raised StopIteration: {error}")
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
+        self.jobs.deliver(group)
 
 
 def _used_on(value: Any, stream: torch.cuda.Stream) -> None:

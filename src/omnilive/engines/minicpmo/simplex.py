@@ -100,7 +100,7 @@ class SimplexContext:
             session_id=self.session_id,
             generate_audio=self.audio,
             max_new_tokens=generation.max_new_tokens,
-            do_sample=True,
+            do_sample=not generation.greedy,
             temperature=generation.temperature,
             top_p=generation.top_p,
             length_penalty=generation.length_penalty,

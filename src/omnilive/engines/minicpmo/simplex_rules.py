@@ -44,6 +44,7 @@ class AnswerSampling:
     @classmethod
     def of(cls, options: GenerationOptions) -> AnswerSampling:
         return cls(
+            greedy=options.greedy,
             temperature=options.temperature,
             top_p=options.top_p,
             length_penalty=options.length_penalty,

@@ -9,13 +9,14 @@ so an admin route belongs here, whatever its path.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, StrictBool
 
 from omnilive.gateway.catalogs import catalogs_of
+from omnilive.gateway.http_body import json_body
 from omnilive.gateway.http_errors import error_response
 from omnilive.voices.store import UnknownVoice
 
@@ -40,7 +41,7 @@ async def all_apps(request: Request) -> dict[str, Any]:
 
 @router.put("/api/admin/apps/{app_id}", response_model=None)
 async def switch_app(
-    app_id: str, body: AppSwitch, request: Request
+    app_id: str, request: Request, body: Annotated[AppSwitch, json_body(AppSwitch)]
 ) -> dict[str, Any] | JSONResponse:
     """Enable or disable one app; saved at once, so it survives a restart.
     Sessions already running go on; new ones are refused."""

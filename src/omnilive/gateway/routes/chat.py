@@ -20,7 +20,8 @@ from omnilive.gateway.client_ws import (
     send_json,
     until_disconnect,
 )
-from omnilive.gateway.http_errors import error_body
+from omnilive.gateway.http_body import read_json
+from omnilive.gateway.http_errors import HttpRefusal, error_body, status_for
 from omnilive.gateway.lifecycle import Ending
 from omnilive.gateway.registry import ActiveSession
 from omnilive.gateway.session_link import SessionLink, gateway_session, until_shutdown
@@ -44,6 +45,13 @@ router = APIRouter()
 def validate_chat(gateway: Gateway, raw: str | bytes) -> ChatRequest:
     """Everything the gateway can check without decoding media."""
     return check_chat(gateway, parse_json_object(raw, gateway.settings.limits.max_message_bytes))
+
+
+def checked_chat_body(gateway: Gateway, data: object) -> ChatRequest:
+    """``POST /api/chat``'s decoded body, checked as a ``/ws/chat`` frame is."""
+    if not isinstance(data, dict):
+        raise ProtocolError(ErrorCode.INVALID_REQUEST, "message must be a JSON object")
+    return check_chat(gateway, data)
 
 
 def check_chat(gateway: Gateway, data: dict[str, Any]) -> ChatRequest:
@@ -190,15 +198,13 @@ async def chat_http(request: Request) -> JSONResponse:
         require_enabled(request, "turnbased")
     except AppDisabled as exc:
         return _error_response(403, exc.message, ErrorCode.APP_DISABLED)
-    limit = gateway.settings.limits.max_message_bytes
-    body = await _read_capped(request, limit)
-    if body is None:
-        return _error_response(413, f"body exceeds {limit} bytes", "payload_too_large")
     try:
-        chat = validate_chat(gateway, body)
+        data = await read_json(request, gateway.settings.limits.max_message_bytes)
+        chat = checked_chat_body(gateway, data)
     except ProtocolError as exc:
-        status = 413 if exc.code is ErrorCode.PAYLOAD_TOO_LARGE else 400
-        return _error_response(status, exc.message, exc.code)
+        return _error_response(status_for(exc.code), exc.message, exc.code)
+    except HttpRefusal as exc:
+        return _error_response(exc.status, exc.message, exc.code)
     answer: list[JSONResponse] = []
 
     async def tell(ending: Ending, detail: str) -> None:
@@ -216,21 +222,6 @@ async def chat_http(request: Request) -> JSONResponse:
     if link.ending is Ending.CLIENT_LEFT and not answer:
         return _error_response(499, "client disconnected", "client_closed")
     return answer[0]
-
-
-async def _read_capped(request: Request, limit: int) -> bytes | None:
-    """The body, or None once it exceeds ``limit`` (declared or streamed)."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        return None
-    parts: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            return None
-        parts.append(chunk)
-    return b"".join(parts)
 
 
 async def _serve_chat_http(link: SessionLink, chat: ChatRequest) -> JSONResponse:

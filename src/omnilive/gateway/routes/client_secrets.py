@@ -9,21 +9,18 @@ right before opening a session, and sends the token with the upgrade.
 
 from __future__ import annotations
 
-import json
-from typing import Literal, TypeVar
+from typing import Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from omnilive.gateway.auth import Gatekeeper, principal_of
-from omnilive.gateway.http_errors import error_response
+from omnilive.gateway.http_body import read_json, validated
 from omnilive.ids import mint
-from omnilive.protocol.common import describe_validation_error
 from omnilive.protocol.openai_realtime import DEFAULT_MODEL, SessionConfig, session_object
 
 router = APIRouter()
-T = TypeVar("T", bound=BaseModel)
 MAX_BODY_BYTES = 4096
 
 
@@ -48,24 +45,11 @@ class OpenAISecretRequest(BaseModel):
     session: SessionConfig = Field(default_factory=SessionConfig)
 
 
-async def _body(request: Request, schema: type[T]) -> T | JSONResponse:
-    body = await request.body()
-    if len(body) > MAX_BODY_BYTES:
-        return error_response(413, f"body exceeds {MAX_BODY_BYTES} bytes", "payload_too_large")
-    try:
-        return schema.model_validate(json.loads(body) if body.strip() else {})
-    except (ValueError, ValidationError) as exc:
-        message = describe_validation_error(exc) if isinstance(exc, ValidationError) else str(exc)
-        return error_response(422, message, "invalid_request")
-
-
 @router.post("/v1/client_secrets")
 async def client_secret(request: Request) -> JSONResponse:
     gatekeeper: Gatekeeper = request.app.state.auth
     settings = gatekeeper.settings
-    wanted = await _body(request, SecretRequest)
-    if isinstance(wanted, JSONResponse):
-        return wanted
+    wanted = validated(SecretRequest, await read_json(request, MAX_BODY_BYTES, empty={}))
     ttl_s = min(wanted.ttl_s or settings.token_ttl_s, settings.max_token_ttl_s)
     token, expires_at = gatekeeper.tokens.mint(principal_of(request), ttl_s)
     return JSONResponse({"token": token, "expires_at": expires_at, "ttl_s": ttl_s})
@@ -79,9 +63,7 @@ async def realtime_client_secret(request: Request) -> JSONResponse:
     sends its ``session.update``."""
     gatekeeper: Gatekeeper = request.app.state.auth
     settings = gatekeeper.settings
-    wanted = await _body(request, OpenAISecretRequest)
-    if isinstance(wanted, JSONResponse):
-        return wanted
+    wanted = validated(OpenAISecretRequest, await read_json(request, MAX_BODY_BYTES, empty={}))
     asked = wanted.expires_after.seconds if wanted.expires_after else settings.token_ttl_s
     token, expires_at = gatekeeper.tokens.mint(
         principal_of(request), min(asked, settings.max_token_ttl_s)

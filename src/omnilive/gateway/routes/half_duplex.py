@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from fastapi import APIRouter, HTTPException, Request, WebSocket
 from pydantic import BaseModel
 
 from omnilive.gateway.auth import principal_of
+from omnilive.gateway.http_body import json_body
 from omnilive.gateway.sessions import serve_session
 from omnilive.gateway.state import gateway_of
 from omnilive.protocol.common import decode_client_message
@@ -30,7 +33,9 @@ async def half_duplex_ws(ws: WebSocket, session_id: str) -> None:
 
 
 @router.post("/api/half_duplex/stop")
-async def half_duplex_stop(body: StopRequest, request: Request) -> dict[str, object]:
+async def half_duplex_stop(
+    request: Request, body: Annotated[StopRequest, json_body(StopRequest)]
+) -> dict[str, object]:
     """Stop one half-duplex session, mid-turn if need be; other sessions are untouched."""
     session = gateway_of(request).sessions.get(body.session_id)
     caller = principal_of(request)

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from omnilive.clock import iso
 from omnilive.config import reference_name
+from omnilive.gateway.http_body import json_body
 from omnilive.gateway.http_errors import error_body
 from omnilive.gateway.state import gateway_of
 
@@ -22,9 +23,11 @@ def _baseline(name: str) -> Any:
 
 
 class EtaUpdate(BaseModel):
-    """``PUT /api/config/eta``: only the fields present are changed."""
+    """``PUT /api/config/eta``: only the fields present are changed. Keys it
+    does not know are ignored and named in the answer's ``warnings`` (the
+    reference ignores them too, and its clients send some)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
     chat_s: float | None = _baseline("chat_s")
     half_duplex_s: float | None = _baseline("half_duplex_s")
     audio_duplex_s: float | None = _baseline("audio_duplex_s")
@@ -80,11 +83,12 @@ async def get_eta(request: Request) -> dict[str, Any]:
 
 
 @router.put("/api/config/eta")
-async def put_eta(update: dict[str, Any], request: Request) -> dict[str, Any]:
-    try:
-        changes = EtaUpdate.model_validate(update).model_dump(exclude_unset=True)
-    except ValidationError as exc:
-        raise HTTPException(422, exc.errors(include_input=False, include_url=False)) from None
+async def put_eta(
+    request: Request, update: Annotated[EtaUpdate, json_body(EtaUpdate)]
+) -> dict[str, Any]:
+    unknown = sorted(update.model_extra or {})
+    changes = update.model_dump(exclude_unset=True, exclude=set(unknown))
     eta = gateway_of(request).pool.scheduler.eta
     eta.update({k: v for k, v in changes.items() if v is not None})
-    return eta.to_dict()
+    warnings = [f"unknown field {name!r} ignored" for name in unknown]
+    return {**eta.to_dict(), "warnings": warnings}

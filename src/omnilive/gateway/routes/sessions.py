@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import FileResponse, HTMLResponse, Response, StreamingResponse
 from pydantic import BaseModel
 
+from omnilive.gateway.http_body import json_body
+from omnilive.gateway.http_errors import HttpRefusal
 from omnilive.gateway.multipart_stream import FilePartStream, MultipartError, is_multipart
 from omnilive.gateway.routes.pages import viewer_page
 from omnilive.gateway.state import gateway_of
+from omnilive.protocol.common import ErrorCode
 from omnilive.recording.archive import iter_zip
 from omnilive.recording.files import RECORDING
 from omnilive.recording.store import (
@@ -103,7 +106,7 @@ async def session_upload(request: Request, recording_id: str) -> dict[str, Any]:
             form = FilePartStream(content_type, "file", upload.write)
         except MultipartError as exc:
             await asyncio.to_thread(upload.abort)
-            raise HTTPException(400, str(exc)) from None
+            raise HttpRefusal(422, ErrorCode.INVALID_REQUEST, str(exc)) from None
     name = None
     try:
         async for chunk in request.stream():
@@ -115,7 +118,7 @@ async def session_upload(request: Request, recording_id: str) -> dict[str, Any]:
     except UploadRejected as exc:
         raise HTTPException(exc.status, exc.message) from None
     except MultipartError as exc:
-        raise HTTPException(400, str(exc)) from None
+        raise HttpRefusal(422, ErrorCode.INVALID_REQUEST, str(exc)) from None
     finally:
         if name is None:  # refused, client gone, cancelled: leave no partial file
             await asyncio.to_thread(upload.abort)
@@ -141,7 +144,9 @@ async def get_comment(request: Request, recording_id: str) -> dict[str, Any]:
 
 
 @router.post("/api/sessions/{recording_id}/comment")
-async def set_comment(request: Request, recording_id: str, body: CommentBody) -> dict[str, Any]:
+async def set_comment(
+    request: Request, recording_id: str, body: Annotated[CommentBody, json_body(CommentBody)]
+) -> dict[str, Any]:
     """Save the comment (surrounding whitespace dropped; an empty one clears it)."""
     directory = await _session(request, recording_id)
     limit = gateway_of(request).settings.recording.max_comment_chars

@@ -22,11 +22,17 @@ from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException
 from starlette.types import Message
 
-from omnilive.audio import INPUT_RATE, decode_b64, pcm_to_b64
+from omnilive.audio import INPUT_RATE, AudioDecodeError, decode_b64, pcm_to_b64
 from omnilive.gateway.catalogs import catalogs_of
-from omnilive.gateway.http_errors import error_response
+from omnilive.gateway.http_body import is_json_type, read_capped
+from omnilive.gateway.http_errors import HttpRefusal, error_response
 from omnilive.gateway.state import gateway_of
-from omnilive.protocol.common import Base64Str, describe_validation_error
+from omnilive.protocol.common import (
+    Base64Str,
+    ProtocolError,
+    describe_validation_error,
+    load_json,
+)
 from omnilive.voices.decode import DecoderUnavailable, UndecodableAudio, decode_bytes
 from omnilive.voices.default import default_voice
 from omnilive.voices.speech import SpeechError
@@ -36,10 +42,6 @@ router = APIRouter()
 # Room for the multipart boundaries, headers and the ``name`` field.
 MULTIPART_MARGIN = 64 * 1024
 MB = 1024 * 1024
-
-
-class _TooLarge(Exception):
-    pass
 
 
 def _audio_body(samples: Any) -> dict[str, Any]:
@@ -82,21 +84,6 @@ async def voice_audio(voice_id: str, request: Request) -> dict[str, Any] | JSONR
     return _audio_body(samples)
 
 
-async def _read_capped(request: Request, limit: int) -> bytes:
-    """The whole body, or :class:`_TooLarge` as soon as it passes ``limit``."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise _TooLarge()
-    parts: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _TooLarge()
-        parts.append(chunk)
-    return b"".join(parts)
-
-
 def _replaying(request: Request, body: bytes) -> Request:
     """The same request with its (already read) body, for the form parser."""
     delivered = False
@@ -120,10 +107,14 @@ class VoiceUpload(BaseModel):
 
 async def _json_upload(body: bytes) -> tuple[bytes, str | None]:
     try:
-        upload = VoiceUpload.model_validate_json(body)
+        upload = VoiceUpload.model_validate(load_json(body))
+        return decode_b64(upload.audio_base64), upload.name
+    except ProtocolError as exc:
+        raise _BadUpload(f"JSON upload: {exc.message}") from None
     except ValidationError as exc:
         raise _BadUpload(f"JSON upload: {describe_validation_error(exc)}") from None
-    return decode_b64(upload.audio_base64), upload.name
+    except AudioDecodeError as exc:
+        raise _BadUpload(f"JSON upload: audio_base64: {exc}") from None
 
 
 async def _multipart_upload(request: Request, body: bytes, cap: int) -> tuple[bytes, str | None]:
@@ -155,11 +146,11 @@ async def upload_voice(request: Request) -> JSONResponse:
     cap = int(limits.max_upload_mb * MB)
     too_large = f"uploads are limited to {limits.max_upload_mb:g} MB"
     try:
-        body = await _read_capped(request, cap * 4 // 3 + MULTIPART_MARGIN)
-    except _TooLarge:
+        body = await read_capped(request, cap * 4 // 3 + MULTIPART_MARGIN)
+    except HttpRefusal:
         return error_response(413, too_large, "payload_too_large")
     try:
-        if request.headers.get("content-type", "").startswith("application/json"):
+        if is_json_type(request.headers.get("content-type", "")):
             data, name = await _json_upload(body)
         else:
             data, name = await _multipart_upload(request, body, cap)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -61,6 +62,8 @@ from omnilive.worker.runners.streaming import StreamingRunner, Work
 log = logging.getLogger(__name__)
 
 MAX_BUFFER_S = 120  # a manually committed input buffer keeps at most this much
+MAX_PENDING_OPS = 256  # engine work the reader queued; beyond it the reader waits
+Op = Callable[[], Awaitable[None]]
 
 
 class ConversationRunner(Responses, StreamingRunner):
@@ -87,12 +90,15 @@ class ConversationRunner(Responses, StreamingRunner):
         self._prefilled = False  # the last speech is in the engine, unanswered
         self._spoken_ms: dict[str, float] = {}  # assistant item → its audio's length
         self._history_refused = False  # the engine keeps its own context (told once)
+        # What client events ask of the engine, in their order, off the reader:
+        # a step may wait behind an answer (one lane), the reader never does.
+        self._ops: asyncio.Queue[tuple[Op, str | None]] = asyncio.Queue(MAX_PENDING_OPS)
         self._init_responses()
 
     # --- the session's tasks --------------------------------------------------------
 
     def _main_tasks(self) -> dict[str, Work]:
-        return {"reader": self._read}
+        return {"reader": self._read, "engine": self._run_ops}
 
     async def _wind_down(self) -> None:
         await self._cancel_response("client_cancelled")
@@ -117,13 +123,27 @@ class ConversationRunner(Responses, StreamingRunner):
                 event = parse_client_event(data)
                 await self._handle(event)
                 if not isinstance(event, AudioAppend):
-                    await self._settle_history()
+                    await self._later(self._settle_history, event.event_id)
+            except OpenAIError as exc:
+                await self._error(exc)
+        self.machine.disconnected()
+
+    async def _later(self, op: Op, client_event_id: str | None = None) -> None:
+        """Queue engine work for the engine task (in the order it was asked for)."""
+        await self._ops.put((op, client_event_id))
+
+    async def _run_ops(self) -> None:
+        """The engine task: each queued piece of work in turn; a refusal or a
+        failed step is the client's error, and the session goes on."""
+        while True:
+            op, client_event_id = await self._ops.get()
+            try:
+                await op()
             except OpenAIError as exc:
                 await self._error(exc)
             except EngineError as exc:  # a capability the engine lacks, a failed step
                 code = "unsupported" if isinstance(exc, CapabilityError) else "inference_error"
-                await self._error(OpenAIError(code, str(exc), None, data.get("event_id")))
-        self.machine.disconnected()
+                await self._error(OpenAIError(code, str(exc), None, client_event_id))
 
     async def _start(self, data: dict[str, Any]) -> None:
         """The session as the gateway has it so far: prepared with its
@@ -136,11 +156,8 @@ class ConversationRunner(Responses, StreamingRunner):
         system = [TextPart(rules.instructions(wanted))]
         await self.runtime.step(self.record, self.session.prepare, system, rules.options(wanted))
         self.machine.prepared(time.monotonic())
-        await self._update(
-            SessionUpdate(type="session.update", session=wanted, event_id=data.get("event_id")),
-            tell=bool(data.get("updated")),
-            prepared=True,
-        )
+        update = SessionUpdate(type="session.update", session=wanted, event_id=data.get("event_id"))
+        await self._update(update, tell=bool(data.get("updated")), prepared=True)
 
     async def _handle(self, event: Any) -> None:
         if isinstance(event, AudioAppend):
@@ -157,7 +174,8 @@ class ConversationRunner(Responses, StreamingRunner):
         elif (answer := edit(event, self.conversation, self._spoken_ms)) is not None:
             await self.send(answer)
         elif isinstance(event, ResponseCreate):
-            await self._create_response(event.response, event.event_id)
+            params, event_id = event.response, event.event_id
+            await self._later(lambda: self._create_response(params, event_id), event_id)
         elif isinstance(event, ResponseCancel):
             await self._cancel(event)
         elif isinstance(event, OutputAudioClear):
@@ -174,18 +192,28 @@ class ConversationRunner(Responses, StreamingRunner):
     async def _update(
         self, event: SessionUpdate, tell: bool = True, prepared: bool = False
     ) -> None:
-        """Apply the session as the gateway has it now; what the engine
-        refuses (tools, options) is an error, keeps its former value, and
-        the rest stands. ``prepared``: instructions and options went into
-        the engine's ``prepare`` already."""
+        """Apply the session as the gateway has it now: what the reader
+        needs (formats, turn detection) at once, what the engine needs in
+        turn. ``prepared``: instructions and options went into the engine's
+        ``prepare`` already."""
         before = self.config if not prepared else event.session
         self.config = event.session  # the gateway sends the whole session
         if self.config.instructions != before.instructions:
             self.conversation.dirty = True
-        options_changed = self.config.output_modalities != before.output_modalities or (
-            self.config.max_output_tokens != before.max_output_tokens
+        if prepared or self.config.audio.input.turn_detection != before.audio.input.turn_detection:
+            await self._new_vad()
+        await self._later(
+            lambda: self._update_engine(event, before, tell, prepared), event.event_id
         )
-        if options_changed:
+
+    async def _update_engine(
+        self, event: SessionUpdate, before: SessionConfig, tell: bool, prepared: bool
+    ) -> None:
+        """An update's engine part; what the engine refuses (tools, options)
+        is an error and keeps its former value, the rest stands."""
+        if self.config.output_modalities != before.output_modalities or (
+            self.config.max_output_tokens != before.max_output_tokens
+        ):
             options = rules.options(self.config)
             kept = {
                 "output_modalities": before.output_modalities,
@@ -200,8 +228,6 @@ class ConversationRunner(Responses, StreamingRunner):
             }
             offered = rules.tools(self.config)
             await self._applied(self.session.set_tools, offered, kept, event.event_id)
-        if prepared or self.config.audio.input.turn_detection != before.audio.input.turn_detection:
-            await self._new_vad()
         if tell:
             session = session_object(self.session_id, self.config, self.model)
             await self.send(server_event("session.updated", session=session))
@@ -263,7 +289,7 @@ class ConversationRunner(Responses, StreamingRunner):
         await self.send(speech_started(at_ms, self._speech_item))
         if detection is not None and detection.interrupt_response:
             await self._cancel_response("turn_detected")
-        await self._settle_history()
+        await self._later(self._settle_history)
 
     async def _commit(self, client_event_id: str | None) -> None:
         """Commit the buffer; with turn detection on, end the speech it hears now."""
@@ -283,18 +309,22 @@ class ConversationRunner(Responses, StreamingRunner):
         await self._commit_speech(speech, item_id())
 
     async def _commit_speech(self, speech: np.ndarray, new_id: str) -> None:
-        """The user's turn: an item, the engine hears it, its transcript, and
-        (as turn detection says) a response."""
+        """The user's turn: an item now; then, in turn, the engine hears it,
+        its transcript, and (as turn detection says) a response."""
         await self._cancel_response("turn_detected")
         await self.hearing.stop()
         item = speech_item(new_id)
         for event in committed(item, self.conversation.add(item)):
             await self.send(event)
+        detection = self.config.audio.input.turn_detection
+        answer = detection is None or detection.create_response
+        await self._later(lambda: self._heard(item, speech, answer))
+
+    async def _heard(self, item: dict[str, Any], speech: np.ndarray, answer: bool) -> None:
         await self._hear_item(item, speech)
         await self.send(server_event("conversation.item.done", item=item))
-        await self._send_transcript(new_id, item["content"][0]["transcript"])
-        detection = self.config.audio.input.turn_detection
-        if detection is None or detection.create_response:
+        await self._send_transcript(item["id"], item["content"][0]["transcript"])
+        if answer:
             await self._create_response(ResponseParams(), None)
 
     async def _send_transcript(self, item: str, transcript: str | None) -> None:
@@ -330,16 +360,19 @@ class ConversationRunner(Responses, StreamingRunner):
         await self.send(
             server_event("conversation.item.added", previous_item_id=previous, item=item)
         )
-        if speech is not None:
-            await self._cancel_response("client_cancelled")
-            await self._hear_item(item, speech)
+        if speech is None:
+            self.conversation.dirty = True
+            done = server_event("conversation.item.done", previous_item_id=previous, item=item)
+            await self.send(done)
+            return
+        await self._cancel_response("client_cancelled")
+
+        async def hear() -> None:
+            await self._heard(item, speech, answer=False)
             if self.conversation.last_id != item["id"]:
                 self.conversation.dirty = True  # heard last, but it belongs earlier
-        else:
-            self.conversation.dirty = True
-        await self.send(
-            server_event("conversation.item.done", previous_item_id=previous, item=item)
-        )
+
+        await self._later(hear, event.event_id)
 
     def _item_speech(self, raw: dict[str, Any], client_event_id: str | None) -> np.ndarray | None:
         """A user message's audio (in the session's input format), or None."""

@@ -197,6 +197,7 @@ class HalfDuplexRunner(StreamingRunner):
         options = HalfDuplexOptions(
             generation=GenerationOptions(
                 max_new_tokens=g.max_new_tokens,
+                do_sample=g.do_sample,
                 temperature=g.temperature,
                 top_p=g.top_p,
                 length_penalty=g.length_penalty,
