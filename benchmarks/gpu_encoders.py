@@ -5,7 +5,7 @@ For ``--sessions`` sessions, each with a 640x480 camera frame and one second
 of audio per unit, over ``--units`` units:
 
 - the vision encoder one session at a time, then over every session's frame
-  as ONE call (:func:`~omnilive.engines.minicpmo.encoders.vision_pieces`, what
+  as ONE call (:func:`~omnilive.engines.minicpmo.sessions.encoders.vision_pieces`, what
   the side lane gathers);
 - the streaming Whisper encoder, one session at a time (its KV cache is the
   session's own), as the engine runs it (no cuDNN attention) and again with
@@ -95,7 +95,7 @@ def profile(fn: Callable[[], Any]) -> dict[str, Any]:
 @contextlib.contextmanager
 def cudnn_attention(enabled: bool) -> Iterator[None]:
     """torch's cuDNN attention kernels on or off for the block (the engine
-    runs with them off: omnilive.engines.minicpmo.slots.SlotModel.build)."""
+    runs with them off: omnilive.engines.minicpmo.sessions.views.SlotEngine.build)."""
     import torch
 
     before = torch.backends.cuda.cudnn_sdp_enabled()
@@ -110,15 +110,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from PIL import Image
 
-    from omnilive.engines.minicpmo.encoders import (
+    from omnilive.engines.minicpmo.sessions.encoders import (
         AudioStream,
         Frames,
         audio_embeddings,
         audio_features,
         vision_pieces,
     )
-    from omnilive.engines.minicpmo.slot_model import SharedModel
-    from omnilive.engines.minicpmo.unit_rules import UnitRules
+    from omnilive.engines.minicpmo.sessions.shared import SharedModel
+    from omnilive.engines.minicpmo.sessions.unit_rules import UnitRules
 
     duplex = load_reference(args.ckpt, "unified", args.device, args.dtype, 20, 0)
     torch.backends.cuda.enable_cudnn_sdp(False)  # as the engine runs

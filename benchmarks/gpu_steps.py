@@ -1,5 +1,5 @@
 """The duplex decoder's LLM steps on a GPU: eager ``feed`` against omnilive's
-CUDA-graph steps (``omnilive.engines.minicpmo.graphs``), on the same inputs.
+CUDA-graph steps (``omnilive.engines.minicpmo.reference.graphs``), on the same inputs.
 
 ``--code DIR`` holds the model's public code (the ``MiniCPMO45`` files); its
 ``StreamDecoder`` runs over a Qwen3 LLM of the real MiniCPM-o 4.5 size
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoTokenizer
 
-    from omnilive.engines.minicpmo.graphs import (
+    from omnilive.engines.minicpmo.reference.graphs import (
         StepGraphs,
         install_causal_lm_graphs,
         install_decoder_graphs,

@@ -33,10 +33,10 @@ import torch
 
 from benchmarks.gpu_checkpoint import STANDINS, synthetic_voice
 from omnilive.audio import wav_bytes
-from omnilive.engines.minicpmo.vocoder import (
+from omnilive.engines.minicpmo.sessions.flow import FlowRunner
+from omnilive.engines.minicpmo.sessions.vocoder import (
     VOCODER_CHUNK,
     ChunkRunner,
-    FlowRunner,
     ModelCodeRunner,
     VoiceStream,
     voice_together,

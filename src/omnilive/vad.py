@@ -8,6 +8,11 @@ lasted ``min_silence_duration_ms``. Segments shorter than
 both sides of a segment, including audio from before the trigger, which the
 reference implementation computed but threw away. The first
 ``ignore_initial_ms`` of audio (microphone start-up noise) never triggers.
+
+With ``end_check_ms`` set, a silence that has lasted that long (and not yet
+``min_silence_duration_ms``) is offered once for a judgement
+(:class:`TurnCheck`, e.g. a semantic end-of-turn model's); if the judge finds
+the turn complete, :meth:`StreamingVad.end_now` ends it at once.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ class VadConfig:
     speech_pad_ms: int = 30
     ignore_initial_ms: int = 500  # the spec's cold-start guard
     max_speech_duration_s: float = 30.0  # Whisper's window; longer speech is cut here
+    end_check_ms: int | None = None  # silence after which a TurnCheck is offered
 
 
 @dataclass(frozen=True)
@@ -79,6 +85,16 @@ class SpeechResumed:
 class SpeechEnded:
     segment: np.ndarray  # padded on both sides
     speech_ms: float  # without the padding
+    silence_ms: float = 0.0  # the silence that ended it (what the speaker waited)
+
+
+@dataclass(frozen=True, eq=False)
+class TurnCheck:
+    """A silence of ``end_check_ms``: is the turn over? ``pause`` names this
+    silence for :meth:`StreamingVad.end_now`."""
+
+    speech: np.ndarray  # the turn's audio so far, the silence included
+    pause: int
 
 
 @dataclass(frozen=True)
@@ -88,7 +104,7 @@ class SpeechDiscarded:
     speech_ms: float
 
 
-VadEvent = SpeechStarted | SpeechPaused | SpeechResumed | SpeechEnded | SpeechDiscarded
+VadEvent = SpeechStarted | SpeechPaused | SpeechResumed | SpeechEnded | SpeechDiscarded | TurnCheck
 
 
 class StreamingVad:
@@ -102,6 +118,9 @@ class StreamingVad:
         self._min_silence = round(config.min_silence_duration_ms * rate / 1000)
         self._min_speech = round(config.min_speech_duration_ms * rate / 1000)
         self._max_speech = round(config.max_speech_duration_s * rate)
+        self._end_check = (
+            round(config.end_check_ms * rate / 1000) if config.end_check_ms is not None else None
+        )
         self._ignore = round(config.ignore_initial_ms * rate / 1000)
         self._negative = config.threshold - NEGATIVE_MARGIN
         self.reset()
@@ -117,6 +136,7 @@ class StreamingVad:
         self._speech_len = 0
         self._start = 0  # sample where speech began (unpadded)
         self._silence_from: int | None = None  # sample where the current silence began
+        self._checked: int | None = None  # the silence already offered for a check
         self.speaking = False
 
     def ignore_initial(self, ms: int) -> None:
@@ -185,17 +205,35 @@ class StreamingVad:
             self._silence_from = start
             events.append(SpeechPaused(speech_ms=1000 * (start - self._start) / self.rate))
         end = self._position
-        if self._silence_from is not None and end - self._silence_from >= self._min_silence:
+        silence = end - self._silence_from if self._silence_from is not None else 0
+        if self._silence_from is not None and silence >= self._min_silence:
             events.append(self._finish(self._silence_from))
+        elif (
+            self._silence_from is not None
+            and self._end_check is not None
+            and silence >= self._end_check
+            and self._checked != self._silence_from
+        ):
+            self._checked = self._silence_from
+            events.append(TurnCheck(self.speech_so_far, self._silence_from))
         elif end - self._start >= self._max_speech:
             events.append(self._finish(end))
         return events
+
+    def end_now(self, pause: int) -> SpeechEnded | SpeechDiscarded | None:
+        """End the turn at silence ``pause`` (a :class:`TurnCheck` found it
+        complete), or None if that silence is over (speech resumed, or the
+        turn ended meanwhile)."""
+        if not self.speaking or self._silence_from != pause:
+            return None
+        return self._finish(pause)
 
     def _finish(self, speech_end: int) -> SpeechEnded | SpeechDiscarded:
         audio = self.speech_so_far
         lead = self._start - (self._position - audio.size)  # samples of leading pad
         keep = lead + (speech_end - self._start) + self._pad
         speech_samples = speech_end - self._start
+        silence_ms = 1000 * (self._position - speech_end) / self.rate
         self._speech = []
         self._speech_len = 0
         self._silence_from = None
@@ -203,4 +241,4 @@ class StreamingVad:
         speech_ms = 1000 * speech_samples / self.rate
         if speech_samples < self._min_speech:
             return SpeechDiscarded(speech_ms)
-        return SpeechEnded(segment=audio[: min(keep, audio.size)], speech_ms=speech_ms)
+        return SpeechEnded(audio[: min(keep, audio.size)], speech_ms, silence_ms)

@@ -19,6 +19,7 @@ from omnilive.engines.base import (
 )
 from omnilive.engines.cascade import CascadeEngine
 from omnilive.engines.cascade.chat import CascadeChat
+from omnilive.engines.cascade.tts import PIPER
 from tests.cascade.speech import Say, overlap
 
 pytestmark = pytest.mark.cascade
@@ -135,4 +136,4 @@ def test_named_voices(engine: CascadeEngine) -> None:
     unknown.prefill(ask("Hi."), ChatOptions(generation=GREEDY, voice=Voice(name="nobody")))
     assert any("nobody" in w for w in unknown.warnings)
     default = engine.default_voice()
-    assert default is not None and default.name == "en-us"
+    assert default is not None and default.name == PIPER  # the packaged Piper voice

@@ -40,7 +40,10 @@ async def test_half_duplex_through_files(scripted: Server, question: Path, tmp_p
     assert "[hearing you]" in lines and "[heard you]" in lines
     said = next(line for line in lines if line.startswith("AI: "))
     assert said.startswith("AI: Turn 0: heard")
-    assert any(line.startswith("latency: ") for line in lines)
+    latency = next(line for line in lines if line.startswith("latency: "))
+    # From the end of the voice, not from the server's decision that it ended:
+    # at least the silence the server waits for (200 ms before its first judgement).
+    assert float(latency.split()[1]) > 0.15, lines
     assert lines[-2] == "session ended: stopped"
     assert speech_in(answer) > 1.0
 
@@ -99,3 +102,12 @@ async def test_refusals_and_missing_devices_are_one_line(tmp_path: Path, questio
         devices = await talk("--url", nobody)
         assert devices.code == 2 and len(devices.err.strip().splitlines()) == 1
         assert "pip install 'omnilive[talk]'" in devices.err and "--input" in devices.err
+
+
+def test_the_voice_ends_at_its_last_loud_frame():
+    from omnilive.client.talk_modes import voice_ended_at
+
+    block = np.zeros(8000, np.float32)  # 0.5 s, sent at t = 10
+    assert voice_ended_at(block, 10.0) is None
+    block[:3680] = 0.3  # voiced for 0.23 s
+    assert voice_ended_at(block, 10.0) == pytest.approx(10.0 - 0.27, abs=0.011)

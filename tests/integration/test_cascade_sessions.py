@@ -122,7 +122,10 @@ async def test_realtime_spoken_question(cascade: Server):
             await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": chunk}))
 
         reader = asyncio.ensure_future(until("never"))
-        await stream_question(send)
+        # Silence goes on long enough for the whole answer to be spoken, a
+        # unit at a time, on a busy CPU too (the Piper voice takes ~0.2-0.7 s
+        # a sentence).
+        await stream_question(send, after=20)
         await asyncio.sleep(1.0)
         reader.cancel()
         with contextlib.suppress(asyncio.CancelledError):

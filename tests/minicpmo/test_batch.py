@@ -22,18 +22,18 @@ from transformers import DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.models.qwen3.modeling_qwen3 import eager_attention_forward
 
-from omnilive.engines.minicpmo.batch import (
+from omnilive.engines.minicpmo.runtime.attention import (
+    GQA_SLOT_ATTENTION,
+    SLOT_ATTENTION,
+    gqa_slot_attention,
+    slot_attention,
+)
+from omnilive.engines.minicpmo.runtime.batch import (
     BatchedSteps,
     SlotCache,
     SlotError,
     SlotOverflow,
     StepRequest,
-)
-from omnilive.engines.minicpmo.slot_attention import (
-    GQA_SLOT_ATTENTION,
-    SLOT_ATTENTION,
-    gqa_slot_attention,
-    slot_attention,
 )
 from tests.minicpmo.test_graphs import HIDDEN, tiny_llm
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from omnilive.engines.minicpmo.batch import BatchedSteps, StepRequest, rows_view
-from omnilive.engines.minicpmo.batch_graphs import (
+from omnilive.engines.minicpmo.runtime.batch import BatchedSteps, StepRequest, rows_view
+from omnilive.engines.minicpmo.runtime.graphs import (
     PREFIX_SPAN,
     SHORT_STEP,
     GraphCache,

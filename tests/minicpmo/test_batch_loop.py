@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import torch
 
-from omnilive.engines.minicpmo.batch import SlotError, SlotOverflow
-from omnilive.engines.minicpmo.batch_loop import BatchLoop
-from omnilive.engines.minicpmo.programs import Pick, Program, Step
+from omnilive.engines.minicpmo.runtime.batch import SlotError, SlotOverflow
+from omnilive.engines.minicpmo.runtime.loop import BatchLoop
+from omnilive.engines.minicpmo.runtime.programs import Pick, Program, Step
 from tests.minicpmo.test_batch import (
     TIGHT,
     VOCAB,
@@ -535,7 +535,7 @@ async def test_a_tick_with_llm_work_runs_a_speaking_program_several_speech_steps
     """An LLM step costs a few speech-LM steps: a program in its speech takes
     SPEECH_ROUNDS_PER_TICK of them in a tick that also runs LLM work (each
     after the last's result: the same tokens as alone)."""
-    from omnilive.engines.minicpmo.batch_loop import SPEECH_ROUNDS_PER_TICK
+    from omnilive.engines.minicpmo.runtime.loop import SPEECH_ROUNDS_PER_TICK
 
     llm, speech_llm = llm_with("sdpa", 20), llm_with("sdpa", 21)
     loop = make(llm, slots=2, capacity=64, speech=batched(speech_llm, 2, 64))

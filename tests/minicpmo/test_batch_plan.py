@@ -1,4 +1,4 @@
-"""The batch loop's planner (batch_plan.py): what a tick takes, decided
+"""The batch loop's planner (runtime/plan.py): what a tick takes, decided
 without a model or a thread, as gateway/scheduler.py is tested."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from omnilive.engines.minicpmo.batch_plan import Call, Forward, Limits, ProgramRun, plan_tick
+from omnilive.engines.minicpmo.runtime.plan import Call, Forward, Limits, ProgramRun, plan_tick
 
 LIMITS = Limits(max_rows=4, max_positions=64)
 
@@ -77,7 +77,7 @@ def test_running_programs_that_do_not_fit_wait_for_a_later_tick():
 
 
 def test_an_unknown_job_is_refused():
-    from omnilive.engines.minicpmo.batch_plan import SlotJob
+    from omnilive.engines.minicpmo.runtime.plan import SlotJob
 
     with pytest.raises(TypeError):
         plan_tick([SlotJob(slot=0)], [], LIMITS)

@@ -19,16 +19,14 @@ import numpy as np
 import pytest
 import torch
 
-from omnilive.engines.minicpmo.unit_rules import SILENCE_TOKEN
-from omnilive.engines.minicpmo.vocoder import (
+from omnilive.engines.minicpmo.sessions.flow import (
     PROMPT_TAIL_FRAMES,
-    VOCODER_CHUNK,
     FlowRunner,
     FlowState,
-    VoiceStream,
     graph_model_code_flow,
-    voice_together,
 )
+from omnilive.engines.minicpmo.sessions.unit_rules import SILENCE_TOKEN
+from omnilive.engines.minicpmo.sessions.vocoder import VOCODER_CHUNK, VoiceStream, voice_together
 
 SPEECH_TOKENS = 6561
 STEPS = 10  # the flow's Euler steps, as the real vocoder

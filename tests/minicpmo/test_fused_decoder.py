@@ -12,11 +12,11 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from omnilive.engines.minicpmo import kernels
-from omnilive.engines.minicpmo.batch import BatchedSteps, SlotCache
-from omnilive.engines.minicpmo.batch_graphs import GraphCache
-from omnilive.engines.minicpmo.fused_decoder import FusedDecoder, fuse_rows, unsupported
-from omnilive.engines.minicpmo.slot_model import fused_decoder
+from omnilive.engines.minicpmo.runtime import kernels
+from omnilive.engines.minicpmo.runtime.batch import BatchedSteps, SlotCache
+from omnilive.engines.minicpmo.runtime.fused_decoder import FusedDecoder, fuse_rows, unsupported
+from omnilive.engines.minicpmo.runtime.graphs import GraphCache
+from omnilive.engines.minicpmo.sessions.shared import fused_decoder
 from tests.minicpmo.test_batch import TIGHT, VOCAB, play_alone, play_batched, script
 from tests.minicpmo.test_graphs import tiny_llm
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaModel, Qwen3Config, Qwen3ForCausalLM
 
-from omnilive.engines.minicpmo.graphs import (
+from omnilive.engines.minicpmo.reference.graphs import (
     StepGraphs,
     install_backbone_graphs,
     install_causal_lm_graphs,

@@ -1,4 +1,4 @@
-"""The side lane (side_lane.py) on the CPU: one worker thread beside the event
+"""The side lane (runtime/lanes.py) on the CPU: one worker thread beside the event
 loop, running calls one at a time in submission order. What its queue
 guarantees (dropping, gathering, settling) is tested once, in
 tests/unit/test_job_queue.py; here, what the lane adds.
@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import pytest
 import torch
 
-from omnilive.engines.minicpmo.side_lane import SideLane
+from omnilive.engines.minicpmo.runtime.lanes import SideLane
 
 WAIT_S = 5.0
 T = TypeVar("T")
@@ -169,7 +169,7 @@ async def test_a_gathered_error_reaches_every_caller_and_a_short_answer_is_an_er
 
 
 async def test_a_lane_without_random_draws_runs_through_a_capture_and_the_other_waits():
-    from omnilive.engines.minicpmo.batch_graphs import CAPTURE_LOCK
+    from omnilive.engines.minicpmo.runtime.graphs import CAPTURE_LOCK
 
     drawing = SideLane(torch.device("cpu"), name="test-side")
     encoders = SideLane(torch.device("cpu"), name="test-encoders", random_draws=False)

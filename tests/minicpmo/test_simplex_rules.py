@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import TopKLogitsWarper, TopPLogitsWarper
 
-from omnilive.engines.minicpmo.simplex_rules import (
+from omnilive.engines.minicpmo.sessions.simplex_rules import (
     AnswerSampling,
     ChunkSpeechSampling,
     SimplexVocab,

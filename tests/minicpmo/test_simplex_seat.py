@@ -1,4 +1,4 @@
-"""The simplex seat of a slots engine (slots.py: SeatedChat): one chat or
+"""The simplex seat of a slots engine (sessions/views.py: SeatedChat): one chat or
 half-duplex session at a time beside the duplex slots. Opening a view must
 never wait for the seat (views are opened on the worker's event loop, which
 must stay free to close the previous holder); the first step waits for it.
@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from omnilive.engines.base import ChatMessage, ChatOptions, ChatSession, EngineError, TextPart
-from omnilive.engines.minicpmo import slots
-from omnilive.engines.minicpmo.slots import SeatedChat
+from omnilive.engines.minicpmo.sessions import views as slots
+from omnilive.engines.minicpmo.sessions.views import SeatedChat
 
 WAIT_S = 5.0
 HELLO = [ChatMessage("user", (TextPart("Hello."),))]

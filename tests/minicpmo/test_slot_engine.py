@@ -27,7 +27,7 @@ from omnilive.engines.base import (
 )
 from omnilive.engines.minicpmo import MiniCPMoEngine
 from omnilive.engines.minicpmo.backend import DeviceInfo
-from omnilive.engines.minicpmo.simplex_slots import FIRST_PIECE
+from omnilive.engines.minicpmo.sessions.simplex_speech import FIRST_PIECE
 from tests.minicpmo.model_code import needs_model_code
 from tests.minicpmo.model_code import tiny_checkpoint as build_tiny
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from omnilive.engines.minicpmo.unit_rules import (
+from omnilive.engines.minicpmo.sessions.unit_rules import (
     DuplexVocab,
     SpeechSampling,
     TextChoice,

@@ -20,8 +20,8 @@ pytestmark = needs_model_code
 def shared(tiny_checkpoint: Path) -> Any:
     from benchmarks.duplex_equality import load_reference
 
-    from omnilive.engines.minicpmo.slot_model import SharedModel
-    from omnilive.engines.minicpmo.unit_rules import UnitRules
+    from omnilive.engines.minicpmo.sessions.shared import SharedModel
+    from omnilive.engines.minicpmo.sessions.unit_rules import UnitRules
 
     owner = load_reference(tiny_checkpoint, "unified", "cpu", "float32", budget=8, forced=0)
     return SharedModel.of_duplex(owner, UnitRules())
@@ -32,13 +32,13 @@ def run(shared: Any, starts: list[int], rounds: int) -> tuple[int, float, int]:
     own noise a round: every round's chunks batched, against each session
     alone through the model code. Returns the chunks compared, the largest
     difference and the largest batch."""
-    from omnilive.engines.minicpmo.encoders import (
+    from omnilive.engines.minicpmo.sessions.encoders import (
         AudioStream,
         audio_embeddings,
         audio_embeddings_together,
         audio_features,
     )
-    from omnilive.engines.minicpmo.whisper_batch import batchable
+    from omnilive.engines.minicpmo.sessions.whisper_batch import batchable
 
     assert batchable(shared.model)
     alone = [AudioStream(mel=shared.new_mel()) for _ in starts]

@@ -11,7 +11,7 @@ import pytest
 
 from omnilive.config import load_settings
 from omnilive.engines.base import EngineUnavailable
-from omnilive.engines.minicpmo.slots import (
+from omnilive.engines.minicpmo.sessions.views import (
     SESSION_WORKING_BYTES,
     SPEECH_CAPACITY,
     kv_bytes_per_position,

@@ -14,6 +14,7 @@ from omnilive.vad import (
     SpeechResumed,
     SpeechStarted,
     StreamingVad,
+    TurnCheck,
     VadConfig,
 )
 from tests.speech import silence, speak
@@ -144,3 +145,33 @@ def test_silero_ignores_silence_and_noise():
     noise = (0.005 * rng.standard_normal(RATE * 3)).astype(np.float32)
     v = StreamingVad(SileroModel(), VadConfig())
     assert feed_all(v, noise) == []
+
+
+def test_a_short_silence_is_offered_once_for_a_turn_check():
+    v = vad(min_silence_duration_ms=800, end_check_ms=192)
+    events = feed_all(v, np.concatenate([loud(1.024), silence(0.512)]), chunk=512)
+    checks = [e for e in events if isinstance(e, TurnCheck)]
+    assert len(checks) == 1 and not any(isinstance(e, SpeechEnded) for e in events)
+    assert checks[0].pause == round(1.024 * RATE)  # the silence's first sample
+    assert checks[0].speech.size >= round(1.2 * RATE)
+    # Judged complete: the turn ends at its silence, with what the speaker waited.
+    ended = v.end_now(checks[0].pause)
+    assert isinstance(ended, SpeechEnded) and not v.speaking
+    assert ended.speech_ms == pytest.approx(1024) and 480 <= ended.silence_ms <= 544
+
+
+def test_a_turn_check_is_void_once_speech_resumes_and_the_rule_still_ends_it():
+    v = vad(min_silence_duration_ms=640, end_check_ms=128)
+    first = feed_all(v, np.concatenate([loud(0.512), silence(0.256)]), chunk=512)
+    [check] = [e for e in first if isinstance(e, TurnCheck)]
+    feed_all(v, loud(0.512), chunk=512)  # the speaker goes on: that pause is over
+    assert v.end_now(check.pause) is None and v.speaking
+    rest = feed_all(v, silence(1.0), chunk=512)
+    assert sum(isinstance(e, TurnCheck) for e in rest) == 1  # the new pause, once
+    [ended] = [e for e in rest if isinstance(e, SpeechEnded)]  # judged incomplete: the rule
+    assert ended.silence_ms == pytest.approx(640, abs=32)
+
+
+def test_without_an_end_check_nothing_is_offered():
+    events = feed_all(vad(min_silence_duration_ms=320), np.concatenate([loud(1), silence(1)]))
+    assert not any(isinstance(e, TurnCheck) for e in events)

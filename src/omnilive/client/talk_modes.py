@@ -49,6 +49,18 @@ from omnilive.protocol.chat import Message
 SETTLE_S = 1.5  # with a file: this long without news, and no answer under way, is the end
 ECHO_HOLD_S = 0.8  # the microphone waits this long after playback (spec/half-duplex.md)
 VOICED_RMS = 0.01
+VOICE_FRAME_S = 0.01  # the resolution of "when the user's voice ended"
+
+
+def voice_ended_at(block: np.ndarray, sent_at: float) -> float | None:
+    """When the last voiced sound of ``block`` was made, if it has any: the
+    block ends at ``sent_at`` (it goes out as soon as it is captured), and its
+    last 10 ms frame louder than :data:`VOICED_RMS` ends that much earlier."""
+    frame = round(VOICE_FRAME_S * INPUT_RATE)
+    for end in range(block.size, 0, -frame):
+        if rms(block[max(0, end - frame) : end]) > VOICED_RMS:
+            return sent_at - (block.size - end) / INPUT_RATE
+    return None
 
 
 @dataclass(frozen=True)
@@ -179,6 +191,9 @@ def _ending(event: Event | None) -> str:
 
 class HalfDuplexTalk(Conversation):
     _hold_until = 0.0  # monotonic time before which the microphone is held
+    # When the user's voice last ended: latency is what they live through, from
+    # then to the first sound, not from the server's decision that they stopped.
+    _voice_ended: float | None = None
 
     def open_session(self) -> HalfDuplex:
         o = self.options
@@ -188,7 +203,7 @@ class HalfDuplexTalk(Conversation):
         if isinstance(event, VadState):
             self.view.hearing(event.speaking)
             if not event.speaking:
-                self.view.user_turn_ended()
+                self.view.user_turn_ended(self._voice_ended)
         elif isinstance(event, Generating):
             self.view.line(f"[thinking about {event.speech_duration_ms / 1000:.1f} s of speech]")
         elif isinstance(event, Chunk):
@@ -200,7 +215,9 @@ class HalfDuplexTalk(Conversation):
         if self.source.live and self.options.echo_guard and self._holding():
             return
         assert isinstance(self.session, HalfDuplex)
+        now = time.monotonic()
         await self.session.send(block)
+        self._voice_ended = voice_ended_at(block, now) or self._voice_ended
 
     def _holding(self) -> bool:
         """Hold the microphone while the answer plays, and a little after
@@ -257,8 +274,9 @@ class DuplexTalk(Conversation):
                 self._hold_until = now + ECHO_HOLD_S
             if now < self._hold_until:
                 block = np.zeros_like(block)  # the unit loop needs audio every second
-        if rms(block) > VOICED_RMS:
-            self.view.user_turn_ended(now)
+        ended = voice_ended_at(block, now)
+        if ended is not None:
+            self.view.user_turn_ended(ended)
         frames: list[bytes] = []
         completes_unit = self.session.units.pending_samples + block.size >= UNIT_SAMPLES
         if self.options.frame and completes_unit:

@@ -2,9 +2,9 @@
 how long each answer took to start.
 
 One line per happening, the model's words streamed onto an ``AI:`` line as
-they come. Latency is measured on this machine, from the moment the user's
-turn ended (the server's VAD heard silence, the last voiced audio went out,
-the question was sent) to the first sound of the answer.
+they come. Latency is what the user lives through, measured on this machine:
+from the end of their voice (the last voiced 10 ms of audio that went out;
+for a typed question, when it was sent) to the first sound of the answer.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from omnilive.config import Settings
+from omnilive.end_of_turn import TurnJudge
 from omnilive.engines import create_engine
 from omnilive.engines.base import Engine
 from omnilive.logs import bind_session
@@ -87,6 +88,7 @@ def create_worker_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         runtime = WorkerRuntime(engine or create_engine(settings), worker_id)
         runtime.transcriber = SideTranscriber.from_settings(settings)
+        runtime.turn_judge = TurnJudge(settings.end_of_turn)
         tasks = TaskSet(f"worker-{worker_id}")
         app.state.runtime = runtime
 

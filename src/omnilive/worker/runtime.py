@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
 
+from omnilive.end_of_turn import TurnJudge
 from omnilive.engines.base import Engine, EngineUnavailable
 from omnilive.engines.steps import Lane
 from omnilive.protocol.internal import (
@@ -88,6 +89,8 @@ class WorkerRuntime:
         self.state = WorkerState.LOADING
         self.error: str | None = None
         self.sessions: dict[str, SessionRecord] = {}
+        # Half-duplex turn-taking by meaning (set by the worker app; None: silence alone).
+        self.turn_judge: TurnJudge | None = None
         self.total_requests = 0
         self.total_inference_s = 0.0
         self.load_progress: tuple[str, float] = ("starting", 0.0)

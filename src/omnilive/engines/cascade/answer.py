@@ -17,7 +17,7 @@ import numpy as np
 
 from omnilive.engines.base import GenerationOptions, TextAudioChunk, ToolCall
 from omnilive.engines.cascade.llm import LlamaChat
-from omnilive.engines.cascade.tts import EspeakTTS
+from omnilive.engines.cascade.tts import Speech
 
 # A sentence ends at . ! ? (or a line break) once the next text starts with
 # whitespace: "3.5" and "e.g.," do not end one, "Paris. It" does.
@@ -103,7 +103,7 @@ class AnswerStream:
     def __init__(
         self,
         llm: LlamaChat,
-        tts: EspeakTTS,
+        tts: Speech,
         prompt: list[int],
         options: GenerationOptions,
         max_tokens: int,

@@ -26,9 +26,10 @@ from omnilive.engines.cascade.duplex import CascadeDuplex
 from omnilive.engines.cascade.half_duplex import CascadeHalfDuplex
 from omnilive.engines.cascade.llm import N_CTX, LlamaChat, Message
 from omnilive.engines.cascade.models import prepare_models
+from omnilive.engines.cascade.piper import PiperVoice, packaged_voice
 from omnilive.engines.cascade.remote_llm import RemoteChat
 from omnilive.engines.cascade.stack import ModelStack, log
-from omnilive.engines.cascade.tts import EspeakTTS
+from omnilive.engines.cascade.tts import EspeakTTS, Speech
 
 WARMUP_PHRASE = "Hello."
 
@@ -63,7 +64,7 @@ class CascadeEngine(Engine):
         stack = ModelStack(
             asr=WhisperASR(files.whisper_dir, threads),
             llm=self._language_model(files.llm_gguf),
-            tts=EspeakTTS(self._settings.voice),
+            tts=Speech(EspeakTTS(self._settings.voice), self._piper()),
         )
         # Each stage reports its own fraction, like the join before it.
         progress("load models", 0.0)
@@ -99,9 +100,15 @@ class CascadeEngine(Engine):
             return LlamaChat(settings.gguf, self._settings.threads, settings.n_ctx)
         return LlamaChat(packaged, self._settings.threads, N_CTX)
 
+    def _piper(self) -> PiperVoice | None:
+        if self._settings.tts != "piper":
+            return None
+        path = self._settings.piper_voice or packaged_voice()
+        return PiperVoice(path, threads=self._settings.threads)
+
     def _warm_up(self, stack: ModelStack) -> None:
         """One pass through every model, so the first real request pays no first-call costs."""
-        speech = stack.tts.synthesize(WARMUP_PHRASE, self._settings.voice)
+        speech = stack.tts.synthesize(WARMUP_PHRASE, stack.tts.default_voice)
         stack.asr.transcribe(resample(speech, OUTPUT_RATE, INPUT_RATE))
         prompt = stack.llm.tokens([Message("system", "Say hello."), Message("user", WARMUP_PHRASE)])
         for _ in stack.llm.stream(prompt, GenerationOptions(temperature=0.0), max_tokens=2):
@@ -127,7 +134,8 @@ class CascadeEngine(Engine):
         return CascadeDuplex(self._loaded())
 
     def default_voice(self) -> Voice | None:
-        return Voice(name=self._settings.voice)
+        stack = self._stack
+        return Voice(name=stack.tts.default_voice if stack is not None else self._settings.voice)
 
     def close(self) -> None:
         if self._stack is not None:

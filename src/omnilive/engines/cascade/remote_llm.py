@@ -93,7 +93,7 @@ class RemoteChat:
             "model": self.model,
             "messages": [m.as_dict() for m in prompt.messages],
             "max_tokens": max_tokens,
-            "temperature": options.temperature,
+            "temperature": 0.0 if options.greedy else options.temperature,
             "top_p": options.top_p,
             "stream": True,
         }

@@ -11,7 +11,7 @@ from omnilive.engines.cascade.answer import AnswerStream
 from omnilive.engines.cascade.asr import WhisperASR
 from omnilive.engines.cascade.llm import LlamaChat
 from omnilive.engines.cascade.remote_llm import RemoteChat
-from omnilive.engines.cascade.tts import EspeakTTS, SpokenVoice
+from omnilive.engines.cascade.tts import Speech, SpokenVoice
 
 log = logging.getLogger("omnilive.engines.cascade")
 
@@ -52,11 +52,11 @@ class Notices:
 
 @dataclass
 class ModelStack:
-    """Whisper, SmolLM2 and espeak-ng, loaded once and shared by all sessions."""
+    """Whisper, SmolLM2 and the voices, loaded once and shared by all sessions."""
 
     asr: WhisperASR
     llm: LlamaChat | RemoteChat
-    tts: EspeakTTS
+    tts: Speech
 
     def voice(self, voice: Voice | None, notices: Notices) -> SpokenVoice:
         spoken = self.tts.resolve_voice(voice)

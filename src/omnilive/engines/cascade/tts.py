@@ -1,9 +1,10 @@
-"""Text to speech with Debian's espeak-ng, run as a separate program.
+"""Text to speech: a Piper voice for English, Debian's espeak-ng for the rest.
 
-espeak-ng speaks a sentence in ~15 ms, so each sentence is synthesised on its
-own as soon as the LLM completes it. Its 22,050 Hz output is resampled to the
-24 kHz of the wire. It cannot imitate a reference recording; callers report
-that (see :func:`resolve_voice`).
+Each sentence is synthesised on its own as soon as the LLM completes it.
+espeak-ng (run as a separate program) speaks a sentence in ~15 ms at 22,050
+Hz; the Piper voice (``piper.py``) sounds natural and takes longer. Both are
+resampled to the 24 kHz of the wire. Neither can imitate a reference
+recording; callers report that (see :meth:`Speech.resolve_voice`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 
 from omnilive.audio import OUTPUT_RATE, AudioDecodeError, read_wav, resample
 from omnilive.engines.base import EngineError, Voice
+from omnilive.engines.cascade.piper import PiperVoice
 
 ESPEAK = "espeak-ng"
 SYNTH_TIMEOUT_S = 10.0
@@ -46,6 +48,10 @@ class EspeakTTS:
     def __init__(self, default_voice: str) -> None:
         self._default = default_voice
         self._voices: set[str] = set()
+
+    @property
+    def default(self) -> str:
+        return self._default
 
     def load(self) -> None:
         if shutil.which(ESPEAK) is None:
@@ -128,3 +134,76 @@ def parse_voices(listing: str) -> set[str]:
         language, name, file = columns[1], columns[3], columns[4]
         names.update({language.lower(), name.lower(), file.lower(), file.split("/")[-1].lower()})
     return names
+
+
+PIPER = "piper"
+"""The name a session's voice has when the Piper voice speaks it."""
+
+# Scripts the English Piper voice cannot read, and the espeak-ng voice that can.
+_SCRIPTS = (
+    (re.compile(r"[\u3040-\u30ff]"), "ja"),
+    (re.compile(r"[\uac00-\ud7af\u1100-\u11ff]"), "ko"),
+    (re.compile(r"[\u4e00-\u9fff\u3400-\u4dbf]"), "cmn"),
+    (re.compile(r"[\u0400-\u04ff]"), "ru"),
+    (re.compile(r"[\u0370-\u03ff]"), "el"),
+    (re.compile(r"[\u0600-\u06ff]"), "ar"),
+    (re.compile(r"[\u0900-\u097f]"), "hi"),
+)
+
+
+def foreign_voice(text: str) -> str | None:
+    """The espeak-ng voice for ``text`` written in a script English is not
+    written in (Chinese, Japanese, Korean, Cyrillic, ...), else None."""
+    for script, voice in _SCRIPTS:
+        if script.search(text):
+            return voice
+    return None
+
+
+class Speech:
+    """What the cascade speaks with: the Piper voice for English (when it has
+    one), espeak-ng for every other language and for the voices a request
+    names. The same API as :class:`EspeakTTS`; a session's voice is
+    :data:`PIPER` or an espeak-ng voice name."""
+
+    def __init__(self, espeak: EspeakTTS, piper: PiperVoice | None) -> None:
+        self.espeak = espeak
+        self.piper = piper
+
+    def load(self) -> None:
+        self.espeak.load()
+        if self.piper is not None:
+            self.piper.load()
+
+    @property
+    def default_voice(self) -> str:
+        return PIPER if self.piper is not None else self.espeak.default
+
+    def knows(self, name: str) -> bool:
+        return (name.lower() == PIPER and self.piper is not None) or self.espeak.knows(name)
+
+    def synthesize(self, text: str, voice: str) -> np.ndarray:
+        if voice != PIPER or self.piper is None:
+            return self.espeak.synthesize(text, voice)
+        other = foreign_voice(text)
+        if other is not None:  # the answer's language, not the voice's
+            return self.espeak.synthesize(text, other)
+        text = speakable(text)
+        return self.piper.synthesize(text) if text else np.zeros(0, dtype=np.float32)
+
+    def timed(self, text: str, voice: str) -> tuple[np.ndarray, float]:
+        started = time.perf_counter()
+        audio = self.synthesize(text, voice)
+        return audio, (time.perf_counter() - started) * 1000
+
+    def resolve_voice(self, voice: Voice | None) -> SpokenVoice:
+        """The Piper voice unless the request names an espeak-ng voice or a
+        language other than English; what could not be honoured is warned of."""
+        named = [w for w in ((voice.name, voice.language) if voice else ()) if w]
+        english = all(w.lower() in (PIPER, "en", "en-us", "en_us") for w in named)
+        if self.piper is None or not english:
+            return self.espeak.resolve_voice(voice)
+        warnings = self.espeak.resolve_voice(
+            Voice(reference=voice.reference) if voice is not None else None
+        ).warnings  # the reference-voice warning, if any
+        return SpokenVoice(PIPER, warnings)

@@ -28,15 +28,15 @@ from omnilive.engines.base import (
     Voice,
 )
 from omnilive.engines.minicpmo.backend import Backend, TorchBackend, check_memory
-from omnilive.engines.minicpmo.chat import MiniCPMoChat
 from omnilive.engines.minicpmo.checkpoint import inspect_checkpoint
 from omnilive.engines.minicpmo.content import load_voice
-from omnilive.engines.minicpmo.duplex import MiniCPMoDuplex
-from omnilive.engines.minicpmo.half_duplex import MiniCPMoHalfDuplex
-from omnilive.engines.minicpmo.host import ModelHost
+from omnilive.engines.minicpmo.reference.chat import MiniCPMoChat
+from omnilive.engines.minicpmo.reference.duplex import MiniCPMoDuplex
+from omnilive.engines.minicpmo.reference.half_duplex import MiniCPMoHalfDuplex
+from omnilive.engines.minicpmo.reference.host import ModelHost
 
 if TYPE_CHECKING:  # the slot views import torch; the engine loads it only in load()
-    from omnilive.engines.minicpmo.slots import SlotModel
+    from omnilive.engines.minicpmo.sessions.views import SlotEngine
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class MiniCPMoEngine(Engine):
 
     With ``slots`` other than 1 it serves that many sessions at once (0: as
     many as fit in the GPU memory left after loading), their steps batched
-    (:mod:`~omnilive.engines.minicpmo.slots`); with 1, one session at a time
+    (:mod:`~omnilive.engines.minicpmo.sessions.views`); with 1, one session at a time
     through the model's own code.
     """
 
@@ -82,7 +82,7 @@ class MiniCPMoEngine(Engine):
         self._settings = settings
         self._backend: Backend = backend or TorchBackend()
         self._host: ModelHost | None = None
-        self._slots: SlotModel | None = None
+        self._slots: SlotEngine | None = None
         self._default_voice: np.ndarray | None = None
         self.capabilities = Capabilities(
             input_modalities=frozenset({Modality.TEXT, Modality.IMAGE, Modality.AUDIO}),
@@ -127,7 +127,7 @@ class MiniCPMoEngine(Engine):
         progress("ready", 1.0)
 
     def _allocate_slots(self, host: ModelHost) -> None:
-        from omnilive.engines.minicpmo.slots import SlotModel, plan_slots, slot_bytes
+        from omnilive.engines.minicpmo.sessions.views import SlotEngine, plan_slots, slot_bytes
 
         settings = self._settings
         per_slot = slot_bytes(host.model, settings.context_length)
@@ -139,10 +139,12 @@ class MiniCPMoEngine(Engine):
             log.warning(
                 "no session slot fits (%.2f GiB each, %.1f GiB free beyond %.1f GiB of "
                 "headroom): one session at a time on the model's own code",
-                per_slot / 2**30, free / 2**30, headroom / 2**30,
-            )  # fmt: skip
+                per_slot / 2**30,
+                free / 2**30,
+                headroom / 2**30,
+            )
             return
-        self._slots = SlotModel.build(host, slots, settings.context_length)
+        self._slots = SlotEngine.build(host, slots, settings.context_length)
         self.capabilities = dataclasses.replace(self.capabilities, slots=slots)
         log.info(
             "%d session slots of %d positions (%.2f GiB each; %.1f GiB were free)",
@@ -194,7 +196,7 @@ class MiniCPMoEngine(Engine):
 
     def _duplex(self, force_listen_units: int | None = None) -> DuplexSession:
         if self._slots is not None:
-            from omnilive.engines.minicpmo.slots import SlotDuplexSession
+            from omnilive.engines.minicpmo.sessions.views import SlotDuplexSession
 
             voice, settings = self._default_voice, self._settings
             return SlotDuplexSession(self._slots, voice, settings, force_listen_units)
@@ -202,25 +204,25 @@ class MiniCPMoEngine(Engine):
 
     def open_chat(self) -> ChatSession:
         if self._slots is not None and self._slots.simplex_in_slots:
-            from omnilive.engines.minicpmo.simplex_sessions import SlotChat
+            from omnilive.engines.minicpmo.sessions.simplex_views import SlotChat
 
             return SlotChat(self._slots, self._default_voice)
         chat = MiniCPMoChat(self._require_host(), self._default_voice)
         if self._slots is None:
             return chat
-        from omnilive.engines.minicpmo.slots import SeatedChat
+        from omnilive.engines.minicpmo.sessions.views import SeatedChat
 
         return SeatedChat(self._slots, chat)
 
     def open_half_duplex(self) -> HalfDuplexSession:
         if self._slots is not None and self._slots.simplex_in_slots:
-            from omnilive.engines.minicpmo.simplex_sessions import SlotHalfDuplex
+            from omnilive.engines.minicpmo.sessions.simplex_views import SlotHalfDuplex
 
             return SlotHalfDuplex(self._slots, self._default_voice)
         half = MiniCPMoHalfDuplex(self._require_host(), self._default_voice)
         if self._slots is None:
             return half
-        from omnilive.engines.minicpmo.slots import SeatedHalfDuplex
+        from omnilive.engines.minicpmo.sessions.views import SeatedHalfDuplex
 
         return SeatedHalfDuplex(self._slots, half)
 

@@ -58,6 +58,7 @@ from omnilive.vad import (
     SpeechEnded,
     SpeechStarted,
     StreamingVad,
+    TurnCheck,
     VadConfig,
 )
 from omnilive.worker.decode import DecodeError, load_stored_voice
@@ -211,6 +212,7 @@ class HalfDuplexRunner(StreamingRunner):
             min_silence_duration_ms=config.vad.min_silence_duration_ms,
             speech_pad_ms=config.vad.speech_pad_ms,
             ignore_initial_ms=COLD_START_MS,
+            end_check_ms=await self._end_check_ms(config.vad.min_silence_duration_ms),
         )
         self.vad = StreamingVad(await asyncio.to_thread(SileroModel), vad_config)
         try:
@@ -266,19 +268,49 @@ class HalfDuplexRunner(StreamingRunner):
                 await self.send(vad_state_message(True))
             elif isinstance(event, SpeechDiscarded):
                 await self.send(vad_state_message(False))
+            elif isinstance(event, TurnCheck):
+                self.spawn("end-of-turn", self._judge_turn(event))
             elif isinstance(event, SpeechEnded):
-                await self.send(vad_state_message(False))
-                await self.send(generating_message(event.speech_ms))
-                self.machine.speech_ended()
-                self._turn = self.spawn("turn", self._answer(event.segment, time.time()))
+                await self._speech_ended(event)
                 return  # audio after the end of speech belongs to no turn
         if vad.speaking:
             self.hearing.want(vad.speech_so_far, vad.paused)
 
+    async def _speech_ended(self, event: SpeechEnded) -> None:
+        await self.send(vad_state_message(False))
+        await self.send(generating_message(event.speech_ms))
+        self.machine.speech_ended()
+        self._turn = self.spawn("turn", self._answer(event, time.time()))
+
+    # --- turn-taking by meaning ------------------------------------------------------
+
+    async def _end_check_ms(self, min_silence_ms: int) -> int | None:
+        """When to ask the end-of-turn model, if the worker has one (and the
+        session's silence rule is not already that short)."""
+        judge = self.runtime.turn_judge
+        if judge is None or not await judge.ready():
+            return None
+        check_ms = judge.settings.check_after_ms
+        return check_ms if check_ms < min_silence_ms else None
+
+    async def _judge_turn(self, check: TurnCheck) -> None:
+        """A finished turn is answered now; an unfinished one waits for the
+        silence rule. The user may have gone on speaking meanwhile: then
+        ``end_now`` finds that silence over and nothing happens."""
+        judge = self.runtime.turn_judge
+        if judge is None or not await judge.complete(check.speech) or self.vad is None:
+            return
+        ended = self.vad.end_now(check.pause)
+        if isinstance(ended, SpeechEnded):
+            await self._speech_ended(ended)
+        elif isinstance(ended, SpeechDiscarded):
+            await self.send(vad_state_message(False))
+
     # --- the answer ----------------------------------------------------------------
 
-    async def _answer(self, speech: np.ndarray, ended_ts: float) -> None:
+    async def _answer(self, ended: SpeechEnded, ended_ts: float) -> None:
         await self.hearing.stop()  # one model step per session at a time
+        speech = ended.segment
         record = self.record
         started = time.perf_counter()
         output = TurnOutput()
@@ -312,11 +344,11 @@ class HalfDuplexRunner(StreamingRunner):
             self.machine.answered(time.monotonic())
             if self.recorder is not None:
                 timing.setdefault("total_ms", round((time.perf_counter() - started) * 1000, 1))
-                await self._record_turn(speech, ended_ts, output, timing, status, failure)
+                await self._record_turn(ended, ended_ts, output, timing, status, failure)
 
     async def _record_turn(
         self,
-        speech: np.ndarray,
+        ended: SpeechEnded,
         ended_ts: float,
         output: TurnOutput,
         timing: dict[str, float],
@@ -324,10 +356,11 @@ class HalfDuplexRunner(StreamingRunner):
         failure: str | None,
     ) -> None:
         assert self.recorder is not None and self.vad is not None
-        # SpeechEnded fires after min_silence of quiet; the segment (speech
-        # plus pad) ended that long ago, give or take one VAD window.
-        vad = self.vad.config
-        trailing_s = (vad.min_silence_duration_ms - vad.speech_pad_ms) / 1000
+        # The turn ended after ``silence_ms`` of quiet (the silence rule's, or
+        # less when the end-of-turn model judged it finished); the segment
+        # (speech plus pad) ended that long ago, give or take one VAD window.
+        speech = ended.segment
+        trailing_s = (ended.silence_ms - self.vad.config.speech_pad_ms) / 1000
         speech_ts = ended_ts - trailing_s - speech.size / INPUT_RATE
         if "first_chunk_ms" in timing:
             timing["first_chunk_ms"] = round(timing["first_chunk_ms"], 1)

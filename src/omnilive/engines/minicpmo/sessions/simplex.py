@@ -14,9 +14,9 @@ asked (the checkpoint's code encodes it as a live stream, which only takes
 recordings of about a second: its placeholders outnumber its embeddings).
 
 An answer is one program on the batch loop's thread
-(:mod:`~omnilive.engines.minicpmo.programs`), in step with every other
+(:mod:`~omnilive.engines.minicpmo.runtime.programs`), in step with every other
 session decoding, its choices made by
-:mod:`~omnilive.engines.minicpmo.simplex_rules`:
+:mod:`~omnilive.engines.minicpmo.sessions.simplex_rules`:
 
 - the LLM decodes as ``ChunkPrefillChunkGenerate`` does: the assistant's
   opening tokens, then a token a step, in chunks of 10 (the first chunk
@@ -27,7 +27,7 @@ session decoding, its choices made by
   the published ``sliding_recompute`` attention its context restarts at
   every chunk from the previous chunk's condition and speech;
 - every 25 speech tokens leave the program for the vocoder (the session's
-  :class:`~omnilive.engines.minicpmo.vocoder.VoiceStream`, on the side lane,
+  :class:`~omnilive.engines.minicpmo.sessions.vocoder.VoiceStream`, on the side lane,
   batched with the duplex sessions' pushes) while the program decodes on;
   the answer's first :data:`FIRST_PIECE` already, voiced at once (the
   audio's cut into pieces is the answer's first audio; its tokens are the
@@ -57,49 +57,32 @@ import numpy as np
 import torch
 
 from omnilive.engines.base import EngineError, TextAudioChunk
-from omnilive.engines.minicpmo.batch import StepResult
-from omnilive.engines.minicpmo.batch_loop import BatchLoop
 from omnilive.engines.minicpmo.content import VoiceFile
-from omnilive.engines.minicpmo.duplex_slots import VOICE_KEY
-from omnilive.engines.minicpmo.programs import Pick, Program, Step
-from omnilive.engines.minicpmo.simplex_rules import (
+from omnilive.engines.minicpmo.runtime.batch import StepResult
+from omnilive.engines.minicpmo.runtime.loop import BatchLoop
+from omnilive.engines.minicpmo.runtime.programs import Pick, Program, Step
+from omnilive.engines.minicpmo.runtime.tensors import swapped
+from omnilive.engines.minicpmo.sessions.duplex import VOICE_KEY
+from omnilive.engines.minicpmo.sessions.shared import SharedModel
+from omnilive.engines.minicpmo.sessions.simplex_rules import (
     PENALTY_WINDOW,
     AnswerSampling,
     ChunkSpeechSampling,
     SimplexVocab,
     choose_answer_token,
-    choose_chunk_speech_token,
 )
-from omnilive.engines.minicpmo.slot_model import SharedModel, swapped
-from omnilive.engines.minicpmo.vocoder import VOCODER_CHUNK, VoiceStream, voice_together
+from omnilive.engines.minicpmo.sessions.simplex_speech import Piece, SpeechTurn
+from omnilive.engines.minicpmo.sessions.vocoder import VoiceStream, voice_together
 
 log = logging.getLogger(__name__)
 
 TEXT_CHUNK = 10  # LLM tokens a chunk (the first chunk decides one more)
 SPEECH_PER_CHUNK = 500  # the most speech tokens one text chunk makes (the model code's)
-# Speech tokens of an answer's first piece: 0.4 s of audio (with the three
-# silent tokens the vocoder starts a turn with), out about 50 ms before a
-# whole second would be, and long enough to play while the next is made.
-FIRST_PIECE = 10
 # Speech LM attentions whose context handling is owned here.
 SUPPORTED_SPEECH_ATTENTION = ("sliding_recompute", "full_attention")
 
 # A hook of the equality harness: (kind, our token, what it was chosen from) -> token.
 Follow = Callable[[str, int, Any], int]
-
-
-@dataclass
-class Piece:
-    """What an answer program hands out between its steps: how many text
-    tokens it fed so far, speech tokens for the vocoder (``flush``: voiced
-    now, all but the lookahead), whether it ends (``stopped``: interrupted,
-    nothing more to voice)."""
-
-    text_tokens: int
-    speech: list[int] = field(default_factory=list)
-    last: bool = False
-    flush: bool = False
-    stopped: bool = False
 
 
 @dataclass
@@ -116,11 +99,6 @@ class _TextChoice(NamedTuple):
     window: list[int]
     sampling: AnswerSampling
     suppress: bool
-
-
-class _SpeechChoice(NamedTuple):
-    session: SlotSimplex
-    previous: list[int]
 
 
 def speech_supported(model: Any) -> bool:
@@ -350,7 +328,7 @@ class SlotSimplex:
         """The answer's steps (see the module); yields :class:`Step` s and
         :class:`Piece` s, which :class:`_Pieces` hands out."""
         suppress = voice is not None or self.suppress_text_only
-        speech = _SpeechTurn(self) if voice is not None else None
+        speech = SpeechTurn(self) if voice is not None else None
         self.fed = []
         generated: list[int] = []  # every choice but terminators
         last: int | None = None
@@ -384,91 +362,6 @@ class SlotSimplex:
                 break
         rest = speech.flush() if speech is not None else []
         yield Piece(len(self.fed), rest, last=True)
-
-
-class _SpeechTurn:
-    """The speech LM's side of one answer (``TTSStreamingGenerator``): its
-    tokens so far, the ones not handed to the vocoder yet, the previous
-    chunk's condition and speech (what ``sliding_recompute`` feeds again)."""
-
-    def __init__(self, session: SlotSimplex) -> None:
-        self.session = session
-        tts = session.shared.model.tts
-        self.tts = tts
-        self.eos = int(tts.config.num_audio_tokens) - 1
-        self.recompute = getattr(tts, "attention_type", "") == "sliding_recompute"
-        self.tokens: list[int] = []
-        self.buffer: list[int] = []
-        self.handed = False  # whether the first piece went to the vocoder
-        self.previous: torch.Tensor | None = None  # the previous chunk's inputs to feed again
-        device = tts.emb_text.weight.device
-        bos, eos = tts.audio_bos_token_id, tts.config.text_eos_token_id
-        with torch.no_grad():
-            self.audio_bos = tts.emb_text(torch.tensor([bos], device=device))
-            self.text_eos = tts.emb_text(torch.tensor([eos], device=device))
-        cache = session.loop.speech.cache  # type: ignore[union-attr]
-        cache.crop(session.slot, 0)  # a program owns its slot's caches
-        self.cache = cache
-
-    def condition(self, fed: list[tuple[int, torch.Tensor]], finished: bool) -> torch.Tensor:
-        """``[n + 1 (+ 1), tts hidden]``: each fed token's text embedding plus
-        its normalised projected hidden state, the text's end if it ended,
-        the audio BOS."""
-        tts = self.tts
-        device = tts.emb_text.weight.device
-        with torch.no_grad():
-            ids = torch.tensor([t for t, _ in fed], device=device)
-            hidden = torch.stack([h.reshape(-1) for _, h in fed]).to(device)
-            projected = tts.projector_semantic(hidden)
-            if tts.config.normalize_projected_hidden:
-                projected = torch.nn.functional.normalize(projected, p=2, dim=-1)
-            parts = [tts.emb_text(ids) + projected]
-            if finished:
-                parts.append(self.text_eos)
-            return torch.cat([*parts, self.audio_bos], 0)
-
-    def chunk(self, fed: list[tuple[int, torch.Tensor]], finished: bool) -> Program[None]:
-        """One text chunk's speech: decoded until the speech LM's end token;
-        the answer's first :data:`FIRST_PIECE` tokens handed out as a
-        :class:`Piece` to voice at once, then every :data:`VOCODER_CHUNK`."""
-        session = self.session
-        condition = self.condition(fed, finished)
-        inputs = condition
-        if self.recompute and self.previous is not None:
-            self.cache.crop(session.slot, 0)
-            inputs = torch.cat([self.previous, condition], 0)
-        budget = session.speech_per_chunk
-        needed = self.cache.lengths[session.slot] + int(inputs.shape[0]) + budget
-        if needed > self.cache.capacity:
-            raise EngineError("the answer's speech passes the speech LM's context")
-        made: list[int] = []
-        for t in range(budget):
-            step = inputs if t == 0 else torch.tensor([made[-1]])
-            choice = _SpeechChoice(session, list(self.tokens))
-            result = yield Step(step, speech=True, pick=Pick(_speech_picks, choice))
-            token = int(result.picked)
-            if session.keep_trace:
-                session.trace.speech.append(token)
-            if token == self.eos:
-                break
-            made.append(token)
-            self.tokens.append(token)
-            self.buffer.append(token)
-            size = VOCODER_CHUNK if self.handed else FIRST_PIECE
-            if len(self.buffer) >= size:
-                yield Piece(len(session.fed), self.buffer[:size], flush=not self.handed)
-                self.buffer = self.buffer[size:]
-                self.handed = True
-        if self.recompute:
-            self.previous = condition
-            if made:
-                with torch.no_grad():
-                    spoken = self.tts.emb_code[0](torch.tensor(made, device=condition.device))
-                self.previous = torch.cat([condition, spoken], 0)
-
-    def flush(self) -> list[int]:
-        rest, self.buffer = self.buffer, []
-        return rest
 
 
 class _Pieces:
@@ -528,21 +421,6 @@ def _text_picks(steps: list[tuple[StepResult, _TextChoice]]) -> list[int]:
             token = session.follow("text", token, scores)
         if session.keep_trace:
             session.trace.text.append(token)
-        tokens.append(token)
-    return tokens
-
-
-def _speech_picks(steps: list[tuple[StepResult, _SpeechChoice]]) -> list[int]:
-    """The next speech token of every answer whose step of this tick named
-    this pick: their logits read back at once, each chosen on the CPU."""
-    rows = torch.stack([result.logits for result, _ in steps]).float().cpu()  # type: ignore[misc]
-    tokens = []
-    for row, (_, (session, previous)) in zip(rows, steps, strict=True):
-        token, scores = choose_chunk_speech_token(
-            row, previous, session.speech_sampling, session.speech_generator
-        )
-        if session.follow is not None:  # in logit units, as the text's
-            token = session.follow("speech", token, scores * session.speech_sampling.temperature)
         tokens.append(token)
     return tokens
 

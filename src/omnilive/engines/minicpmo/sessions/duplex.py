@@ -6,7 +6,7 @@ speech LM, the vocoder), run over the model's own modules and weights, with
 every piece of session state its own:
 
 - the LLM context lives in the session's slot of the shared
-  :class:`~omnilive.engines.minicpmo.batch.SlotCache`; its new positions go
+  :class:`~omnilive.engines.minicpmo.runtime.batch.SlotCache`; its new positions go
   through :meth:`BatchLoop.forward`, batched with every other session's;
 - the streaming audio encoder's state (mel frames, the Whisper KV cache, the
   unconsumed samples), the speech LM's KV cache and position, the vocoder's
@@ -15,11 +15,11 @@ every piece of session state its own:
   call on one of the model's lanes (:meth:`BatchLoop.encoder_call`,
   :meth:`BatchLoop.side_call`), each running one call at a time: no session
   sees another's. The voice is a
-  :class:`~omnilive.engines.minicpmo.vocoder.VoiceStream`; the encoders are
-  :mod:`~omnilive.engines.minicpmo.encoders` (the vision encoder runs over
+  :class:`~omnilive.engines.minicpmo.sessions.vocoder.VoiceStream`; the encoders are
+  :mod:`~omnilive.engines.minicpmo.sessions.encoders` (the vision encoder runs over
   every waiting session's frames at once).
 
-The decisions themselves are :mod:`~omnilive.engines.minicpmo.unit_rules`.
+The decisions themselves are :mod:`~omnilive.engines.minicpmo.sessions.unit_rules`.
 A unit feeds ``<unit>``, the frames (``<image>`` slices ``</image>``) and the
 audio as ONE forward (the model code feeds them piece by piece: the same
 positions, the same causal attention); the unit's terminator and
@@ -41,9 +41,10 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from omnilive.engines.minicpmo.batch import StepResult
-from omnilive.engines.minicpmo.batch_loop import BatchLoop
-from omnilive.engines.minicpmo.encoders import (
+from omnilive.engines.minicpmo.runtime.batch import StepResult
+from omnilive.engines.minicpmo.runtime.loop import BatchLoop
+from omnilive.engines.minicpmo.runtime.programs import Pick, Program, Step
+from omnilive.engines.minicpmo.sessions.encoders import (
     UNIT_KEY,
     AudioStream,
     Frames,
@@ -52,9 +53,8 @@ from omnilive.engines.minicpmo.encoders import (
     encode_units,
     voice_embeddings,
 )
-from omnilive.engines.minicpmo.programs import Pick, Program, Step
-from omnilive.engines.minicpmo.slot_model import SharedModel
-from omnilive.engines.minicpmo.unit_rules import (
+from omnilive.engines.minicpmo.sessions.shared import SharedModel
+from omnilive.engines.minicpmo.sessions.unit_rules import (
     SPEECH_TOKENS_PER_UNIT,
     SpeechSampling,
     TextChoice,
@@ -62,7 +62,7 @@ from omnilive.engines.minicpmo.unit_rules import (
     choose_speech_token,
     choose_tokens,
 )
-from omnilive.engines.minicpmo.vocoder import VoiceStream, voice_together
+from omnilive.engines.minicpmo.sessions.vocoder import VoiceStream, voice_together
 
 log = logging.getLogger(__name__)
 
@@ -306,8 +306,18 @@ class SlotDuplex:
                 True, decided, tokens, "", [], None, False, self.kv_length, seen, llm_ms
             )
             return outcome, False
-        outcome = UnitOutcome(False, decided, tokens, self._decode(tokens), [], None, end_of_turn,
-                              self.kv_length, seen, llm_ms)  # fmt: skip
+        outcome = UnitOutcome(
+            False,
+            decided,
+            tokens,
+            self._decode(tokens),
+            [],
+            None,
+            end_of_turn,
+            self.kv_length,
+            seen,
+            llm_ms,
+        )
         flush = False
         if self.shared.generate_audio:
             flush = yield from self._speak(spoken, outcome)

@@ -2,16 +2,16 @@
 batched on the one thread that owns the model.
 
 Sessions are coroutines on an event loop; each owns a slot of the model's
-:class:`~omnilive.engines.minicpmo.batch.SlotCache` and submits work for it:
+:class:`~omnilive.engines.minicpmo.runtime.batch.SlotCache` and submits work for it:
 ``await loop.forward(slot, inputs)`` (new positions of its LLM context) and
 ``await loop.call(fn, *args, slot=slot)`` (blocking work between batches) and
 ``await loop.side_call(fn, *args)`` (work that touches no slot: the encoders,
-the vocoder, on the :class:`~omnilive.engines.minicpmo.side_lane.SideLane`
+the vocoder, on the :class:`~omnilive.engines.minicpmo.runtime.lanes.SideLane`
 beside the batches). The worker thread runs *ticks*: it takes what is
 pending, in submission order, at most one job per slot (a session's next job
 waits for the next tick, so each session's jobs run in the order it submitted
 them), runs the plain calls one by one, then every forward of the tick as ONE
-:meth:`~omnilive.engines.minicpmo.batch.BatchedSteps.step`.
+:meth:`~omnilive.engines.minicpmo.runtime.batch.BatchedSteps.step`.
 
 A session's decoding loop can run on the worker thread itself as a *program*
 (``await loop.run(slot, program)``): a generator that yields each
@@ -21,7 +21,7 @@ next one, so sessions decoding at once share every batch (lockstep), and a
 unit's dozens of steps cost one hand-off to the worker and one back instead
 of one each way per step. A step's *pick* (the next token's choice) is made
 right after its batch, together with the other programs' picks of the same
-kind (:mod:`~omnilive.engines.minicpmo.programs`).
+kind (:mod:`~omnilive.engines.minicpmo.runtime.programs`).
 
 After a tick the worker hands the results to the sessions' event loop and
 waits until that loop has run the sessions it woke (a handshake, not a
@@ -48,9 +48,9 @@ the same exception, is logged once, and changes no slot's length (what it
 wrote past the lengths is masked and overwritten later); the next tick runs.
 A tick with LLM work runs the programs in their speech a few speech-LM steps.
 
-The tick is plan (:func:`~omnilive.engines.minicpmo.batch_plan.plan_tick`,
-pure) -> execute (:class:`~omnilive.engines.minicpmo.batch_execute.Executor`)
--> update (:class:`~omnilive.engines.minicpmo.batch_execute.Driver`: picks,
+The tick is plan (:func:`~omnilive.engines.minicpmo.runtime.plan.plan_tick`,
+pure) -> execute (:class:`~omnilive.engines.minicpmo.runtime.execute.Executor`)
+-> update (:class:`~omnilive.engines.minicpmo.runtime.execute.Driver`: picks,
 programs advanced) -> hand back (:func:`~omnilive.engines.job_queue.deliver`).
 """
 
@@ -67,10 +67,11 @@ from typing import Any, TypeVar
 import torch
 
 from omnilive.engines.job_queue import JobQueue, cancel
-from omnilive.engines.minicpmo.batch import BatchedSteps, StepResult
-from omnilive.engines.minicpmo.batch_execute import Busy, Driver, Executor, Row
-from omnilive.engines.minicpmo.batch_graphs import GraphCache
-from omnilive.engines.minicpmo.batch_plan import (
+from omnilive.engines.minicpmo.runtime.batch import BatchedSteps, StepResult
+from omnilive.engines.minicpmo.runtime.execute import Busy, Driver, Executor, Row
+from omnilive.engines.minicpmo.runtime.graphs import GraphCache
+from omnilive.engines.minicpmo.runtime.lanes import SideLane
+from omnilive.engines.minicpmo.runtime.plan import (
     Call,
     Forward,
     Limits,
@@ -79,8 +80,7 @@ from omnilive.engines.minicpmo.batch_plan import (
     TickPlan,
     plan_tick,
 )
-from omnilive.engines.minicpmo.programs import Program
-from omnilive.engines.minicpmo.side_lane import SideLane
+from omnilive.engines.minicpmo.runtime.programs import Program
 
 T = TypeVar("T")
 

@@ -1,5 +1,5 @@
 """The engine's chat and half-duplex views when it has slots: each a
-:class:`~omnilive.engines.minicpmo.simplex_slots.SlotSimplex` in a slot of the
+:class:`~omnilive.engines.minicpmo.sessions.simplex.SlotSimplex` in a slot of the
 shared batch loop, its steps batched with every other live session's.
 
 The worker calls these synchronously from its step threads; each call runs a
@@ -32,14 +32,14 @@ from omnilive.engines.base import (
     TextAudioChunk,
     Voice,
 )
-from omnilive.engines.minicpmo.batch import SlotError
 from omnilive.engines.minicpmo.content import content_of
-from omnilive.engines.minicpmo.host import model_errors
-from omnilive.engines.minicpmo.simplex_rules import AnswerSampling
-from omnilive.engines.minicpmo.simplex_slots import SlotSimplex
+from omnilive.engines.minicpmo.reference.host import model_errors
+from omnilive.engines.minicpmo.runtime.batch import SlotError
+from omnilive.engines.minicpmo.sessions.simplex import SlotSimplex
+from omnilive.engines.minicpmo.sessions.simplex_rules import AnswerSampling
 
 if TYPE_CHECKING:
-    from omnilive.engines.minicpmo.slots import SlotModel
+    from omnilive.engines.minicpmo.sessions.views import SlotEngine
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ class _SlotSimplexView:
     """What the chat and half-duplex views share: their slot, their voice,
     their answer streamed to the caller's thread."""
 
-    def __init__(self, model: SlotModel, default_voice: np.ndarray | None) -> None:
+    def __init__(self, model: SlotEngine, default_voice: np.ndarray | None) -> None:
         self._model = model
         self._default_voice = default_voice
         self._session: SlotSimplex | None = None
@@ -159,7 +159,7 @@ async def _with_voice(session: SlotSimplex, reference: np.ndarray | None, work: 
 class SlotChat(_SlotSimplexView, ChatSession):
     """One chat request: its messages prefilled into a fresh slot, one answer."""
 
-    def __init__(self, model: SlotModel, default_voice: np.ndarray | None) -> None:
+    def __init__(self, model: SlotEngine, default_voice: np.ndarray | None) -> None:
         super().__init__(model, default_voice)
         self._generation = GenerationOptions()
 
@@ -197,7 +197,7 @@ class SlotHalfDuplex(_SlotSimplexView, HalfDuplexSession):
     """System content once, then per turn the user's speech and a streamed
     answer, the context kept in the session's slot across turns."""
 
-    def __init__(self, model: SlotModel, default_voice: np.ndarray | None) -> None:
+    def __init__(self, model: SlotEngine, default_voice: np.ndarray | None) -> None:
         super().__init__(model, default_voice)
         self._options = HalfDuplexOptions()
         self._mark: _Mark | None = None

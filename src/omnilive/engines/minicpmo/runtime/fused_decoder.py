@@ -1,5 +1,6 @@
 """The batched steps' forward of a decoder, written out layer by layer over
-the model's own modules and weights, for :class:`~omnilive.engines.minicpmo.batch.BatchedSteps`.
+the model's own modules and weights, for
+:class:`~omnilive.engines.minicpmo.runtime.batch.BatchedSteps`.
 
 transformers' forward of a Qwen3/Llama decoder is some fifty kernels a
 layer for a decoding step of a few rows: separate query/key/value and
@@ -13,7 +14,7 @@ computes the same function with:
   modules' weights become row views of one fused tensor each (no memory
   added; the model's own code, which reads the modules, sees the same
   values);
-- with :mod:`~omnilive.engines.minicpmo.kernels` (CUDA, or Triton's
+- with :mod:`~omnilive.engines.minicpmo.runtime.kernels` (CUDA, or Triton's
   interpreter in the tests): the residual adds and norms, the head norms,
   rotary and cache writes, and the activation as one kernel each, and a
   short step's attention (:data:`SHORT_STEP` positions a row or fewer) as a
@@ -21,7 +22,7 @@ computes the same function with:
   it may see;
 - otherwise the model's own modules for those parts (the norms, rotary as
   transformers writes it) and SDPA over the plan's view of the buffers
-  (:func:`~omnilive.engines.minicpmo.slot_attention.slot_attention`), as the
+  (:func:`~omnilive.engines.minicpmo.runtime.attention.slot_attention`), as the
   stock forward with slot attention computes it: the CPU path, held to the
   stock forward by the tests.
 
@@ -36,10 +37,10 @@ import torch
 from torch.nn.functional import linear
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from omnilive.engines.minicpmo import kernels
-from omnilive.engines.minicpmo.batch import StepPlan, rows_view, write_rows
-from omnilive.engines.minicpmo.batch_graphs import SHORT_STEP
-from omnilive.engines.minicpmo.slot_attention import slot_attention
+from omnilive.engines.minicpmo.runtime import kernels
+from omnilive.engines.minicpmo.runtime.attention import slot_attention
+from omnilive.engines.minicpmo.runtime.batch import StepPlan, rows_view, write_rows
+from omnilive.engines.minicpmo.runtime.graphs import SHORT_STEP
 
 
 def unsupported(backbone: Any) -> str | None:
@@ -130,7 +131,7 @@ class FusedDecoder:
     def forward(self, embeds: torch.Tensor, plan: StepPlan, cache: Any) -> torch.Tensor:
         """``embeds`` ``[B, L, hidden]`` through every layer, writing each
         row's new keys and values into ``cache`` (a
-        :class:`~omnilive.engines.minicpmo.batch.SlotCache`) where ``plan``
+        :class:`~omnilive.engines.minicpmo.runtime.batch.SlotCache`) where ``plan``
         says; returns each row's last real position's hidden state ``[B, hidden]``."""
         batch, length, hidden = embeds.shape
         cos, sin = self.rotary(embeds, plan.positions)

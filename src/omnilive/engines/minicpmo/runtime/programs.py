@@ -1,5 +1,5 @@
 """What a program on the batch loop's thread yields (see
-:mod:`~omnilive.engines.minicpmo.batch_loop`), and the *picks* made of its
+:mod:`~omnilive.engines.minicpmo.runtime.loop`), and the *picks* made of its
 steps' results.
 
 A program yields a :class:`Step` (new positions for its slot's LLM or speech
@@ -19,7 +19,7 @@ from typing import Any, Protocol, TypeVar
 
 import torch
 
-from omnilive.engines.minicpmo.batch import StepResult
+from omnilive.engines.minicpmo.runtime.batch import StepResult
 
 T = TypeVar("T")
 

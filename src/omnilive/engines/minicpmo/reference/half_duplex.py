@@ -14,8 +14,8 @@ from omnilive.engines.base import (
     TextAudioChunk,
 )
 from omnilive.engines.minicpmo.content import content_of
-from omnilive.engines.minicpmo.host import ContextMark, ModelHost, model_errors
-from omnilive.engines.minicpmo.simplex import SimplexContext
+from omnilive.engines.minicpmo.reference.host import ContextMark, ModelHost, model_errors
+from omnilive.engines.minicpmo.reference.simplex import SimplexContext
 
 
 class MiniCPMoHalfDuplex(HalfDuplexSession):

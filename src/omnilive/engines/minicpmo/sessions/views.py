@@ -47,15 +47,16 @@ from omnilive.engines.base import (
     PrefillStats,
     TextAudioChunk,
 )
-from omnilive.engines.minicpmo.batch import SlotError
-from omnilive.engines.minicpmo.batch_loop import BatchLoop
 from omnilive.engines.minicpmo.content import VoiceFile, image_of
-from omnilive.engines.minicpmo.duplex import system_prompt_parts
-from omnilive.engines.minicpmo.duplex_slots import SlotDuplex
-from omnilive.engines.minicpmo.host import Flavour, ModelHost, model_errors
-from omnilive.engines.minicpmo.simplex_slots import speech_supported
-from omnilive.engines.minicpmo.slot_model import SharedModel, clone_tensors
-from omnilive.engines.minicpmo.unit_rules import SpeechSampling, TextSampling, UnitRules
+from omnilive.engines.minicpmo.reference.duplex import system_prompt_parts
+from omnilive.engines.minicpmo.reference.host import Flavour, ModelHost, model_errors
+from omnilive.engines.minicpmo.runtime.batch import SlotError
+from omnilive.engines.minicpmo.runtime.loop import BatchLoop
+from omnilive.engines.minicpmo.runtime.tensors import clone_tensors
+from omnilive.engines.minicpmo.sessions.duplex import SlotDuplex
+from omnilive.engines.minicpmo.sessions.shared import SharedModel
+from omnilive.engines.minicpmo.sessions.simplex import speech_supported
+from omnilive.engines.minicpmo.sessions.unit_rules import SpeechSampling, TextSampling, UnitRules
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -148,7 +149,7 @@ class EngineLoop:
 
 
 @dataclass
-class SlotModel:
+class SlotEngine:
     """What the slot views share: the model, its batch loop and event loop."""
 
     host: ModelHost
@@ -164,8 +165,8 @@ class SlotModel:
     simplex_suppress_text_only: bool = False
 
     @classmethod
-    def build(cls, host: ModelHost, slots: int, context_length: int) -> SlotModel:
-        from omnilive.engines.minicpmo.slot_model import slot_loop
+    def build(cls, host: ModelHost, slots: int, context_length: int) -> SlotEngine:
+        from omnilive.engines.minicpmo.sessions.shared import slot_loop
 
         unified = host.flavour is Flavour.UNIFIED
         rules = UnitRules.unified() if unified else UnitRules()
@@ -233,7 +234,7 @@ class SlotDuplexSession(DuplexSession):
 
     def __init__(
         self,
-        model: SlotModel,
+        model: SlotEngine,
         default_voice: np.ndarray | None,
         settings: MiniCPMoSettings,
         force_listen_units: int | None = None,
@@ -359,7 +360,7 @@ class _Seated:
     previous chat gives back only when that loop runs its close (a client who
     left mid-answer) would stop the worker."""
 
-    def __init__(self, model: SlotModel) -> None:
+    def __init__(self, model: SlotEngine) -> None:
         self._model = model
         self._seated = False
         self._closed = False
@@ -404,7 +405,7 @@ class _Seated:
 
 
 class SeatedChat(_Seated, ChatSession):
-    def __init__(self, model: SlotModel, inner: ChatSession) -> None:
+    def __init__(self, model: SlotEngine, inner: ChatSession) -> None:
         super().__init__(model)
         self._inner = inner
 
@@ -423,7 +424,7 @@ class SeatedChat(_Seated, ChatSession):
 
 
 class SeatedHalfDuplex(_Seated, HalfDuplexSession):
-    def __init__(self, model: SlotModel, inner: HalfDuplexSession) -> None:
+    def __init__(self, model: SlotEngine, inner: HalfDuplexSession) -> None:
         super().__init__(model)
         self._inner = inner
 

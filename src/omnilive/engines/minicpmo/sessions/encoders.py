@@ -7,7 +7,7 @@ stateless, so the frames of every session waiting for it go through it as
 ONE batch (:func:`vision_pieces`), and their seconds of audio through
 Whisper as another (:func:`audio_embeddings_together`), both in one call of
 the encoders' lane (:func:`encode_units`, gathered by
-:meth:`~omnilive.engines.minicpmo.batch_loop.BatchLoop.encoder_gather`): one
+:meth:`~omnilive.engines.minicpmo.runtime.loop.BatchLoop.encoder_gather`): one
 call over eight sessions' units costs about what one session's does, where
 eight calls cost eight times as much (an encoder call at batch 1 is bound by
 kernel launches, not arithmetic). A session's Whisper state (its mel frames,
@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from omnilive.engines.minicpmo.slot_model import swapped
-from omnilive.engines.minicpmo.whisper_batch import (
+from omnilive.engines.minicpmo.runtime.tensors import swapped
+from omnilive.engines.minicpmo.sessions.whisper_batch import (
     PREFIX_EXTRA_FRAMES,
     SUFFIX_EXTRA_FRAMES,
     AudioChunk,
@@ -32,7 +32,7 @@ from omnilive.engines.minicpmo.whisper_batch import (
 )
 
 if TYPE_CHECKING:
-    from omnilive.engines.minicpmo.slot_model import SharedModel
+    from omnilive.engines.minicpmo.sessions.shared import SharedModel
 
 SAMPLE_RATE = 16_000
 UNIT_KEY = "unit"  # the encoders' lane's gather key for encode_units
@@ -185,7 +185,7 @@ def audio_embeddings_together(
     shared: SharedModel, items: list[tuple[AudioStream, Any]]
 ) -> list[torch.Tensor]:
     """:func:`audio_embeddings` of every (stream, feature) at once
-    (:mod:`~omnilive.engines.minicpmo.whisper_batch`; one by one through the
+    (:mod:`~omnilive.engines.minicpmo.sessions.whisper_batch`; one by one through the
     model code where that does not restate the model's encoder)."""
     model = shared.model
     if not batchable(model):

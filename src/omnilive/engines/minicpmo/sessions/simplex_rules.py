@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from omnilive.engines.base import GenerationOptions
-from omnilive.engines.minicpmo.unit_rules import draw, kept_count
+from omnilive.engines.minicpmo.sessions.unit_rules import draw, kept_count
 
 # The punctuation the published code never lets an answer say.
 FORBIDDEN_TEXT = ":：；#“”‘’@*【】「」()（）[]&/$"

@@ -1,7 +1,7 @@
 """What runs a tick's plan on the model (:class:`Executor`) and what drives
 the decoding programs through their steps (:class:`Driver`), both on the
-batch loop's thread; :mod:`~omnilive.engines.minicpmo.batch_plan` decides
-what a tick holds, :mod:`~omnilive.engines.minicpmo.batch_loop` ties them.
+batch loop's thread; :mod:`~omnilive.engines.minicpmo.runtime.plan` decides
+what a tick holds, :mod:`~omnilive.engines.minicpmo.runtime.loop` ties them.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from typing import Any
 
 import torch
 
-from omnilive.engines.minicpmo.batch import BatchedSteps, StepResult
-from omnilive.engines.minicpmo.batch_graphs import SHORT_STEP, GraphCache
-from omnilive.engines.minicpmo.batch_plan import Call, Forward, Limits, ProgramRun, fits
-from omnilive.engines.minicpmo.programs import Step, run_picks
+from omnilive.engines.minicpmo.runtime.batch import BatchedSteps, StepResult
+from omnilive.engines.minicpmo.runtime.graphs import SHORT_STEP, GraphCache
+from omnilive.engines.minicpmo.runtime.plan import Call, Forward, Limits, ProgramRun, fits
+from omnilive.engines.minicpmo.runtime.programs import Step, run_picks
 
 log = logging.getLogger(__name__)
 

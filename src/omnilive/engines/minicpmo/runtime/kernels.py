@@ -1,4 +1,4 @@
-"""Triton kernels of :mod:`omnilive.engines.minicpmo.fused_decoder`: what a
+"""Triton kernels of :mod:`omnilive.engines.minicpmo.runtime.fused_decoder`: what a
 decoder layer does between its matrix products, a few launches instead of
 dozens.
 
@@ -49,8 +49,7 @@ SPLITS = 8
 if AVAILABLE:
 
     @triton.jit
-    def _rms_norm_kernel(X, R, W, Y, RES, n, eps, HAS_RESIDUAL: tl.constexpr,
-                         BLOCK: tl.constexpr):  # fmt: skip
+    def _rms_norm_kernel(X, R, W, Y, RES, n, eps, HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
         row = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
         inside = cols < n
@@ -69,10 +68,27 @@ if AVAILABLE:
 
     @triton.jit
     def _qk_rope_write_kernel(
-        QKV, COS, SIN, QW, KW, Q, KC, VC, ROWS, WRITE, eps,
-        L, stride_qkv, stride_slot, stride_head, stride_col,
-        HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, HAS_NORM: tl.constexpr,
-    ):  # fmt: skip
+        QKV,
+        COS,
+        SIN,
+        QW,
+        KW,
+        Q,
+        KC,
+        VC,
+        ROWS,
+        WRITE,
+        eps,
+        L,
+        stride_qkv,
+        stride_slot,
+        stride_head,
+        stride_col,
+        HQ: tl.constexpr,
+        HK: tl.constexpr,
+        D: tl.constexpr,
+        HAS_NORM: tl.constexpr,
+    ):
         token = tl.program_id(0)  # b * L + i
         head = tl.program_id(1)  # query heads, then key heads, then value heads
         half = tl.arange(0, D // 2)
@@ -136,12 +152,28 @@ if AVAILABLE:
 
     @triton.jit
     def _attention_split_kernel(
-        Q, KC, VC, ROWS, LIMIT, PART_ACC, PART_M, PART_L, scale,
-        stride_slot, stride_head, stride_col,
-        L: tl.constexpr, HQ: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
-        BLOCKS: tl.constexpr, PRECISION: tl.constexpr,
-    ):  # fmt: skip
+        Q,
+        KC,
+        VC,
+        ROWS,
+        LIMIT,
+        PART_ACC,
+        PART_M,
+        PART_L,
+        scale,
+        stride_slot,
+        stride_head,
+        stride_col,
+        L: tl.constexpr,
+        HQ: tl.constexpr,
+        G: tl.constexpr,
+        D: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        SPLITS: tl.constexpr,
+        BLOCKS: tl.constexpr,
+        PRECISION: tl.constexpr,
+    ):
         b = tl.program_id(0)
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
@@ -172,8 +204,11 @@ if AVAILABLE:
             if first < seen:
                 cols = first + tl.arange(0, BLOCK_N)
                 inside = cols < seen
-                k = tl.load(k_base + cols[None, :] * stride_col + dims[:, None],
-                            mask=inside[None, :], other=0.0)  # fmt: skip
+                k = tl.load(
+                    k_base + cols[None, :] * stride_col + dims[:, None],
+                    mask=inside[None, :],
+                    other=0.0,
+                )
                 scores = tl.dot(q, k.to(tl.float32), input_precision=PRECISION) * scale
                 scores = tl.where(cols[None, :] <= limit[:, None], scores, float("-inf"))
                 m_new = tl.maximum(m_i, tl.max(scores, axis=1))
@@ -181,8 +216,11 @@ if AVAILABLE:
                 p = tl.exp(scores - m_safe[:, None])
                 alpha = tl.exp(m_i - m_safe)
                 l_i = l_i * alpha + tl.sum(p, axis=1)
-                v = tl.load(v_base + cols[:, None] * stride_col + dims[None, :],
-                            mask=inside[:, None], other=0.0)  # fmt: skip
+                v = tl.load(
+                    v_base + cols[:, None] * stride_col + dims[None, :],
+                    mask=inside[:, None],
+                    other=0.0,
+                )
                 acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision=PRECISION)
                 m_i = m_new
         part = (b * tl.num_programs(1) + kv_head) * SPLITS + split
@@ -192,10 +230,17 @@ if AVAILABLE:
 
     @triton.jit
     def _attention_merge_kernel(
-        PART_ACC, PART_M, PART_L, OUT,
-        L: tl.constexpr, HQ: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
-        BLOCK_M: tl.constexpr, SPLITS: tl.constexpr,
-    ):  # fmt: skip
+        PART_ACC,
+        PART_M,
+        PART_L,
+        OUT,
+        L: tl.constexpr,
+        HQ: tl.constexpr,
+        G: tl.constexpr,
+        D: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        SPLITS: tl.constexpr,
+    ):
         b = tl.program_id(0)
         kv_head = tl.program_id(1)
         r = tl.arange(0, BLOCK_M)
@@ -231,9 +276,17 @@ def rms_norm(
     summed = torch.empty_like(x) if residual is not None else x
     block = triton.next_power_of_2(n)
     _rms_norm_kernel[(rows,)](
-        x, residual if residual is not None else x, weight, y, summed, n, eps,
-        HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=4 if block <= 4096 else 8,
-    )  # fmt: skip
+        x,
+        residual if residual is not None else x,
+        weight,
+        y,
+        summed,
+        n,
+        eps,
+        HAS_RESIDUAL=residual is not None,
+        BLOCK=block,
+        num_warps=4 if block <= 4096 else 8,
+    )
     return y, summed
 
 
@@ -259,11 +312,27 @@ def qk_rope_write(
     keys, values = caches
     q_weight, k_weight, eps = norms if norms is not None else (qkv, qkv, 0.0)
     _qk_rope_write_kernel[(tokens, hq + 2 * hk)](
-        qkv, cos.contiguous(), sin.contiguous(), q_weight, k_weight, q, keys, values,
-        rows, write.contiguous(), eps, length, qkv.stride(0),
-        keys.stride(0), keys.stride(1), keys.stride(2),
-        HQ=hq, HK=hk, D=d, HAS_NORM=norms is not None,
-    )  # fmt: skip
+        qkv,
+        cos.contiguous(),
+        sin.contiguous(),
+        q_weight,
+        k_weight,
+        q,
+        keys,
+        values,
+        rows,
+        write.contiguous(),
+        eps,
+        length,
+        qkv.stride(0),
+        keys.stride(0),
+        keys.stride(1),
+        keys.stride(2),
+        HQ=hq,
+        HK=hk,
+        D=d,
+        HAS_NORM=norms is not None,
+    )
     return q
 
 
@@ -303,14 +372,39 @@ def decode_attention(
     part_acc = torch.empty(batch, hk, splits, block_m, d, dtype=torch.float32, device=q.device)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     _attention_split_kernel[(batch, hk, splits)](
-        q, keys, values, rows, limit, part_acc, part_m, part_l, scale,
-        keys.stride(0), keys.stride(1), keys.stride(2),
-        L=length, HQ=hq, G=group, D=d, BLOCK_M=block_m, BLOCK_N=BLOCK_COLUMNS, SPLITS=splits,
-        BLOCKS=blocks, PRECISION=precision,
-    )  # fmt: skip
+        q,
+        keys,
+        values,
+        rows,
+        limit,
+        part_acc,
+        part_m,
+        part_l,
+        scale,
+        keys.stride(0),
+        keys.stride(1),
+        keys.stride(2),
+        L=length,
+        HQ=hq,
+        G=group,
+        D=d,
+        BLOCK_M=block_m,
+        BLOCK_N=BLOCK_COLUMNS,
+        SPLITS=splits,
+        BLOCKS=blocks,
+        PRECISION=precision,
+    )
     out = torch.empty_like(q)
     _attention_merge_kernel[(batch, hk)](
-        part_acc, part_m, part_l, out,
-        L=length, HQ=hq, G=group, D=d, BLOCK_M=block_m, SPLITS=splits,
-    )  # fmt: skip
+        part_acc,
+        part_m,
+        part_l,
+        out,
+        L=length,
+        HQ=hq,
+        G=group,
+        D=d,
+        BLOCK_M=block_m,
+        SPLITS=splits,
+    )
     return out

@@ -46,7 +46,7 @@ from typing import Any, TypeVar
 import torch
 
 from omnilive.engines.job_queue import Job, JobQueue
-from omnilive.engines.minicpmo.batch_graphs import CAPTURE_LOCK
+from omnilive.engines.minicpmo.runtime.graphs import CAPTURE_LOCK
 
 T = TypeVar("T")
 

@@ -21,7 +21,7 @@ from omnilive.engines.base import (
     PrefillStats,
 )
 from omnilive.engines.minicpmo.content import VoiceFile, image_of
-from omnilive.engines.minicpmo.host import (
+from omnilive.engines.minicpmo.reference.host import (
     Flavour,
     ModelHost,
     View,

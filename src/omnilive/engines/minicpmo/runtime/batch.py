@@ -30,7 +30,7 @@ per-step value lives in the :class:`StepPlan` tensors (copied into static ones
 before a replay) and a plan's shapes depend only on those three. A plan can
 be padded up to such a bucket: ``rows`` beyond the requests are *empty rows*
 (no slot's positions, see :meth:`BatchedSteps.plan`), ``length`` beyond the
-longest request pads every row; :mod:`omnilive.engines.minicpmo.batch_graphs`
+longest request pads every row; :mod:`omnilive.engines.minicpmo.runtime.graphs`
 keeps the graphs. A *prefix* plan puts each request on the row of its own
 slot and covers slots ``0 .. rows - 1`` with one view of the buffers, no
 gather: the other rows of the prefix are empty rows.
@@ -46,7 +46,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 from transformers.cache_utils import Cache
 
-from omnilive.engines.minicpmo.slot_attention import (
+from omnilive.engines.minicpmo.runtime.attention import (
     SLOT_ATTENTION,
     attention_named,
     register_attention,
@@ -76,7 +76,7 @@ class StepRequest(NamedTuple):
 class StepResult:
     """The last new position's hidden state ``[hidden]`` (after the final
     norm) and, with a head, its logits ``[vocab]``; for a program's step
-    with a pick, the pick's value (:mod:`~omnilive.engines.minicpmo.programs`)."""
+    with a pick, the pick's value (:mod:`~omnilive.engines.minicpmo.runtime.programs`)."""
 
     slot: int
     hidden: torch.Tensor
@@ -286,7 +286,7 @@ class BatchedSteps:
     model's own (for comparisons: transformers' copies included).
     ``embedding`` is the table token ids go through (default: the backbone's
     input embeddings; the speech LM's tokens have a table of their own).
-    ``decoder`` (a :class:`~omnilive.engines.minicpmo.fused_decoder.FusedDecoder`
+    ``decoder`` (a :class:`~omnilive.engines.minicpmo.runtime.fused_decoder.FusedDecoder`
     of ``backbone``) runs the forwards instead of the backbone's own code."""
 
     def __init__(
@@ -442,7 +442,7 @@ class BatchedSteps:
         but does not count them (:meth:`SlotCache.commit` does).
 
         This is what a CUDA graph per batch-size bucket, step length and width
-        bucket captures (:class:`~omnilive.engines.minicpmo.batch_graphs.GraphCache`),
+        bucket captures (:class:`~omnilive.engines.minicpmo.runtime.graphs.GraphCache`),
         over a plan whose tensors are copied in before each replay: padded with
         empty rows, and either a prefix of the slots (one view of the buffers)
         or read through the gather (``index_select`` in :meth:`SlotCache.update`),

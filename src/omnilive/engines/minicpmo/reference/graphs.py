@@ -211,8 +211,9 @@ class StepGraphs:
         self.captures += 1
         self.capture_ms += elapsed_ms
         self.graphs[length] = graph
-        log.info("%s step graphs: captured a %d-position step in %.0f ms", self.name, length,
-                 elapsed_ms)  # fmt: skip
+        log.info(
+            "%s step graphs: captured a %d-position step in %.0f ms", self.name, length, elapsed_ms
+        )
         return graph
 
 
@@ -368,8 +369,14 @@ def install_causal_lm_graphs(llm: Any, graphs: StepGraphs) -> None:
     eager = getattr(llm, "_omnilive_eager_forward", llm.forward)
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
-    accepted = {"inputs_embeds", "past_key_values", "use_cache", "output_hidden_states",
-                "output_attentions", "return_dict"}  # fmt: skip
+    accepted = {
+        "inputs_embeds",
+        "past_key_values",
+        "use_cache",
+        "output_hidden_states",
+        "output_attentions",
+        "return_dict",
+    }
 
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         embeds = kwargs.get("inputs_embeds")

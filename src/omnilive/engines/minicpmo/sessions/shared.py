@@ -5,7 +5,6 @@ shared module's state for the length of a call."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -13,12 +12,12 @@ from typing import Any
 
 import torch
 
-from omnilive.engines.minicpmo.batch import BatchedSteps, SlotCache
-from omnilive.engines.minicpmo.batch_loop import BatchLoop
 from omnilive.engines.minicpmo.content import KeptVoices
-from omnilive.engines.minicpmo.fused_decoder import FusedDecoder
-from omnilive.engines.minicpmo.side_lane import SideLane
-from omnilive.engines.minicpmo.unit_rules import DuplexVocab, UnitRules
+from omnilive.engines.minicpmo.runtime.batch import BatchedSteps, SlotCache
+from omnilive.engines.minicpmo.runtime.fused_decoder import FusedDecoder
+from omnilive.engines.minicpmo.runtime.lanes import SideLane
+from omnilive.engines.minicpmo.runtime.loop import BatchLoop
+from omnilive.engines.minicpmo.sessions.unit_rules import DuplexVocab, UnitRules
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +81,7 @@ class SharedModel:
         """The vocoder's chunk runner (one per model: its graphs are shared),
         made at the first use (on the side lane)."""
         if self.vocoder is None:
-            from omnilive.engines.minicpmo.vocoder import runner_for
+            from omnilive.engines.minicpmo.sessions.vocoder import runner_for
 
             self.vocoder = runner_for(self.model.tts.audio_tokenizer)
         return self.vocoder
@@ -199,30 +198,3 @@ def fused_decoder(backbone: Any) -> FusedDecoder | None:
     except ValueError as exc:  # a decoder it does not run
         log.warning("batched steps run the model's own forward: %s", exc)
         return None
-
-
-def clone_tensors(value: Any) -> Any:
-    """A deep copy of the tensors in nested dicts, lists and tuples (a vocoder
-    cache): the session's own, untouched by another session's steps."""
-    if isinstance(value, torch.Tensor):
-        return value.clone()
-    if isinstance(value, dict):
-        return {key: clone_tensors(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(clone_tensors(item) for item in value)
-    return value
-
-
-@contextlib.contextmanager
-def swapped(target: Any, values: dict[str, Any]) -> Any:
-    """Set ``target``'s attributes to ``values`` for the block, then take the
-    (possibly replaced) values back into ``values`` and restore ``target``'s."""
-    saved = {name: getattr(target, name, None) for name in values}
-    for name, value in values.items():
-        setattr(target, name, value)
-    try:
-        yield values
-    finally:
-        for name in values:
-            values[name] = getattr(target, name, None)
-            setattr(target, name, saved[name])

@@ -1,5 +1,5 @@
 """Attention over the K/V buffers of many sessions' slots, for
-:mod:`omnilive.engines.minicpmo.batch`: registered with transformers under
+:mod:`omnilive.engines.minicpmo.runtime.batch`: registered with transformers under
 its own names and selected only for the duration of a batched step."""
 
 from __future__ import annotations

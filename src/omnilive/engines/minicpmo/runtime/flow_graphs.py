@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from omnilive.engines.minicpmo.batch_graphs import CAPTURE_LOCK
+from omnilive.engines.minicpmo.runtime.graphs import CAPTURE_LOCK
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from omnilive.engines.job_queue import Job
 if TYPE_CHECKING:
     import torch
 
-    from omnilive.engines.minicpmo.programs import Pick, Program
+    from omnilive.engines.minicpmo.runtime.programs import Pick, Program
 
 
 @dataclass(eq=False, kw_only=True)

@@ -75,8 +75,9 @@ def encode_together(model: Any, chunks: list[AudioChunk]) -> list[Encoded]:
         groups.setdefault((int(chunk.features.shape[-1]), chunk.prefix_frames), []).append(index)
     with torch.no_grad():
         for indices in groups.values():
-            for index, result in zip(indices, _encode([chunks[i] for i in indices], model),
-                                     strict=True):  # fmt: skip
+            for index, result in zip(
+                indices, _encode([chunks[i] for i in indices], model), strict=True
+            ):
                 done[index] = result
     return [result for result in done if result is not None]
 
@@ -90,10 +91,11 @@ def _encode(chunks: list[AudioChunk], model: Any) -> list[Encoded]:
     # The model code starts a cache over when this chunk would reach the end
     # of the position table (30 s of audio), before it runs.
     caches = [
-        chunk.cache if chunk.cache is not None and chunk.cache.length + frames < table.shape[0]
+        chunk.cache
+        if chunk.cache is not None and chunk.cache.length + frames < table.shape[0]
         else None
         for chunk in chunks
-    ]  # fmt: skip
+    ]
     hidden = torch.nn.functional.gelu(apm.conv1(features))
     hidden = torch.nn.functional.gelu(apm.conv2(hidden))
     prefix = chunks[0].prefix_frames

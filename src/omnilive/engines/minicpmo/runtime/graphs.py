@@ -1,4 +1,5 @@
-"""CUDA graphs of :meth:`BatchedSteps.run <omnilive.engines.minicpmo.batch.BatchedSteps.run>`,
+"""CUDA graphs of
+:meth:`BatchedSteps.run <omnilive.engines.minicpmo.runtime.batch.BatchedSteps.run>`,
 one per (batch-size bucket, step-length bucket, width bucket), captured on
 first use and replayed by every later step of that shape.
 
@@ -38,7 +39,7 @@ from typing import Any
 
 import torch
 
-from omnilive.engines.minicpmo.batch import BatchedSteps, StepPlan, StepRequest, StepResult
+from omnilive.engines.minicpmo.runtime.batch import BatchedSteps, StepPlan, StepRequest, StepResult
 
 STEP_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
@@ -82,9 +83,14 @@ class StepGraph:
     """One captured (or, off CUDA, simulated) ``steps.run`` over static inputs."""
 
     def __init__(
-        self, steps: BatchedSteps, plan: StepPlan, embeds: torch.Tensor, *, capture: bool,
+        self,
+        steps: BatchedSteps,
+        plan: StepPlan,
+        embeds: torch.Tensor,
+        *,
+        capture: bool,
         pool: Any = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.steps = steps
         # Static inputs: this graph's own tensors, which every replay reads.
         self.plan = replace(plan, **{name: getattr(plan, name).clone() for name in _PLAN_TENSORS})

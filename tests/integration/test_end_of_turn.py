@@ -1,0 +1,85 @@
+"""Turn-taking by meaning (issue 34): the Smart Turn v3 model on spoken turns,
+and half-duplex sessions whose turns it ends before the silence rule would.
+
+The turns are spoken by the cascade's Piper voice; a turn "with a pause" is
+a sentence spoken with a comma where the speaker stops, cut at that pause.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from omnilive.audio import INPUT_RATE, OUTPUT_RATE, resample
+from omnilive.end_of_turn import SmartTurn
+from omnilive.engines.cascade.piper import PiperVoice, packaged_voice
+from tests.clients import open_client
+from tests.servers import Server
+from tests.speech import chunks_b64, silence
+
+COMPLETE = "Which animal is the largest on our planet?"
+PAUSED = "So I was thinking, that we could go out."  # cut at the comma's pause
+
+
+@pytest.fixture(scope="module")
+def voice() -> PiperVoice:
+    piper = PiperVoice(packaged_voice(), threads=2)
+    piper.load()
+    return piper
+
+
+def spoken(voice: PiperVoice, text: str) -> np.ndarray:
+    return resample(voice.synthesize(text), OUTPUT_RATE, INPUT_RATE)
+
+
+def up_to_the_pause(speech: np.ndarray) -> np.ndarray:
+    """The speech before its longest quiet stretch (20 ms frames)."""
+    frame = 320
+    loud = np.array([np.abs(speech[i : i + frame]).max() > 0.02 for i in
+                     range(0, speech.size - frame, frame)])  # fmt: skip
+    voiced = np.nonzero(loud)[0]
+    best, start = (0, 0), None
+    for i in range(voiced[0], voiced[-1]):
+        if loud[i]:
+            start = None
+            continue
+        start = i if start is None else start
+        if i - start + 1 > best[1]:
+            best = (start, i - start + 1)
+    assert best[1] >= 5, "the comma made no pause"
+    return speech[: best[0] * frame]
+
+
+def test_the_model_tells_a_finished_turn_from_a_paused_one(voice: PiperVoice):
+    model = SmartTurn.load(None)
+    tail = silence(0.2)
+    finished = model.probability(np.concatenate([spoken(voice, COMPLETE), tail]))
+    paused = model.probability(np.concatenate([up_to_the_pause(spoken(voice, PAUSED)), tail]))
+    assert finished > 0.8 > 0.3 > paused, (finished, paused)
+
+
+async def turn_ends(server: Server, speech: np.ndarray, wait_s: float = 4.0) -> bool:
+    """Whether a half-duplex turn of ``speech`` followed by 0.5 s of silence
+    ends; no audio comes after it, so the 800 ms silence rule alone never
+    ends it."""
+    client = await open_client(server)
+    await client.prepare("Be brief.", config={"vad": {"min_silence_duration_ms": 800}})
+    audio = np.concatenate([silence(0.6), speech, silence(0.5)])
+    for chunk in chunks_b64(audio, seconds=0.1):
+        await client.send({"type": "audio_chunk", "audio_base64": chunk})
+        await asyncio.sleep(0.01)
+    try:
+        await client.until("generating", timeout=wait_s)
+    except TimeoutError:
+        return False
+    return True
+
+
+async def test_a_finished_turn_is_answered_before_the_silence_rule(server, voice):
+    assert await turn_ends(server, spoken(voice, COMPLETE))
+
+
+async def test_a_paused_turn_waits_for_the_silence_rule(server, voice):
+    assert not await turn_ends(server, up_to_the_pause(spoken(voice, PAUSED)))
