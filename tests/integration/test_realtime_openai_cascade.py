@@ -40,15 +40,16 @@ VOICE_SESSION = {
 }
 
 
-def stream_speech(connection, speech: np.ndarray):
-    """The speech as a microphone sends it: 100 ms pieces of audio/pcm."""
+def stream_speech(connection, speech: np.ndarray, pause_s: float = 0.02):
+    """The speech as 100 ms pieces of audio/pcm, ``pause_s`` apart (0.1: as a
+    microphone sends them)."""
     encoded = pcm24(speech)
     step = 6400  # 100 ms of 24 kHz 16-bit audio, base64
 
     async def send() -> None:
         for start in range(0, len(encoded), step):
             await connection.input_audio_buffer.append(audio=encoded[start : start + step])
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(pause_s)
 
     return send()
 
@@ -217,3 +218,26 @@ async def test_a_side_whisper_transcribes_for_an_engine_that_does_not(tmp_path: 
         assert "capital" in heard.transcript.lower()
     finally:
         server.stop()
+
+
+async def test_semantic_vad_judges_the_turn_by_meaning(cascade: Server):
+    """``semantic_vad`` with low eagerness waits 1.2 s of silence, unless the
+    worker's end-of-turn model finds the question finished sooner."""
+    session = {
+        "type": "realtime",
+        "audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "low"}}},
+    }
+    question = "What is the weather in Paris?"  # the model finds it finished (p ~ 0.98)
+    speech = np.concatenate([silence(0.6), speak(question), silence(2.0)])
+    async with connect(cascade) as connection:
+        await until(connection, "session.created")
+        await connection.session.update(session=session)
+        updated, _ = await until(connection, "session.updated")
+        assert updated.session.audio.input.turn_detection.type == "semantic_vad"
+        sender = asyncio.ensure_future(stream_speech(connection, speech, pause_s=0.1))
+        stopped, _ = await until(connection, "input_audio_buffer.speech_stopped", timeout=60)
+        done, _ = await until(connection, "response.done", timeout=120)
+        await sender
+    spoken_ms = (0.6 + speak(question).size / 16_000) * 1000
+    assert stopped.audio_end_ms - spoken_ms < 1200  # judged before the silence rule
+    assert done.response.status == "completed"

@@ -14,6 +14,7 @@ Events leave in the dialect's shapes (``presenter_openai.py``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -35,6 +36,7 @@ from omnilive.protocol.openai_realtime import (
     ResponseCancel,
     ResponseCreate,
     ResponseParams,
+    SemanticVad,
     SessionConfig,
     SessionUpdate,
     error_event,
@@ -42,7 +44,7 @@ from omnilive.protocol.openai_realtime import (
     server_event,
     session_object,
 )
-from omnilive.vad import SileroModel, SpeechEnded, SpeechStarted, StreamingVad
+from omnilive.vad import SileroModel, SpeechEnded, SpeechStarted, StreamingVad, TurnCheck
 from omnilive.worker.conversation_items import Conversation, client_item
 from omnilive.worker.machines import conversation as rules
 from omnilive.worker.machines.conversation import ConversationMachine
@@ -55,7 +57,7 @@ from omnilive.worker.presenter_openai import (
     speech_started,
     transcription,
 )
-from omnilive.worker.runners.hearing import EarlyHearing
+from omnilive.worker.runners.hearing import EarlyHearing, end_check_ms, judged_end
 from omnilive.worker.runners.responses import Responses
 from omnilive.worker.runners.streaming import StreamingRunner, Work
 
@@ -245,10 +247,17 @@ class ConversationRunner(Responses, StreamingRunner):
             await self._error(OpenAIError("unsupported", str(exc), param, client_event_id))
 
     async def _new_vad(self) -> None:
+        """The server VAD turn detection asks for; ``semantic_vad`` also has
+        the worker's end-of-turn model judge each short silence, where it has
+        one (else silence alone decides, by eagerness)."""
         config = rules.vad_config(self.config)
-        self.vad = (
-            None if config is None else StreamingVad(await asyncio.to_thread(SileroModel), config)
-        )
+        if config is None:
+            self.vad = None
+            return
+        if isinstance(self.config.audio.input.turn_detection, SemanticVad):
+            check = await end_check_ms(self.runtime, config.min_silence_duration_ms)
+            config = dataclasses.replace(config, end_check_ms=check)
+        self.vad = StreamingVad(await asyncio.to_thread(SileroModel), config)
 
     # --- input audio -----------------------------------------------------------------------
 
@@ -268,20 +277,27 @@ class ConversationRunner(Responses, StreamingRunner):
         for vad_event in self.vad.feed(samples):
             if isinstance(vad_event, SpeechStarted):
                 await self._speech_started(start_ms)
+            elif isinstance(vad_event, TurnCheck):
+                self.spawn("end-of-turn", self._judge_turn(vad_event))
             elif isinstance(vad_event, SpeechEnded):
-                item = self._speech_item or item_id()
-                self._speech_item = None
-                await self.send(
-                    server_event(
-                        "input_audio_buffer.speech_stopped",
-                        audio_end_ms=round(self.heard_ms),
-                        item_id=item,
-                    )
-                )
-                await self._commit_speech(vad_event.segment, item)
+                await self._speech_ended(vad_event.segment)
                 return
         if self.vad.speaking and not self._answering:
             self.hearing.want(self.vad.speech_so_far, self.vad.paused)
+
+    async def _judge_turn(self, check: TurnCheck) -> None:
+        """``semantic_vad``: a turn the model finds finished ends now."""
+        ended = await judged_end(self.runtime, self.vad, check)
+        if isinstance(ended, SpeechEnded):
+            await self._speech_ended(ended.segment)
+
+    async def _speech_ended(self, speech: np.ndarray) -> None:
+        new_id, self._speech_item = self._speech_item or item_id(), None
+        stopped = server_event(
+            "input_audio_buffer.speech_stopped", audio_end_ms=round(self.heard_ms), item_id=new_id
+        )
+        await self.send(stopped)
+        await self._commit_speech(speech, new_id)
 
     async def _speech_started(self, at_ms: float) -> None:
         detection = self.config.audio.input.turn_detection

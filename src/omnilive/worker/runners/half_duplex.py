@@ -64,7 +64,7 @@ from omnilive.vad import (
 from omnilive.worker.decode import DecodeError, load_stored_voice
 from omnilive.worker.machines.half_duplex import HalfDuplexMachine
 from omnilive.worker.machines.session import Ended
-from omnilive.worker.runners.hearing import EarlyHearing
+from omnilive.worker.runners.hearing import EarlyHearing, end_check_ms, judged_end
 from omnilive.worker.runners.streaming import StreamingRunner, Work
 
 log = logging.getLogger(__name__)
@@ -212,7 +212,7 @@ class HalfDuplexRunner(StreamingRunner):
             min_silence_duration_ms=config.vad.min_silence_duration_ms,
             speech_pad_ms=config.vad.speech_pad_ms,
             ignore_initial_ms=COLD_START_MS,
-            end_check_ms=await self._end_check_ms(config.vad.min_silence_duration_ms),
+            end_check_ms=await end_check_ms(self.runtime, config.vad.min_silence_duration_ms),
         )
         self.vad = StreamingVad(await asyncio.to_thread(SileroModel), vad_config)
         try:
@@ -284,23 +284,10 @@ class HalfDuplexRunner(StreamingRunner):
 
     # --- turn-taking by meaning ------------------------------------------------------
 
-    async def _end_check_ms(self, min_silence_ms: int) -> int | None:
-        """When to ask the end-of-turn model, if the worker has one (and the
-        session's silence rule is not already that short)."""
-        judge = self.runtime.turn_judge
-        if judge is None or not await judge.ready():
-            return None
-        check_ms = judge.settings.check_after_ms
-        return check_ms if check_ms < min_silence_ms else None
-
     async def _judge_turn(self, check: TurnCheck) -> None:
         """A finished turn is answered now; an unfinished one waits for the
-        silence rule. The user may have gone on speaking meanwhile: then
-        ``end_now`` finds that silence over and nothing happens."""
-        judge = self.runtime.turn_judge
-        if judge is None or not await judge.complete(check.speech) or self.vad is None:
-            return
-        ended = self.vad.end_now(check.pause)
+        silence rule."""
+        ended = await judged_end(self.runtime, self.vad, check)
         if isinstance(ended, SpeechEnded):
             await self._speech_ended(ended)
         elif isinstance(ended, SpeechDiscarded):

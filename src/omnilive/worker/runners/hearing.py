@@ -1,8 +1,9 @@
-"""Early work while the user speaks, for the runners with server VAD: the
-speech so far goes to the engine's optional ``hear`` step (a transcript, an
-answer started at a pause), with at most one such step in flight and the
-newest request winning. Early work is optional: an engine error in it is
-logged, and the turn's prefill does the work again."""
+"""What the runners with server VAD share while the user speaks: early work
+(the speech so far goes to the engine's optional ``hear`` step: a
+transcript, an answer started at a pause, with at most one such step in
+flight and the newest request winning; optional, so an engine error in it
+is logged and the turn's prefill does the work again), and turn-taking by
+meaning (the worker's end-of-turn model judges a short silence)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from omnilive.engines.base import EngineError, HalfDuplexSession
+from omnilive.vad import StreamingVad, TurnCheck, VadEvent
 from omnilive.worker.runtime import SessionRecord, WorkerRuntime
 
 log = logging.getLogger(__name__)
@@ -55,3 +57,28 @@ class EarlyHearing:
         if self._task is not None:
             task, self._task = self._task, None
             await asyncio.wait([task])
+
+
+# --- turn-taking by meaning (the worker's end-of-turn model) -----------------------------
+
+
+async def end_check_ms(runtime: WorkerRuntime, min_silence_ms: int) -> int | None:
+    """When to ask the end-of-turn model, if the worker has one (and the
+    session's silence rule is not already that short)."""
+    judge = runtime.turn_judge
+    if judge is None or not await judge.ready():
+        return None
+    check_ms = judge.settings.check_after_ms
+    return check_ms if check_ms < min_silence_ms else None
+
+
+async def judged_end(
+    runtime: WorkerRuntime, vad: StreamingVad | None, check: TurnCheck
+) -> VadEvent | None:
+    """The end of a turn the model finds finished (``SpeechEnded``, or
+    ``SpeechDiscarded`` if too short); None while it is not, or when the user
+    has gone on speaking meanwhile (``end_now`` finds that silence over)."""
+    judge = runtime.turn_judge
+    if judge is None or vad is None or not await judge.complete(check.speech):
+        return None
+    return vad.end_now(check.pause)
