@@ -135,7 +135,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     questions = [q for q in QUESTIONS if 2.0 <= speak(q).size / RATE <= 5.0][: args.questions]
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        server = Server(Path(tmp), engine=args.engine).start()
+        # Both dialects end turns by the same silence rule: the end-of-turn
+        # model (half-duplex's default; the GA dialect's semantic_vad) is off.
+        env = {"OMNILIVE_END_OF_TURN__ENABLED": "false"}
+        server = Server(Path(tmp), engine=args.engine, env=env).start()
         try:
             await server.wait_ready(timeout=300, workers=1)
             # One session at a time (the engine has one slot), in alternating order.

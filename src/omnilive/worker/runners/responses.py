@@ -139,6 +139,7 @@ class Responses:
             failed = f"the response failed: {exc}"
             await self.send(error_event("inference_error", failed, kind="server_error"))
         finally:
+            log.info("response %s %s: %s", presenter.id, status, session.turn_timings)
             await self._finish(params, presenter, status, reason, out_tokens)
             if out_of_band:  # the engine's context holds what the conversation does not
                 self.conversation.dirty = True
