@@ -1,10 +1,18 @@
 """How fast the embedded cascade answers a spoken question, end to end.
 
 Starts ``omnilive serve --engine cascade`` on free ports, opens one half-duplex
-session and plays spoken questions (made with espeak-ng, 2–5 s each) at
-real-time pace, the way a microphone delivers them: the chunk holding audio
-[k·c, (k+1)·c) is sent at t0 + (k+1)·c. The client stops sending while the
-answer is generated and resumes after it, as the spec prescribes.
+session and plays spoken questions (2–5 s each, spoken by the cascade's Piper
+voice, or espeak-ng with ``--speaker espeak``) at real-time pace, the way a
+microphone delivers them: the chunk holding audio [k·c, (k+1)·c) is sent at
+t0 + (k+1)·c. The client stops sending while the answer is generated and
+resumes after it, as the spec prescribes.
+
+With ``--end-of-turn both`` (the default) it runs twice in one invocation,
+with the semantic end-of-turn model and with the silence rule alone, and also
+plays turns with a mid-sentence pause of 0.5–1.0 s ("I would like to book a
+table for… four people tonight", spoken with a comma and the pause
+stretched): a turn the server ends before the speaker finished is a
+premature cut-in.
 
 For each question it records, relative to the moment the speech ended:
   vad_ms      when the server said the user stopped (``vad_state{speaking:false}``)
@@ -14,6 +22,7 @@ sentence, TTS of the first sentence). It prints median and p90 and saves
 everything as JSON under benchmarks/results/.
 
     python -m benchmarks.cascade_latency [--chunk-s 0.1] [--min-silence-ms 800]
+        [--end-of-turn both|on|off] [--speaker piper|espeak]
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ from typing import Any
 
 import numpy as np
 from tests.servers import Server
-from tests.speech import silence, speak
+from tests.speech import longest_pause, silence, speak, speak_piper
 from websockets.asyncio.client import connect
 
 from benchmarks.microphone import RATE, Microphone, spoken_turn
@@ -52,7 +61,30 @@ QUESTIONS = [
     "I am planning a trip to Japan next month, what should I pack for it?",
     "My friend has a birthday on Saturday, what present do you think she would like?",
 ]
+# Turns with a pause where the comma is (stretched to 0.5-1.0 s): not finished there.
+PAUSED_TURNS = [
+    "I would like to book a table for, four people tonight.",
+    "Can you tell me about the, history of Rome?",
+    "I need to buy some, milk and bread for breakfast.",
+    "What do you think about, the new movie with the robots?",
+    "Could you please remind me to, call my mother tomorrow?",
+    "My favourite colour is, dark blue like the sea.",
+    "I was wondering if, you could help me with my homework.",
+    "The weather today is, really nice for a walk.",
+    "Please set an alarm for, seven in the morning.",
+    "I want to learn how to, play the guitar this year.",
+]
 RESULTS = Path(__file__).parent / "results"
+
+
+def speaker(name: str) -> Any:
+    return speak_piper if name == "piper" else speak
+
+
+def with_pause(speech: np.ndarray, pause_s: float) -> np.ndarray:
+    """``speech`` with its longest inner pause stretched to ``pause_s``."""
+    start, end = longest_pause(speech)
+    return np.concatenate([speech[:start], silence(pause_s), speech[end:]])
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -67,8 +99,7 @@ def summary(values: list[float]) -> dict[str, float]:
     }
 
 
-async def ask(ws: Any, mic: Microphone, question: str) -> dict[str, Any]:
-    speech = speak(question)
+async def ask(ws: Any, mic: Microphone, question: str, speech: np.ndarray) -> dict[str, Any]:
     turn = await spoken_turn(ws, mic, speech)
     timings = turn.done.get("timings", {})
     return {
@@ -82,13 +113,20 @@ async def ask(ws: Any, mic: Microphone, question: str) -> dict[str, Any]:
         "tts_first_sentence_ms": timings.get("tts_first_sentence_ms"),
         "speculative": bool(timings.get("speculative")),
         "server_first_chunk_ms": timings.get("first_chunk_ms"),
+        # The server ended the turn before the speech did: a premature cut-in.
+        "premature": turn.vad_ms < 0,
     }
 
 
-async def run(args: argparse.Namespace) -> dict[str, Any]:
-    questions = [q for q in QUESTIONS if 2.0 <= speak(q).size / RATE <= 5.0]
+async def run(args: argparse.Namespace, end_of_turn: bool) -> dict[str, Any]:
+    say = speaker(args.speaker)
+    questions = [(q, say(q)) for q in QUESTIONS]
+    questions = [(q, s) for q, s in questions if 2.0 <= s.size / RATE <= 5.0][: args.questions]
+    span = max(1, len(PAUSED_TURNS) - 1)
+    paused = [(t, with_pause(say(t), 0.5 + 0.5 * i / span)) for i, t in enumerate(PAUSED_TURNS)]
+    env = {"OMNILIVE_END_OF_TURN__ENABLED": "true" if end_of_turn else "false"}
     with tempfile.TemporaryDirectory() as tmp:
-        server = Server(Path(tmp), engine="cascade").start()
+        server = Server(Path(tmp), engine="cascade", env=env).start()
         try:
             await server.wait_ready(timeout=300, workers=1)
             url = f"{server.ws}/ws/half_duplex/bench_{os.getpid()}"
@@ -106,9 +144,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     pass
                 mic = Microphone(ws, args.chunk_s)
                 await mic.play(silence(0.6))  # past the 0.5 s cold-start guard
-                rows = []
-                for question in questions[: args.questions]:
-                    row = await ask(ws, mic, question)
+                rows, paused_rows = [], []
+                for question, speech in questions:
+                    row = await ask(ws, mic, question, speech)
                     rows.append(row)
                     print(
                         f"{row['speech_s']:4.1f} s  vad {row['vad_ms']:6.0f}  "
@@ -117,6 +155,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         f"{'spec' if row['speculative'] else '    '}  {row['question']}"
                     )
                     await asyncio.sleep(0.8)  # the spec's pause after playback
+                for turn, speech in paused[: args.paused]:
+                    row = await ask(ws, mic, turn, speech)
+                    paused_rows.append(row)
+                    cut = "CUT " if row["premature"] else "    "
+                    print(f"{cut}vad {row['vad_ms']:6.0f}  e2e {row['e2e_ms']:6.0f} ms  {turn}")
+                    await asyncio.sleep(0.8)
                 await ws.send(json.dumps({"type": "stop"}))
         finally:
             server.stop()
@@ -132,7 +176,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "processor": platform.processor() or platform.machine(),
             "python": platform.python_version(),
         },
-        "config": {"chunk_s": args.chunk_s, "min_silence_duration_ms": args.min_silence_ms},
+        "config": {
+            "chunk_s": args.chunk_s,
+            "min_silence_duration_ms": args.min_silence_ms,
+            "end_of_turn": end_of_turn,
+            "speaker": args.speaker,
+        },
         "summary_ms": {
             "vad_end_of_speech": summary(column("vad_ms")),
             "asr": summary(column("asr_ms")),
@@ -141,7 +190,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "end_to_end": summary(column("e2e_ms")),
         },
         "speculative_turns": sum(r["speculative"] for r in rows),
+        "premature_cut_ins": {
+            "questions": sum(r["premature"] for r in rows),
+            "paused_turns": sum(r["premature"] for r in paused_rows),
+            "of_paused_turns": len(paused_rows),
+        },
         "rows": rows,
+        "paused_rows": paused_rows,
     }
 
 
@@ -150,15 +205,23 @@ def main() -> None:
     parser.add_argument("--chunk-s", type=float, default=0.1, help="client chunk length")
     parser.add_argument("--min-silence-ms", type=int, default=800, help="VAD end-of-speech rule")
     parser.add_argument("--questions", type=int, default=len(QUESTIONS))
+    parser.add_argument("--paused", type=int, default=len(PAUSED_TURNS))
+    parser.add_argument("--end-of-turn", choices=["both", "on", "off"], default="both")
+    parser.add_argument("--speaker", choices=["piper", "espeak"], default="piper")
     parser.add_argument("--out", type=Path, help="result file (default: benchmarks/results/...)")
     args = parser.parse_args()
-    result = asyncio.run(run(args))
-    print(json.dumps(result["summary_ms"], indent=2))
+    modes = {"both": [True, False], "on": [True], "off": [False]}[args.end_of_turn]
+    runs = {("end_of_turn" if mode else "silence_rule"): asyncio.run(run(args, mode))
+            for mode in modes}  # fmt: skip
+    for name, result in runs.items():
+        print(name, json.dumps(result["summary_ms"]["end_to_end"]),
+              json.dumps(result["premature_cut_ins"]))  # fmt: skip
     out = args.out or RESULTS / (
-        f"cascade_latency_chunk{args.chunk_s:g}s_silence{args.min_silence_ms}ms.json"
+        f"cascade_latency_chunk{args.chunk_s:g}s_silence{args.min_silence_ms}ms"
+        f"_{args.end_of_turn}_{args.speaker}.json"
     )
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    out.write_text(json.dumps(runs, indent=2) + "\n")
     print(f"saved {out}")
 
 

@@ -40,3 +40,41 @@ def chunks_b64(audio: np.ndarray, seconds: float = 0.5) -> list[str]:
         base64.b64encode(audio[i : i + size].astype("<f4").tobytes()).decode()
         for i in range(0, audio.size, size)
     ]
+
+
+def trimmed(samples: np.ndarray, level: float = 0.01) -> np.ndarray:
+    voiced = np.flatnonzero(np.abs(samples) > level)
+    return samples[voiced[0] : voiced[-1] + 1].copy() if voiced.size else samples.copy()
+
+
+@functools.lru_cache(maxsize=1)
+def _piper():  # the cascade's Piper voice, loaded once per process
+    from omnilive.engines.cascade.piper import PiperVoice, packaged_voice
+
+    voice = PiperVoice(packaged_voice(), threads=2)
+    voice.load()
+    return voice
+
+
+def speak_piper(text: str) -> np.ndarray:
+    """``text`` spoken by the cascade's Piper voice, 16 kHz float32, trimmed."""
+    from omnilive.audio import OUTPUT_RATE
+
+    return trimmed(resample(_piper().synthesize(text), OUTPUT_RATE, INPUT_RATE))
+
+
+def longest_pause(speech: np.ndarray, frame: int = 320, level: float = 0.02) -> tuple[int, int]:
+    """The first and last sample of the longest quiet stretch inside ``speech``
+    (20 ms frames): where a speaker spoken "... for, four ..." stops."""
+    loud = np.array([np.abs(speech[i : i + frame]).max() > level
+                     for i in range(0, speech.size - frame, frame)])  # fmt: skip
+    voiced = np.flatnonzero(loud)
+    best, start = (0, 0), None
+    for i in range(voiced[0], voiced[-1]):
+        if loud[i]:
+            start = None
+            continue
+        start = i if start is None else start
+        if i - start + 1 > best[1]:
+            best = (start, i - start + 1)
+    return best[0] * frame, (best[0] + best[1]) * frame

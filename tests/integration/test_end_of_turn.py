@@ -10,53 +10,27 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
-import pytest
 
-from omnilive.audio import INPUT_RATE, OUTPUT_RATE, resample
 from omnilive.end_of_turn import SmartTurn
-from omnilive.engines.cascade.piper import PiperVoice, packaged_voice
 from tests.clients import open_client
 from tests.servers import Server
-from tests.speech import chunks_b64, silence
+from tests.speech import chunks_b64, longest_pause, silence, speak_piper
 
 COMPLETE = "Which animal is the largest on our planet?"
 PAUSED = "So I was thinking, that we could go out."  # cut at the comma's pause
 
 
-@pytest.fixture(scope="module")
-def voice() -> PiperVoice:
-    piper = PiperVoice(packaged_voice(), threads=2)
-    piper.load()
-    return piper
-
-
-def spoken(voice: PiperVoice, text: str) -> np.ndarray:
-    return resample(voice.synthesize(text), OUTPUT_RATE, INPUT_RATE)
-
-
 def up_to_the_pause(speech: np.ndarray) -> np.ndarray:
-    """The speech before its longest quiet stretch (20 ms frames)."""
-    frame = 320
-    loud = np.array([np.abs(speech[i : i + frame]).max() > 0.02 for i in
-                     range(0, speech.size - frame, frame)])  # fmt: skip
-    voiced = np.nonzero(loud)[0]
-    best, start = (0, 0), None
-    for i in range(voiced[0], voiced[-1]):
-        if loud[i]:
-            start = None
-            continue
-        start = i if start is None else start
-        if i - start + 1 > best[1]:
-            best = (start, i - start + 1)
-    assert best[1] >= 5, "the comma made no pause"
-    return speech[: best[0] * frame]
+    start, end = longest_pause(speech)
+    assert end - start >= 5 * 320, "the comma made no pause"
+    return speech[:start]
 
 
-def test_the_model_tells_a_finished_turn_from_a_paused_one(voice: PiperVoice):
+def test_the_model_tells_a_finished_turn_from_a_paused_one():
     model = SmartTurn.load(None)
     tail = silence(0.2)
-    finished = model.probability(np.concatenate([spoken(voice, COMPLETE), tail]))
-    paused = model.probability(np.concatenate([up_to_the_pause(spoken(voice, PAUSED)), tail]))
+    finished = model.probability(np.concatenate([speak_piper(COMPLETE), tail]))
+    paused = model.probability(np.concatenate([up_to_the_pause(speak_piper(PAUSED)), tail]))
     assert finished > 0.8 > 0.3 > paused, (finished, paused)
 
 
@@ -77,9 +51,9 @@ async def turn_ends(server: Server, speech: np.ndarray, wait_s: float = 4.0) -> 
     return True
 
 
-async def test_a_finished_turn_is_answered_before_the_silence_rule(server, voice):
-    assert await turn_ends(server, spoken(voice, COMPLETE))
+async def test_a_finished_turn_is_answered_before_the_silence_rule(server):
+    assert await turn_ends(server, speak_piper(COMPLETE))
 
 
-async def test_a_paused_turn_waits_for_the_silence_rule(server, voice):
-    assert not await turn_ends(server, up_to_the_pause(spoken(voice, PAUSED)))
+async def test_a_paused_turn_waits_for_the_silence_rule(server):
+    assert not await turn_ends(server, up_to_the_pause(speak_piper(PAUSED)))

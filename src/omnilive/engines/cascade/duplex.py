@@ -32,7 +32,7 @@ from omnilive.engines.base import (
     Voice,
 )
 from omnilive.engines.cascade._vad import FrameVAD
-from omnilive.engines.cascade.conversation import Conversation, ConversationView
+from omnilive.engines.cascade.conversation import ConversationView
 from omnilive.engines.cascade.llm import Message
 from omnilive.engines.cascade.reply import Piece, Reply
 from omnilive.engines.cascade.stack import (
@@ -40,8 +40,10 @@ from omnilive.engines.cascade.stack import (
     ModelStack,
     Notices,
     log,
+    spoken_conversation,
     spoken_system_prompt,
 )
+from omnilive.engines.cascade.tts import PIPER
 from omnilive.engines.cascade.utterance import TurnTaking, UtteranceTracker
 
 FIRST_AUDIO_WAIT_S = 0.4
@@ -61,8 +63,8 @@ class CascadeDuplex(ConversationView, DuplexSession):
         self._tracker = UtteranceTracker(FrameVAD(), turn_taking)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cascade-duplex")
         self._lock = threading.Lock()  # the history, shared with the reply thread
-        self._conversation = Conversation(spoken_system_prompt(""))
-        self._voice = stack.tts.resolve_voice(None).espeak
+        self._conversation = spoken_conversation("")
+        self._voice = self._unit_voice(stack.tts.resolve_voice(None).espeak)
         self._reply: Reply | None = None
         self._interrupted = False  # barge-in heard in prefill, reported by generate
         self._context_tokens = 0
@@ -76,9 +78,9 @@ class CascadeDuplex(ConversationView, DuplexSession):
         if options.vision:
             self._notices.add("vision is not available on the cascade engine: frames are ignored")
         voice = options.tts_voice or options.llm_voice
-        self._voice = self._stack.voice(voice, self._notices).espeak
+        self._voice = self._unit_voice(self._stack.voice(voice, self._notices).espeak)
         with self._lock:
-            self._conversation = Conversation(spoken_system_prompt(system_prompt))
+            self._conversation = spoken_conversation(system_prompt)
             fit = self._conversation.fit(self._stack.llm.count, self._budget())
         self._context_tokens = fit.tokens
         return fit.tokens
@@ -131,6 +133,12 @@ class CascadeDuplex(ConversationView, DuplexSession):
             piece = Piece(gap, [], last=piece is not None)
         return self._speak(reply, piece)
 
+    def _unit_voice(self, voice: str) -> str:
+        """The duplex loop speaks with espeak-ng: each 1 s unit must be ready
+        when its second comes, and the Piper voice (~0.2-0.7 s a sentence on
+        two busy cores) cannot promise that; half-duplex and chat use it."""
+        return self._stack.tts.espeak.default if voice == PIPER else voice
+
     def update(self, system_prompt: str | None, tts_voice: Voice | None) -> list[str]:
         """Both apply to the next reply: its prompt is rendered afresh each turn."""
         notices = Notices()
@@ -138,7 +146,7 @@ class CascadeDuplex(ConversationView, DuplexSession):
             with self._lock:
                 self._conversation.system = spoken_system_prompt(system_prompt)
         if tts_voice is not None:
-            self._voice = self._stack.voice(tts_voice, notices).espeak
+            self._voice = self._unit_voice(self._stack.voice(tts_voice, notices).espeak)
         return notices.items
 
     def close(self) -> None:

@@ -44,13 +44,13 @@ from omnilive.engines.base import (
 from omnilive.engines.cascade._vad import FRAME, RATE, FrameVAD
 from omnilive.engines.cascade.answer import AnswerStream, SpokenSentence
 from omnilive.engines.cascade.asr import Transcript
-from omnilive.engines.cascade.conversation import Conversation, ConversationView, Fit
+from omnilive.engines.cascade.conversation import ConversationView, Fit
 from omnilive.engines.cascade.llm import Message
 from omnilive.engines.cascade.stack import (
     ModelStack,
     Notices,
     log,
-    spoken_system_prompt,
+    spoken_conversation,
     text_of,
 )
 
@@ -113,7 +113,7 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
         self._notices = Notices()
         self._options = HalfDuplexOptions()
         self._voice = stack.tts.resolve_voice(None).espeak
-        self._conversation = Conversation(spoken_system_prompt(""))
+        self._conversation = spoken_conversation("")
         # The background thread reads the history while the runner's thread
         # may commit or roll it back.
         self._lock = threading.Lock()
@@ -151,7 +151,7 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
         self._options = options
         self._voice = self._stack.voice(options.voice, self._notices).espeak
         with self._lock:
-            self._conversation = Conversation(spoken_system_prompt(text_of(system)))
+            self._conversation = spoken_conversation(text_of(system))
             fit = self._conversation.fit(self._stack.llm.count, self._budget())
         self.context_tokens = fit.tokens
         return fit.tokens

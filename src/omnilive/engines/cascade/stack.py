@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from omnilive.engines.base import GenerationOptions, Part, TextPart, Voice
 from omnilive.engines.cascade.answer import AnswerStream
 from omnilive.engines.cascade.asr import WhisperASR
+from omnilive.engines.cascade.conversation import Conversation
 from omnilive.engines.cascade.llm import LlamaChat
 from omnilive.engines.cascade.remote_llm import RemoteChat
 from omnilive.engines.cascade.tts import Speech, SpokenVoice
@@ -24,6 +25,11 @@ SPOKEN_MAX_TOKENS = 128
 def spoken_system_prompt(text: str) -> str:
     """The session's own prompt (or ours) plus the instruction to answer briefly."""
     return f"{text.strip() or DEFAULT_SYSTEM_PROMPT}\n{SPOKEN_STYLE}"
+
+
+def spoken_conversation(system_prompt: str) -> Conversation:
+    """A voice session's conversation before its first turn."""
+    return Conversation(spoken_system_prompt(system_prompt))
 
 
 def text_of(parts: list[Part] | tuple[Part, ...]) -> str:
