@@ -242,7 +242,7 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
             if m.role != "system"
         ]
         with self._lock:
-            self._conversation = Conversation(spoken_system_prompt(system))
+            self._conversation = spoken_conversation(system)
             self._conversation.turns = turns
         self._turn = None
 
