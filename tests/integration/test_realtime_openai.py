@@ -185,6 +185,7 @@ async def test_a_spoken_turn_with_server_vad(server: Server):
         )
         assert len(audio) > 24_000 * 2 * 0.2 and len(audio) % 2 == 0
         assert done.response.output[0].content[0].transcript.startswith("Turn 0")
+        assert done.response.usage.input_token_details.audio_tokens > 0  # the speech it heard
 
 
 async def test_cancel_mid_answer_and_truncate(server: Server):

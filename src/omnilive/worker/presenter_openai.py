@@ -218,16 +218,17 @@ class ResponsePresenter:
         return self._message.audio_ms if self._message is not None else 0.0
 
 
-def usage(input_tokens: int, output_tokens: int, audio: bool) -> Event:
-    """A response's usage, as OpenAI counts it (text or audio output)."""
+def usage(heard_tokens: int, output_tokens: int, audio: bool) -> Event:
+    """A response's usage, as OpenAI counts it: the speech the engine heard
+    for it (text items are not counted) and what it said (text or audio)."""
     out_audio = output_tokens if audio else 0
     return {
-        "total_tokens": input_tokens + output_tokens,
-        "input_tokens": input_tokens,
+        "total_tokens": heard_tokens + output_tokens,
+        "input_tokens": heard_tokens,
         "output_tokens": output_tokens,
         "input_token_details": {
-            "text_tokens": input_tokens,
-            "audio_tokens": 0,
+            "text_tokens": 0,
+            "audio_tokens": heard_tokens,
             "cached_tokens": 0,
             "image_tokens": 0,
         },

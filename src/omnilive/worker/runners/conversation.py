@@ -90,6 +90,7 @@ class ConversationRunner(Responses, StreamingRunner):
         self.heard_ms = 0.0  # input audio so far (the VAD's and the buffer's clock)
         self._speech_item: str | None = None  # the item the VAD's current speech will be
         self._prefilled = False  # the last speech is in the engine, unanswered
+        self._input_tokens = 0  # what the engine heard since the last response (usage)
         self._spoken_ms: dict[str, float] = {}  # assistant item → its audio's length
         self._history_refused = False  # the engine keeps its own context (told once)
         # What client events ask of the engine, in their order, off the reader:
@@ -356,7 +357,7 @@ class ConversationRunner(Responses, StreamingRunner):
         history, so the history is brought up to date first."""
         if self.conversation.dirty:
             await self._sync_history()
-        await self.runtime.step(self.record, self.session.prefill, speech)
+        self._input_tokens += await self.runtime.step(self.record, self.session.prefill, speech)
         self._prefilled = True
         item["content"][0]["transcript"] = await self._transcript(speech)
 

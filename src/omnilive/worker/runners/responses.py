@@ -41,6 +41,7 @@ class Responses:
     conversation: Conversation
     session_id: str
     _prefilled: bool  # the last speech is in the engine, unanswered
+    _input_tokens: int  # what the engine heard since the last response
     _spoken_ms: dict[str, float]  # assistant item → its audio's length
 
     if TYPE_CHECKING:  # the runner's methods (stubs here would shadow them)
@@ -153,7 +154,8 @@ class Responses:
         out_tokens: int,
     ) -> None:
         spoken = presenter.spoken_ms
-        for event in presenter.done(status, usage(0, out_tokens, presenter.audio), reason):
+        heard, self._input_tokens = self._input_tokens, 0
+        for event in presenter.done(status, usage(heard, out_tokens, presenter.audio), reason):
             await self.send(event)
         if params.conversation != "none":
             for item in presenter.output:
