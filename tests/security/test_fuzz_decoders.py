@@ -213,7 +213,9 @@ def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, ...]
         loop.close()
 
 
-def _run_worker_session(worker: tuple[Any, ...], kind: str, frames: list[str | bytes]) -> None:
+def _run_worker_session(
+    worker: tuple[Any, ...], kind: str, frames: list[str | bytes], check: Any = None
+) -> None:
     loop, runtime, settings, failures = worker
     socket = FakeSocket(frames)
 
@@ -224,7 +226,9 @@ def _run_worker_session(worker: tuple[Any, ...], kind: str, frames: list[str | b
     loop.run_until_complete(asyncio.wait_for(session(), 30))
     assert not failures.records, [r.getMessage() for r in failures.records]
     for message in socket.sent:
-        if message["type"] == "error":
+        if message["type"] == "error" and check is not None:
+            check(message)
+        elif message["type"] == "error":
             error = message["error"]
             code = error["code"] if isinstance(error, dict) else message["code"]
             assert code in fuzzing.DOCUMENTED_CODES | fuzzing.REALTIME_CODES, message

@@ -116,9 +116,20 @@ Part = TextPart | ImagePart | AudioPart | VideoPart
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """A function the model asked to call: ``arguments`` is its JSON text."""
+
+    call_id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
 class ChatMessage:
-    role: str  # system | user | assistant
+    role: str  # system | user | assistant | tool
     parts: tuple[Part, ...]
+    tool_calls: tuple[ToolCall, ...] = ()  # an assistant's calls
+    tool_call_id: str | None = None  # a tool message answers this call
 
     @property
     def text(self) -> str:
@@ -202,6 +213,17 @@ class TextAudioChunk:
     text: str = ""
     audio: np.ndarray | None = None
     n_tokens: int = 0
+    tool_call: ToolCall | None = None  # a whole call, once the model has made it
+
+
+@dataclass(frozen=True)
+class Tools:
+    """Functions offered to the model (OpenAI's function-tool JSON: name,
+    description, parameters) and how it may use them: ``auto``, ``none``,
+    ``required`` or one function's name."""
+
+    functions: tuple[dict, ...] = ()
+    choice: str = "auto"
 
 
 @dataclass
@@ -332,6 +354,37 @@ class HalfDuplexSession(abc.ABC):
         """Optional stage timings of the last turn in ms (e.g. ``asr_ms``), for
         benchmarks and logs; runners add them to ``turn_done``."""
         return {}
+
+    # --- conversations a client edits (the Realtime API's items) ---------------
+    # Optional: an engine without them refuses with CapabilityError, which the
+    # session reports as an error and goes on.
+
+    @property
+    def transcript(self) -> str | None:
+        """What the user said in the last :meth:`prefill`, when the engine
+        transcribes speech on its way (the cascade's Whisper); else None."""
+        return None
+
+    def set_history(self, messages: list[ChatMessage]) -> None:
+        """Replace the conversation (system message first) with ``messages``:
+        text, and tool calls with their results. Speech already in the
+        context is given as its transcript."""
+        raise CapabilityError(type(self).__name__, "conversation items")
+
+    def respond(self, instructions: str | None = None) -> None:
+        """Make :meth:`generate` answer the conversation as it stands, with
+        no new speech; ``instructions`` are added for this answer only."""
+        raise CapabilityError(type(self).__name__, "responses without speech")
+
+    def set_tools(self, tools: Tools) -> None:
+        """Offer functions to the model from the next answer on."""
+        if tools.functions:
+            raise CapabilityError(type(self).__name__, "tools")
+
+    def set_options(self, options: HalfDuplexOptions) -> None:
+        """New generation options (speech on or off, voice, length) from the
+        next answer on, the conversation kept."""
+        raise CapabilityError(type(self).__name__, "session updates")
 
 
 class DuplexSession(abc.ABC):

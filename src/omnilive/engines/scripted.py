@@ -15,12 +15,19 @@ session, so tests that run real processes need no restart:
 ``#finalize-latency:0.3``  sleep this long in every duplex finalize
 ``#speak-seconds:0.7``  audio per duplex speak unit (S; E units get half), default 1.0
 
+Half-duplex conversations a client edits (the OpenAI Realtime dialect): the
+transcript of speech is ``"<seconds> s of speech"``; an answer without
+speech repeats the last user text or tool output (``Answered: ...``); with
+tools offered, a user text that names a tool (or a forced choice) gets a
+call to it whose arguments echo that text (``{"text": ...}``).
+
 The duplex view also enforces the model's ordering rule: a prefill before the
 previous unit's finalize raises, so a runner that breaks it fails loudly.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -54,6 +61,8 @@ from omnilive.engines.base import (
     ProgressCallback,
     TextAudioChunk,
     TextPart,
+    ToolCall,
+    Tools,
     VideoPart,
     Voice,
 )
@@ -176,6 +185,10 @@ class ScriptedHalfDuplex(HalfDuplexSession):
         self._pending: float | None = None
         self._options = HalfDuplexOptions()
         self._turn_index = 0
+        self._transcript: str | None = None
+        self._history: list[ChatMessage] = []
+        self._answer_text: str | None = None  # respond(): answer the history
+        self._tools = Tools()
 
     def prepare(self, system: list[Part], options: HalfDuplexOptions) -> int:
         text = " ".join(p.text for p in system if isinstance(p, TextPart))
@@ -187,9 +200,63 @@ class ScriptedHalfDuplex(HalfDuplexSession):
     def prefill(self, speech: np.ndarray) -> int:
         self._knobs.pause()
         self._pending = speech.size / INPUT_RATE
+        heard = f"{self._pending:.2f} s of speech"
+        self._transcript = heard if self._settings.transcribes else None
+        self._history.append(ChatMessage("user", (TextPart(heard),)))
         return max(1, speech.size // 1600)
 
+    @property
+    def transcript(self) -> str | None:
+        return self._transcript
+
+    def set_history(self, messages: list[ChatMessage]) -> None:
+        self._history = list(messages)
+        system = " ".join(m.text for m in messages if m.role == "system")
+        self._knobs = _Knobs.parse(system, self._settings)
+
+    def set_tools(self, tools: Tools) -> None:
+        self._tools = tools
+
+    def set_options(self, options: HalfDuplexOptions) -> None:
+        self._options = options
+
+    def respond(self, instructions: str | None = None) -> None:
+        last = next((m for m in reversed(self._history) if m.role in ("user", "tool")), None)
+        self._answer_text = last.text if last is not None else ""
+        self._pending = None
+
+    def _tool_call(self) -> ToolCall | None:
+        last = self._history[-1] if self._history else None
+        functions = self._tools.functions
+        if not functions or self._tools.choice == "none" or last is None or last.role != "user":
+            return None
+        forced = self._tools.choice.removeprefix("function:")
+        named = [f["name"] for f in functions if f["name"] in last.text or f["name"] == forced]
+        if not named and self._tools.choice == "required":
+            named = [functions[0]["name"]]
+        if not named:
+            return None
+        arguments = json.dumps({"text": last.text})
+        return ToolCall(f"call_{self._turn_index}_{len(self._history)}", named[0], arguments)
+
+    def _respond_chunks(self) -> Iterator[TextAudioChunk]:
+        text, self._answer_text = self._answer_text or "", None
+        call = self._tool_call()
+        if call is not None:
+            self._history.append(ChatMessage("assistant", (), tool_calls=(call,)))
+            yield TextAudioChunk(tool_call=call, n_tokens=1)
+            return
+        answer = f"Answered: {text}"
+        self._history.append(ChatMessage("assistant", (TextPart(answer),)))
+        for piece in chunk_text(answer, self._settings.chars_per_chunk):
+            self._knobs.pause()
+            audio = speech_for(piece) if self._options.tts_enabled else None
+            yield TextAudioChunk(text=piece, audio=audio, n_tokens=1)
+
     def generate(self) -> Iterator[TextAudioChunk]:
+        if self._answer_text is not None:
+            yield from self._respond_chunks()
+            return
         if self._pending is None:
             raise EngineError("generate before prefill")
         heard, self._pending = self._pending, None

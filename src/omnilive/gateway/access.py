@@ -61,6 +61,7 @@ RULES: tuple[Rule, ...] = (
     _rule("*", "/api/config/", A.ADMIN),
     _rule("DELETE", "/api/assets/ref_audio/", A.ADMIN),
     _rule("POST", "/v1/client_secrets", A.USER),  # a token cannot mint tokens
+    _rule("POST", "/v1/realtime/client_secrets", A.USER),  # the same, in OpenAI's shape
     _rule(WS, "/ws/", A.SESSION, opens_session=True),
     _rule(WS, "/v1/realtime", A.SESSION, opens_session=True),
     _rule("POST", "/api/chat", A.USER, opens_session=True),

@@ -50,7 +50,11 @@ TOKEN_SUBPROTOCOL = "omnilive.token."
 # The Realtime API's subprotocol, and its browser clients' way to send a key.
 REALTIME_SUBPROTOCOL = "map.realtime"
 KEY_SUBPROTOCOL = "map-api-key."
-CREDENTIAL_SUBPROTOCOLS = (TOKEN_SUBPROTOCOL, KEY_SUBPROTOCOL)
+# OpenAI's Realtime API (GA) from a browser: ``realtime`` plus the key (or an
+# ephemeral client secret) as ``openai-insecure-api-key.<key>``.
+OPENAI_SUBPROTOCOL = "realtime"
+OPENAI_KEY_SUBPROTOCOL = "openai-insecure-api-key."
+CREDENTIAL_SUBPROTOCOLS = (TOKEN_SUBPROTOCOL, KEY_SUBPROTOCOL, OPENAI_KEY_SUBPROTOCOL)
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain"})
 _DENIED_UPGRADE: ContextVar[bool] = ContextVar("omnilive_denied_upgrade", default=False)
@@ -182,6 +186,8 @@ class Gatekeeper:
         if not (scheme.lower() == "bearer" and secret):
             # Browser clients of the Realtime API offer the key as a subprotocol.
             scheme, secret = "bearer", _subprotocol_secret(request.subprotocols, KEY_SUBPROTOCOL)
+            if not secret:
+                secret = _subprotocol_secret(request.subprotocols, OPENAI_KEY_SUBPROTOCOL)
         try:
             if secret:
                 if ClientTokens.looks_like_token(secret):
@@ -309,7 +315,7 @@ def choose_subprotocol(offered: tuple[str, ...]) -> str | None:
     """The subprotocol to accept with: a browser that offered some fails the
     connection unless one is selected. ``map.realtime`` (the Realtime SDK's and
     its browser clients'), else ``omnilive``, else a credential one itself."""
-    for known in (REALTIME_SUBPROTOCOL, SUBPROTOCOL):
+    for known in (REALTIME_SUBPROTOCOL, OPENAI_SUBPROTOCOL, SUBPROTOCOL):
         if known in offered:
             return known
     return next((p for p in offered if p.startswith(CREDENTIAL_SUBPROTOCOLS)), None)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import json
 from typing import Any
 
 from fastapi import WebSocket
@@ -20,9 +21,15 @@ from starlette.websockets import WebSocketDisconnect
 from omnilive.gateway.app_gate import CLOSE_POLICY_VIOLATION
 from omnilive.gateway.client_ws import CLOSE_TRY_AGAIN, close_quietly, send_json
 from omnilive.gateway.lifecycle import Ending
-from omnilive.gateway.realtime_machine import Close, ToClient
+from omnilive.gateway.realtime_machine import Close, ToClient, ToWorker
 from omnilive.gateway.registry import ActiveSession
-from omnilive.gateway.session_link import ServerShutdown, SessionLink, gateway_session
+from omnilive.gateway.session_link import (
+    ServerShutdown,
+    SessionLink,
+    WorkerLink,
+    gateway_session,
+)
+from omnilive.gateway.session_link import ToClient as RelayToClient
 from omnilive.gateway.state import Gateway
 from omnilive.logs import bind_session
 from omnilive.protocol.realtime import CloseReason, RealtimeErrorCode, error_event
@@ -42,6 +49,7 @@ class RealtimeIO(abc.ABC):
     def __init__(self, gateway: Gateway, ws: WebSocket) -> None:
         self.gateway = gateway
         self.ws = ws
+        self.worker: WorkerLink | None = None  # the session's socket to its worker, once open
 
     @abc.abstractmethod
     def client_frame(self, raw: str | bytes) -> list[Any]:
@@ -52,8 +60,30 @@ class RealtimeIO(abc.ABC):
         """The session once it has its worker."""
 
     async def act(self, action: Any) -> None:
-        """An action beyond sending and closing (a subclass's own)."""
+        """An action beyond sending and closing: a message for the worker, or
+        a subclass's own."""
+        if isinstance(action, ToWorker):
+            if self.worker is not None:
+                await self.worker.send(json.dumps(action.message))
+            return
         raise TypeError(f"unexpected action {action!r}")
+
+    async def relay_leased(
+        self, link: SessionLink, to_client: RelayToClient, kind: Any = None
+    ) -> Ending | None:
+        """Open the session on its worker (``kind``: the session's own unless
+        named), hand the machine's first messages to it, then relay the
+        worker's events while reading the client. How the worker ended it,
+        or None if the client left first."""
+        async with link.worker(kind) as worker:
+            self.worker = worker
+            try:
+                await self.apply(self.machine.attach_worker())
+                name = f"{self.machine.session_id}:from-worker"
+                relay = asyncio.create_task(worker.relay(to_client), name=name)
+                return await self.while_reading(relay)
+            finally:
+                self.worker = None
 
     # --- actions -------------------------------------------------------------------
 

@@ -10,17 +10,15 @@ worker's events (already in the session's dialect) come back as they are.
 
 from __future__ import annotations
 
-import asyncio
-import json
-from typing import Any, Literal
+from typing import Literal
 
 from fastapi import WebSocket
 
 from omnilive.gateway.lifecycle import Ending
 from omnilive.gateway.realtime_io import RealtimeIO
-from omnilive.gateway.realtime_machine import Action, RealtimeMachine, ToWorker
+from omnilive.gateway.realtime_machine import Action, RealtimeMachine
 from omnilive.gateway.realtime_v2_machine import RealtimeV2Machine
-from omnilive.gateway.session_link import SessionLink, WorkerLink
+from omnilive.gateway.session_link import SessionLink
 from omnilive.gateway.state import Gateway
 from omnilive.ids import mint_realtime
 from omnilive.protocol.common import ProtocolError, load_json
@@ -53,7 +51,6 @@ class RealtimeConnection(RealtimeIO):
         )
         self.dialect_known = False
         self.limit_s = limits.video_max_s if mode == "video" else limits.audio_max_s
-        self.worker: WorkerLink | None = None
 
     def client_frame(self, raw: str | bytes) -> list[Action]:
         """Through the machine of the session's dialect, chosen by its first
@@ -65,29 +62,13 @@ class RealtimeConnection(RealtimeIO):
             self.dialect_known = kind in V2_EVENT_TYPES or kind in V1_EVENT_TYPES
         return self.machine.client_frame(raw)
 
-    async def act(self, action: Any) -> None:
-        if isinstance(action, ToWorker):
-            if self.worker is not None:
-                await self.worker.send(json.dumps(action.message))
-            return
-        await super().act(action)
-
     async def serve_leased(self, link: SessionLink) -> None:
-        async with link.worker() as worker:
-            self.worker = worker
-            try:
-                await self.apply(self.machine.attach_worker())
+        async def to_client(envelope: Envelope, payload: str) -> None:
+            if self.machine.forwards(envelope.type):
+                await self.ws.send_text(payload)
+            await self.apply(self.machine.worker_event(envelope))
 
-                async def to_client(envelope: Envelope, payload: str) -> None:
-                    if self.machine.forwards(envelope.type):
-                        await self.ws.send_text(payload)
-                    await self.apply(self.machine.worker_event(envelope))
-
-                name = f"{self.machine.session_id}:from-worker"
-                relay = asyncio.create_task(worker.relay(to_client), name=name)
-                ending = await self.while_reading(relay)
-            finally:
-                self.worker = None
+        ending = await self.relay_leased(link, to_client)
         if ending is not None:  # else the client left
             link.end(ending)
             if ending is Ending.FAILED:  # the worker told the client why

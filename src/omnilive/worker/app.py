@@ -41,9 +41,13 @@ from omnilive.protocol.internal import (
 from omnilive.tasks import TaskSet, leaf_errors
 from omnilive.worker.outbox import Outbox
 from omnilive.worker.runners.chat import run_chat
+from omnilive.worker.runners.conversation import ConversationRunner
+from omnilive.worker.runners.conversation_duplex import OpenAIDuplexRunner
 from omnilive.worker.runners.duplex import DuplexRunner
 from omnilive.worker.runners.half_duplex import HalfDuplexRunner
+from omnilive.worker.runners.streaming import StreamingRunner
 from omnilive.worker.runtime import SESSION_KINDS, SessionRecord, WorkerNotReady, WorkerRuntime
+from omnilive.worker.transcriber import SideTranscriber
 from omnilive.wsutil import PeerGone, frames_of, race
 
 log = logging.getLogger(__name__)
@@ -83,6 +87,7 @@ def create_worker_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         runtime = WorkerRuntime(engine or create_engine(settings), worker_id)
+        runtime.transcriber = SideTranscriber.from_settings(settings)
         runtime.turn_judge = TurnJudge(settings.end_of_turn)
         tasks = TaskSet(f"worker-{worker_id}")
         app.state.runtime = runtime
@@ -200,7 +205,7 @@ async def _serve_streaming(
     two share a TaskGroup, so that a writer that fails ends the session; the
     writer outlives the runner to send what it queued last."""
     outbox = Outbox(ws.send_text)
-    runner_class = HalfDuplexRunner if record.kind == "half_duplex" else DuplexRunner
+    runner_class = _RUNNERS.get(record.kind, DuplexRunner)
     runner = runner_class(runtime, record, settings, frames_of(ws), outbox)
     async with asyncio.TaskGroup() as group:
         writer = group.create_task(outbox.run(), name=f"{record.session_id}:writer")
@@ -209,6 +214,13 @@ async def _serve_streaming(
         finally:
             await _drain(outbox, writer)
     return True  # however it ended (stop, timeout, disconnect), the session ended normally
+
+
+_RUNNERS: dict[str, type[StreamingRunner]] = {
+    "half_duplex": HalfDuplexRunner,
+    "conversation": ConversationRunner,  # the OpenAI Realtime dialect's sessions
+    "openai_duplex": OpenAIDuplexRunner,  # ...on the full-duplex unit loop
+}
 
 
 async def _drain(outbox: Outbox, writer: asyncio.Task[None]) -> None:

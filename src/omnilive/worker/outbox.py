@@ -35,6 +35,20 @@ class Outbox:
             dropped += 1
         return dropped
 
+    def drop(self, stale: Callable[[dict[str, Any]], bool]) -> int:
+        """Drop the queued messages ``stale`` picks, keeping the others in
+        order (an interrupted answer's audio, not the events around it)."""
+        kept = []
+        while not self._queue.empty():
+            kept.append(self._queue.get_nowait())
+        dropped = 0
+        for message in kept:
+            if message is not _CLOSE and stale(message):
+                dropped += 1
+            else:
+                self._queue.put_nowait(message)
+        return dropped
+
     async def close(self) -> None:
         """Let the writer send what is queued, then stop."""
         await self._queue.put(_CLOSE)

@@ -23,6 +23,7 @@ from omnilive.protocol.internal import (
     SessionState,
     WorkerStatus,
 )
+from omnilive.worker.transcriber import SideTranscriber
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -42,12 +43,23 @@ class WorkerState(StrEnum):
     ERROR = "error"
 
 
-SESSION_KINDS = ("chat", "half_duplex", "audio_duplex", "omni_duplex")
+# ``conversation`` / ``openai_duplex``: a half-duplex / duplex session in the
+# OpenAI Realtime dialect.
+SESSION_KINDS = (
+    "chat",
+    "half_duplex",
+    "audio_duplex",
+    "omni_duplex",
+    "conversation",
+    "openai_duplex",
+)
 _BUSY_STATE = {
     "chat": WorkerState.BUSY_CHAT,
     "half_duplex": WorkerState.BUSY_HALF_DUPLEX,
+    "conversation": WorkerState.BUSY_HALF_DUPLEX,
     "audio_duplex": WorkerState.DUPLEX_ACTIVE,
     "omni_duplex": WorkerState.DUPLEX_ACTIVE,
+    "openai_duplex": WorkerState.DUPLEX_ACTIVE,
 }
 
 
@@ -73,6 +85,8 @@ class WorkerRuntime:
     def __init__(self, engine: Engine, worker_id: str) -> None:
         self.engine = engine
         self.worker_id = worker_id
+        # A Whisper beside an engine that does not transcribe (transcription.whisper).
+        self.transcriber: SideTranscriber | None = None
         self.state = WorkerState.LOADING
         self.error: str | None = None
         self.sessions: dict[str, SessionRecord] = {}

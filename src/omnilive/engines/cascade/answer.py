@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from omnilive.engines.base import GenerationOptions, TextAudioChunk
+from omnilive.engines.base import GenerationOptions, TextAudioChunk, ToolCall
 from omnilive.engines.cascade.llm import LlamaChat
 from omnilive.engines.cascade.tts import Speech
 
@@ -139,6 +139,9 @@ class AnswerStream:
             for piece in tokens:
                 if self._cancel.is_set():
                     return
+                if isinstance(piece, ToolCall):  # a whole call (remote_llm.py)
+                    yield TextAudioChunk(tool_call=piece, n_tokens=1)
+                    continue
                 now = time.perf_counter()
                 if self.stats.first_token_ms is None:
                     self.stats.first_token_ms = (now - started) * 1000

@@ -66,9 +66,10 @@ def window_frames(n_samples: int) -> int:
 class WhisperASR:
     """A loaded Whisper model; :meth:`transcribe` is safe to call from any thread."""
 
-    def __init__(self, model_dir: Path, threads: int) -> None:
+    def __init__(self, model_dir: Path, threads: int, device: str = "cpu") -> None:
         self._model_dir = model_dir
         self._threads = threads
+        self._device = device  # "cpu", or "cuda" for a Whisper beside a GPU engine
         self._whisper = None
         self._tokenizers: dict[str, object] = {}
         # CTranslate2 would queue concurrent calls anyway; the lock keeps two
@@ -80,8 +81,8 @@ class WhisperASR:
 
         self._whisper = WhisperModel(
             str(self._model_dir),
-            device="cpu",
-            compute_type="int8",
+            device=self._device,
+            compute_type="int8" if self._device == "cpu" else "float16",
             cpu_threads=self._threads,
             num_workers=1,
         )

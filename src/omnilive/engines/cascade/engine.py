@@ -13,6 +13,7 @@ from omnilive.engines.base import (
     DuplexSession,
     Engine,
     EngineError,
+    EngineUnavailable,
     GenerationOptions,
     HalfDuplexSession,
     Modality,
@@ -26,6 +27,7 @@ from omnilive.engines.cascade.half_duplex import CascadeHalfDuplex
 from omnilive.engines.cascade.llm import N_CTX, LlamaChat, Message
 from omnilive.engines.cascade.models import prepare_models
 from omnilive.engines.cascade.piper import PiperVoice, packaged_voice
+from omnilive.engines.cascade.remote_llm import RemoteChat
 from omnilive.engines.cascade.stack import ModelStack, log
 from omnilive.engines.cascade.tts import EspeakTTS, Speech
 
@@ -61,7 +63,7 @@ class CascadeEngine(Engine):
         threads = self._settings.threads
         stack = ModelStack(
             asr=WhisperASR(files.whisper_dir, threads),
-            llm=LlamaChat(files.llm_gguf, threads, N_CTX),
+            llm=self._language_model(files.llm_gguf),
             tts=Speech(EspeakTTS(self._settings.voice), self._piper()),
         )
         # Each stage reports its own fraction, like the join before it.
@@ -86,6 +88,17 @@ class CascadeEngine(Engine):
         }
         rounded = {k: round(v, 3) for k, v in self.load_timings.items()}
         log.info("cascade engine loaded: %s", rounded)
+
+    def _language_model(self, packaged: Path) -> LlamaChat | RemoteChat:
+        """SmolLM2 as packaged, unless ``cascade.llm`` names a server or a GGUF file."""
+        settings = self._settings.llm
+        if settings.url:
+            return RemoteChat.from_settings(settings)
+        if settings.gguf is not None:
+            if not settings.gguf.is_file():
+                raise EngineUnavailable(f"cascade.llm.gguf: {settings.gguf} is not a file")
+            return LlamaChat(settings.gguf, self._settings.threads, settings.n_ctx)
+        return LlamaChat(packaged, self._settings.threads, N_CTX)
 
     def _piper(self) -> PiperVoice | None:
         if self._settings.tts != "piper":

@@ -30,6 +30,7 @@ import numpy as np
 
 from omnilive.engines.base import (
     AudioPart,
+    CapabilityError,
     ChatMessage,
     EngineError,
     HalfDuplexOptions,
@@ -37,6 +38,7 @@ from omnilive.engines.base import (
     Modality,
     Part,
     TextAudioChunk,
+    Tools,
     modalities_of,
 )
 from omnilive.engines.cascade._vad import FRAME, RATE, FrameVAD
@@ -126,6 +128,7 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
         self.context_tokens = 0
         self.stats = TurnStats()
         self._first_sentence: SpokenSentence | None = None
+        self._tools = Tools()
 
     # --- observable state -------------------------------------------------
 
@@ -205,7 +208,7 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
         if turn is None:
             raise EngineError("generate before prefill")
         answer = turn.answer or self._stack.answer(
-            self._stack.llm.tokens(turn.fit.messages),
+            self._stack.llm.tokens(turn.fit.messages, self._tools),
             self._options.generation,
             self._stack.spoken_budget(self._options.generation),
             self._voice if self._options.tts_enabled else None,
@@ -221,6 +224,51 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
     def snapshot(self) -> None:
         with self._lock:
             self._conversation.snapshot()
+
+    # --- conversations a client edits (the Realtime API's items) -----------------
+
+    @property
+    def transcript(self) -> str | None:
+        return self.stats.transcript
+
+    def set_history(self, messages: list[ChatMessage]) -> None:
+        self._cancel_early(wait=True)  # it was started from the old history
+        if self._speaking is not None:
+            self._end_answer(self._speaking)
+        system = " ".join(m.text for m in messages if m.role == "system")
+        turns = [
+            Message(m.role, m.text, m.tool_calls, m.tool_call_id)
+            for m in messages
+            if m.role != "system"
+        ]
+        with self._lock:
+            self._conversation = spoken_conversation(system)
+            self._conversation.turns = turns
+        self._turn = None
+
+    def respond(self, instructions: str | None = None) -> None:
+        self._cancel_early(wait=True)
+        extra = [Message("system", instructions)] if instructions else []
+        with self._lock:
+            fit = self._conversation.fit(self._stack.llm.count, self._budget(), *extra)
+            self._conversation.commit(fit)  # drops what no longer fits; adds nothing
+        self._turn = _Turn(fit, None, [])
+
+    def set_tools(self, tools: Tools) -> None:
+        if tools.functions and not self._stack.llm.supports_tools:
+            raise CapabilityError(
+                "cascade",
+                "tools",
+                "the packaged SmolLM2 takes none: set cascade.llm.url to "
+                "an OpenAI-compatible server whose model calls tools",
+            )
+        self._cancel_early(wait=True)
+        self._tools = tools
+
+    def set_options(self, options: HalfDuplexOptions) -> None:
+        self._cancel_early(wait=True)
+        voice = self._options.voice if options.voice is None else options.voice
+        self._options = HalfDuplexOptions(options.generation, options.tts_enabled, voice)
 
     def rollback(self) -> None:
         self._cancel_early(wait=True)
@@ -300,7 +348,7 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
         with self._lock:
             fit = self._fit(transcript)
         answer = self._stack.answer(
-            self._stack.llm.tokens(fit.messages),
+            self._stack.llm.tokens(fit.messages, self._tools),
             self._options.generation,
             self._stack.spoken_budget(self._options.generation),
             self._voice if self._options.tts_enabled else None,

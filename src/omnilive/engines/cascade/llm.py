@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from omnilive.engines.base import EngineError, GenerationOptions
+from omnilive.engines.base import EngineError, GenerationOptions, ToolCall, Tools
 from omnilive.engines.cascade.cpu import BuildPlan, plan_for_this_machine
 
 log = logging.getLogger(__name__)
@@ -58,11 +58,23 @@ def _without_extra_buffer_types(llama_class: type) -> type:
 class Message:
     """One chat message as the template sees it."""
 
-    role: str  # system | user | assistant
+    role: str  # system | user | assistant | tool
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()  # an assistant's calls
+    tool_call_id: str | None = None  # a tool's answer to this call
 
-    def as_dict(self) -> dict[str, str]:
-        return {"role": self.role, "content": self.content}
+    def as_dict(self) -> dict[str, Any]:
+        """The message as chat templates and chat-completions servers take it."""
+        message: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            message["tool_calls"] = [
+                {"id": c.call_id, "type": "function",
+                 "function": {"name": c.name, "arguments": c.arguments}}
+                for c in self.tool_calls
+            ]  # fmt: skip
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
 
 
 class LlamaChat:
@@ -127,8 +139,11 @@ class LlamaChat:
             if self._llm is not None:
                 self._llm.reset()
 
-    def tokens(self, messages: list[Message]) -> list[int]:
-        """The prompt for ``messages`` followed by the assistant's turn opener."""
+    supports_tools = False  # a 135M model's tool calls would be noise: see remote_llm.py
+
+    def tokens(self, messages: list[Message], tools: Tools | None = None) -> list[int]:
+        """The prompt for ``messages`` followed by the assistant's turn opener
+        (``tools`` are never offered here: ``supports_tools`` is False)."""
         if self._llm is None:
             raise EngineError("the language model is not loaded")
         rendered = self._formatter(messages=[m.as_dict() for m in messages])

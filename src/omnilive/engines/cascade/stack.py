@@ -11,6 +11,7 @@ from omnilive.engines.cascade.answer import AnswerStream
 from omnilive.engines.cascade.asr import WhisperASR
 from omnilive.engines.cascade.conversation import Conversation
 from omnilive.engines.cascade.llm import LlamaChat
+from omnilive.engines.cascade.remote_llm import RemoteChat
 from omnilive.engines.cascade.tts import Speech, SpokenVoice
 
 log = logging.getLogger("omnilive.engines.cascade")
@@ -60,7 +61,7 @@ class ModelStack:
     """Whisper, SmolLM2 and the voices, loaded once and shared by all sessions."""
 
     asr: WhisperASR
-    llm: LlamaChat
+    llm: LlamaChat | RemoteChat
     tts: Speech
 
     def voice(self, voice: Voice | None, notices: Notices) -> SpokenVoice:

@@ -268,15 +268,25 @@ class DuplexRunner(StreamingRunner):
                 f"chunk of {audio.size / 16_000:.2f} s exceeds {limits.max_chunk_audio_s} s",
             )
         frames = await self._frames(message.frame_base64_list or [])
+        self._push(audio, frames, message.force_listen, message.max_slice_nums, message.input_id)
+
+    def _push(
+        self,
+        audio: np.ndarray,
+        frames: list[bytes],
+        force_listen: bool,
+        max_slice_nums: int | None = None,
+        input_id: str | None = None,
+    ) -> None:
+        """Decoded input, for the unit loop (joined into 1 s units where
+        an assembler does that)."""
         if not self.machine.audio(time.monotonic()):
             return  # a paused session hears nothing
         frames = frames if self.mode == "omni_duplex" else []
         if self.assembler is None:
-            units = [Unit(audio, frames, message.force_listen, message.max_slice_nums)]
+            units = [Unit(audio, frames, force_listen, max_slice_nums)]
         else:
-            units = self.assembler.add(
-                audio, frames, message.force_listen, message.max_slice_nums, message.input_id
-            )
+            units = self.assembler.add(audio, frames, force_listen, max_slice_nums, input_id)
         for unit in units:
             self.buffer.push(
                 PendingChunk(

@@ -64,6 +64,7 @@ from omnilive.vad import (
 from omnilive.worker.decode import DecodeError, load_stored_voice
 from omnilive.worker.machines.half_duplex import HalfDuplexMachine
 from omnilive.worker.machines.session import Ended
+from omnilive.worker.runners.hearing import EarlyHearing, end_check_ms, judged_end
 from omnilive.worker.runners.streaming import StreamingRunner, Work
 
 log = logging.getLogger(__name__)
@@ -108,13 +109,12 @@ class HalfDuplexRunner(StreamingRunner):
         first_message_s = self.settings.limits.first_message_timeout_s
         self.machine = HalfDuplexMachine(first_message_s, time.monotonic())
         self.session: HalfDuplexSession = self.runtime.engine.open_half_duplex()
+        self.hearing = EarlyHearing(self.runtime, self.record, self.session, self.spawn)
         self.record.closer = self.session.close  # the lane's last step
         self.vad: StreamingVad | None = None
         self.turns = 0
         self.ignored_chunks = 0  # audio that arrived while answering (echo risk)
         self._turn: asyncio.Task[None] | None = None
-        self._hear: asyncio.Task[None] | None = None
-        self._hear_wanted: tuple[np.ndarray, bool] | None = None  # newest (speech, paused)
         self.recorder: TurnRecorder | None = None
 
     # --- the session's tasks ----------------------------------------------------
@@ -125,7 +125,7 @@ class HalfDuplexRunner(StreamingRunner):
     async def _wind_down(self) -> None:
         try:
             await self._end_turn()
-            await self._stop_hear()
+            await self.hearing.stop()
         finally:
             if self.recorder is not None:  # after the last turn was recorded
                 await self.recorder.close()
@@ -212,7 +212,7 @@ class HalfDuplexRunner(StreamingRunner):
             min_silence_duration_ms=config.vad.min_silence_duration_ms,
             speech_pad_ms=config.vad.speech_pad_ms,
             ignore_initial_ms=COLD_START_MS,
-            end_check_ms=await self._end_check_ms(config.vad.min_silence_duration_ms),
+            end_check_ms=await end_check_ms(self.runtime, config.vad.min_silence_duration_ms),
         )
         self.vad = StreamingVad(await asyncio.to_thread(SileroModel), vad_config)
         try:
@@ -274,7 +274,7 @@ class HalfDuplexRunner(StreamingRunner):
                 await self._speech_ended(event)
                 return  # audio after the end of speech belongs to no turn
         if vad.speaking:
-            self._want_hear(vad.speech_so_far, vad.paused)
+            self.hearing.want(vad.speech_so_far, vad.paused)
 
     async def _speech_ended(self, event: SpeechEnded) -> None:
         await self.send(vad_state_message(False))
@@ -284,56 +284,19 @@ class HalfDuplexRunner(StreamingRunner):
 
     # --- turn-taking by meaning ------------------------------------------------------
 
-    async def _end_check_ms(self, min_silence_ms: int) -> int | None:
-        """When to ask the end-of-turn model, if the worker has one (and the
-        session's silence rule is not already that short)."""
-        judge = self.runtime.turn_judge
-        if judge is None or not await judge.ready():
-            return None
-        check_ms = judge.settings.check_after_ms
-        return check_ms if check_ms < min_silence_ms else None
-
     async def _judge_turn(self, check: TurnCheck) -> None:
         """A finished turn is answered now; an unfinished one waits for the
-        silence rule. The user may have gone on speaking meanwhile: then
-        ``end_now`` finds that silence over and nothing happens."""
-        judge = self.runtime.turn_judge
-        if judge is None or not await judge.complete(check.speech) or self.vad is None:
-            return
-        ended = self.vad.end_now(check.pause)
+        silence rule."""
+        ended = await judged_end(self.runtime, self.vad, check)
         if isinstance(ended, SpeechEnded):
             await self._speech_ended(ended)
         elif isinstance(ended, SpeechDiscarded):
             await self.send(vad_state_message(False))
 
-    # --- early work while the user speaks ----------------------------------------
-
-    def _want_hear(self, speech: np.ndarray, paused: bool) -> None:
-        self._hear_wanted = (speech, paused)
-        if self._hear is None or self._hear.done():  # a failed one has ended the session
-            self._hear = self.spawn("hear", self._hear_loop())
-
-    async def _hear_loop(self) -> None:
-        """At most one ``hear`` step in flight; the newest request wins. Early
-        work is optional: an engine error in it is logged, and the turn's
-        prefill does the work again."""
-        while self._hear_wanted is not None:
-            (speech, paused), self._hear_wanted = self._hear_wanted, None
-            try:
-                await self.runtime.step(self.record, self.session.hear, speech, paused)
-            except EngineError as exc:
-                log.warning("early hearing of %s failed: %s", self.record.session_id, exc)
-
-    async def _stop_hear(self) -> None:
-        self._hear_wanted = None
-        if self._hear is not None:
-            hear, self._hear = self._hear, None
-            await asyncio.wait([hear])  # the step in flight finishes; its error is the group's
-
     # --- the answer ----------------------------------------------------------------
 
     async def _answer(self, ended: SpeechEnded, ended_ts: float) -> None:
-        await self._stop_hear()  # one model step per session at a time
+        await self.hearing.stop()  # one model step per session at a time
         speech = ended.segment
         record = self.record
         started = time.perf_counter()

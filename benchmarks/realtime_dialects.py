@@ -1,0 +1,227 @@
+"""End of speech to first answer audio: OpenAI's Realtime dialect (GA) against
+the MiniCPM-o dialect (``/ws/half_duplex``) on the same engine, in one run.
+
+Starts ``omnilive serve`` (cascade by default), opens one session of each
+dialect with the same turn detection (threshold 0.5, 500 ms of silence, 30 ms
+padding) and a prompt no earlier session began with (no cached prefix), and
+plays the same spoken questions (espeak-ng) to both, alternating which goes
+first, at microphone pace (100 ms pieces sent in real time). For each it records,
+from the moment the speech ended, when the server said the speech stopped
+and when the answer's first audio arrived. Prints medians and saves every
+figure under benchmarks/results/.
+
+    python -m benchmarks.realtime_dialects [--engine cascade] [--questions 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tests.servers import Server
+from tests.speech import speak
+from websockets.asyncio.client import connect
+
+from benchmarks.cascade_latency import QUESTIONS, RESULTS, summary
+from benchmarks.microphone import RATE, Microphone, spoken_turn
+
+SILENCE_MS, THRESHOLD, PAD_MS, CHUNK_S = 500, 0.5, 30, 0.1
+INSTRUCTIONS = "You are a helpful assistant. Answer in one short sentence."
+
+
+def instructions(serial: int) -> str:
+    """A prompt no earlier session began with: llama.cpp reuses the longest
+    cached prefix, so a session asked what the last one was asked, with the
+    same prompt, would skip its prompt evaluation and look faster."""
+    return f"Session {serial}. {INSTRUCTIONS}"
+
+
+async def half_duplex_session(server: Server, serial: int) -> Any:
+    ws = await connect(f"{server.ws}/ws/half_duplex/bench_{os.getpid()}", max_size=None)
+    while json.loads(await ws.recv())["type"] != "queue_done":
+        pass
+    vad = {"threshold": THRESHOLD, "min_silence_duration_ms": SILENCE_MS, "speech_pad_ms": PAD_MS}
+    await ws.send(
+        json.dumps(
+            {"type": "prepare", "system_prompt": instructions(serial), "config": {"vad": vad}}
+        )
+    )
+    while json.loads(await ws.recv())["type"] != "prepared":
+        pass
+    await Microphone(ws, CHUNK_S).play(np.zeros(round(0.6 * RATE), np.float32))  # cold-start guard
+    return ws
+
+
+async def openai_session(server: Server, serial: int) -> Any:
+    ws = await connect(f"{server.ws}/v1/realtime?model=bench", max_size=None)
+    detection = {
+        "type": "server_vad",
+        "threshold": THRESHOLD,
+        "silence_duration_ms": SILENCE_MS,
+        "prefix_padding_ms": PAD_MS,
+    }
+    session = {
+        "type": "realtime",
+        "instructions": instructions(serial),
+        "audio": {"input": {"turn_detection": detection}},
+    }
+    await ws.send(json.dumps({"type": "session.update", "session": session}))
+    while json.loads(await ws.recv())["type"] != "session.updated":
+        pass
+    return ws
+
+
+def pcm24(audio: np.ndarray) -> str:
+    samples = np.interp(np.arange(round(audio.size * 1.5)) / 1.5, np.arange(audio.size), audio)
+    return base64.b64encode((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes()).decode()
+
+
+async def openai_turn(ws: Any, speech: np.ndarray, lead_s: float = 0.8) -> dict[str, float]:
+    """Speak at microphone pace on a GA session; times from the end of speech."""
+    audio = np.concatenate(
+        [
+            np.zeros(round(lead_s * RATE), np.float32),
+            speech,
+            np.zeros(round(3.0 * RATE), np.float32),
+        ]
+    )
+    events: dict[str, float] = {}
+    answering = asyncio.Event()
+
+    async def listen() -> None:
+        async for raw in ws:
+            message, now = json.loads(raw), time.perf_counter()
+            kind = message["type"]
+            if kind == "input_audio_buffer.speech_stopped":
+                events.setdefault("vad_end", now)
+                answering.set()  # as the half-duplex client does, stop sending (echo)
+            elif kind == "response.output_audio.delta":
+                events.setdefault("first_audio", now)
+            elif kind == "response.done":
+                return
+            elif kind == "error":
+                raise RuntimeError(f"server error: {message}")
+
+    listener = asyncio.ensure_future(listen())
+    chunk = round(CHUNK_S * RATE)
+    t0 = time.perf_counter()
+    for k, start in enumerate(range(0, audio.size, chunk)):
+        if answering.is_set():
+            break
+        delay = t0 + (k + 1) * CHUNK_S - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        piece = {"type": "input_audio_buffer.append", "audio": pcm24(audio[start : start + chunk])}
+        await ws.send(json.dumps(piece))
+    await asyncio.wait_for(listener, 180)
+    end = t0 + lead_s + speech.size / RATE
+    return {
+        "vad_ms": round((events["vad_end"] - end) * 1000, 1),
+        "e2e_ms": round((events["first_audio"] - end) * 1000, 1),
+    }
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    questions = [q for q in QUESTIONS if 2.0 <= speak(q).size / RATE <= 5.0][: args.questions]
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        # Both dialects end turns by the same silence rule: the end-of-turn
+        # model (half-duplex's default; the GA dialect's semantic_vad) is off.
+        env = {"OMNILIVE_END_OF_TURN__ENABLED": "false"}
+        server = Server(Path(tmp), engine=args.engine, env=env).start()
+        try:
+            await server.wait_ready(timeout=300, workers=1)
+            # One session at a time (the engine has one slot), in alternating order.
+            for index, question in enumerate(questions * args.rounds):
+                speech = speak(question)
+                measured: dict[str, Any] = {}
+                for dialect in ("minicpmo", "openai")[:: 1 if index % 2 == 0 else -1]:
+                    if dialect == "minicpmo":
+                        hd = await half_duplex_session(server, 2 * index)
+                        measured[dialect] = await spoken_turn(hd, Microphone(hd, CHUNK_S), speech)
+                        await hd.close()
+                    else:
+                        ga = await openai_session(server, 2 * index + 1)
+                        measured[dialect] = await openai_turn(ga, speech)
+                        await ga.close()
+                turn, openai = measured["minicpmo"], measured["openai"]
+                row = {
+                    "question": question,
+                    "speech_s": round(speech.size / RATE, 2),
+                    "minicpmo_vad_ms": turn.vad_ms,
+                    "minicpmo_e2e_ms": turn.first_audio_ms,
+                    "openai_vad_ms": openai["vad_ms"],
+                    "openai_e2e_ms": openai["e2e_ms"],
+                }
+                rows.append(row)
+                print(
+                    f"minicpmo e2e {row['minicpmo_e2e_ms']:6.0f} ms   openai e2e "
+                    f"{row['openai_e2e_ms']:6.0f} ms   {question}"
+                )
+                await asyncio.sleep(0.5)
+        finally:
+            server.stop()
+
+    def column(name: str) -> list[float]:
+        return [r[name] for r in rows]
+
+    after_vad = {
+        d: [r[f"{d}_e2e_ms"] - r[f"{d}_vad_ms"] for r in rows] for d in ("minicpmo", "openai")
+    }
+    return {
+        "benchmark": "realtime_dialects",
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "engine": args.engine,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "processor": platform.processor() or platform.machine(),
+            "python": platform.python_version(),
+        },
+        "config": {
+            "chunk_s": CHUNK_S,
+            "silence_ms": SILENCE_MS,
+            "threshold": THRESHOLD,
+            "pad_ms": PAD_MS,
+        },
+        "summary_ms": {
+            "minicpmo_end_to_end": summary(column("minicpmo_e2e_ms")),
+            "openai_end_to_end": summary(column("openai_e2e_ms")),
+            "minicpmo_after_vad": summary(after_vad["minicpmo"]),
+            "openai_after_vad": summary(after_vad["openai"]),
+            "openai_minus_minicpmo_median": round(
+                statistics.median(column("openai_e2e_ms"))
+                - statistics.median(column("minicpmo_e2e_ms")),
+                1,
+            ),
+        },
+        "rows": rows,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--engine", default="cascade")
+    parser.add_argument("--questions", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=2, help="times each question is asked")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    result = asyncio.run(run(args))
+    print(json.dumps(result["summary_ms"], indent=2))
+    out = args.out or RESULTS / f"realtime_dialects_{args.engine}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"saved {out}")
+
+
+if __name__ == "__main__":
+    main()

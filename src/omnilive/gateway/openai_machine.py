@@ -1,0 +1,181 @@
+"""The OpenAI Realtime API (GA) dialect at the gateway, without I/O.
+
+QUEUED → ACTIVE → CLOSED. The machine checks each client event against its
+typed schema (a bad one is an OpenAI-shaped ``error`` and the session goes
+on), and passes the good ones to the worker, where the session lives
+(``worker/runners/conversation.py``). It owns no session logic: while the
+session waits for a worker it keeps what the client sent (the configuration
+merged into one ``session.update``, other events in order, bounded), and
+tells the client where it stands in omnilive's own ``omnilive.queue.*``
+events, which OpenAI's SDKs pass on as unknown events.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from enum import StrEnum
+from typing import Any
+
+from omnilive.gateway.realtime_machine import Action, Close, IllegalTransition, ToClient, ToWorker
+from omnilive.protocol.common import ProtocolError, load_json
+from omnilive.protocol.internal import Envelope
+from omnilive.protocol.openai_realtime import (
+    DIALECT,
+    DUPLEX_SUFFIX,
+    OMNILIVE_QUEUE_EVENTS,
+    AudioAppend,
+    OpenAIError,
+    SessionConfig,
+    SessionUpdate,
+    error_event,
+    parse_client_event,
+    server_event,
+    session_object,
+)
+from omnilive.protocol.realtime import CloseReason
+
+# Events kept while queued besides the configuration; audio beyond this is
+# dropped oldest first (and counted), since a client streams its microphone
+# from the start.
+MAX_HELD_EVENTS = 256
+CLOSE_SERVER_ERROR = 1011
+CLOSE_NORMAL = 1000
+
+_END_CODES = {
+    CloseReason.TIMEOUT: ("session_expired", "the session reached its time limit"),
+    CloseReason.SERVER_SHUTDOWN: ("server_shutdown", "the server is shutting down"),
+    CloseReason.CONTEXT_FULL: ("context_full", "the model's context is full"),
+    CloseReason.ERROR: ("server_error", "the session failed on its worker"),
+}
+
+
+class OpenAIState(StrEnum):
+    QUEUED = "queued"
+    ACTIVE = "active"
+    CLOSED = "closed"
+
+
+class OpenAIRealtimeMachine:
+    """One GA-dialect connection's rules at the gateway."""
+
+    dialect = DIALECT
+
+    def __init__(self, session_id: str, model: str, max_message_bytes: int) -> None:
+        self.session_id = session_id
+        self.model = model
+        # omnilive's extension: a model named ``*-duplex`` runs the session on
+        # the full-duplex unit loop (the model decides when to speak); any
+        # other on the half-duplex path (turn detection decides).
+        self.duplex = model.endswith(DUPLEX_SUFFIX)
+        self.task_type = "audio_duplex" if self.duplex else "half_duplex"
+        self.worker_kind = "openai_duplex" if self.duplex else "conversation"
+        self.max_message_bytes = max_message_bytes
+        self.state = OpenAIState.QUEUED
+        self.config = SessionConfig()
+        self._config_changed = False
+        self._held: deque[dict[str, Any]] = deque()
+        self.dropped_appends = 0
+
+    def created(self) -> list[Action]:
+        """What the client hears on connecting: its session, as OpenAI's server says it."""
+        session = session_object(self.session_id, self.config, self.model)
+        return [ToClient(server_event("session.created", session=session))]
+
+    # --- the queue ------------------------------------------------------------------
+
+    def queue_event(self, message: dict[str, Any]) -> list[Action]:
+        kind = OMNILIVE_QUEUE_EVENTS[message["type"]]
+        fields = {k: v for k, v in message.items() if k != "type"}
+        return [ToClient(server_event(kind, **fields))]
+
+    def attach_worker(self) -> list[Action]:
+        """The worker's session socket is open: it learns the session as
+        configured so far (it answers ``session.updated`` if the client sent
+        an update meanwhile), then what else the client sent, in order."""
+        if self.state is not OpenAIState.QUEUED:
+            raise IllegalTransition(f"{self.state} → active")
+        self.state = OpenAIState.ACTIVE
+        update = next((e for e in self._held if e["type"] == "session.update"), None)
+        start = {
+            "type": "internal.openai",
+            "session_id": self.session_id,
+            "model": self.model,
+            "session": self.config.model_dump(mode="json"),
+            "updated": update is not None,
+            "event_id": update.get("event_id") if update is not None else None,
+            "dropped_appends": self.dropped_appends,
+        }
+        held = [e for e in self._held if e["type"] != "session.update"]
+        self._held = deque()
+        return [ToWorker(start), *(ToWorker(event) for event in held)]
+
+    # --- the client --------------------------------------------------------------------
+
+    def client_frame(self, raw: str | bytes) -> list[Action]:
+        if self.state is OpenAIState.CLOSED:
+            return []
+        try:
+            data = load_json(raw, self.max_message_bytes)  # the one client JSON decoder
+        except ProtocolError as exc:
+            return [ToClient(error_event(exc.code.value, exc.message))]
+        if not isinstance(data, dict):
+            return [ToClient(error_event("invalid_json", "an event is a JSON object"))]
+        try:
+            event = parse_client_event(data)
+        except OpenAIError as exc:
+            return [ToClient(error_event(exc.code, exc.message, exc.param, exc.event_id))]
+        if isinstance(event, SessionUpdate):
+            # The worker hears the whole session as it stands, so the two never differ.
+            self.config = self.config.updated(event.session)
+            message = {
+                "type": "session.update",
+                "event_id": event.event_id,
+                "session": self.config.model_dump(mode="json"),
+            }
+        else:
+            message = event.model_dump(mode="json", exclude_none=True)
+        return self._to_worker(message, isinstance(event, AudioAppend))
+
+    def _to_worker(self, message: dict[str, Any], is_audio: bool) -> list[Action]:
+        if self.state is OpenAIState.ACTIVE:
+            return [ToWorker(message)]
+        if message["type"] == "session.update":
+            self._held = deque(e for e in self._held if e["type"] != "session.update")
+        self._held.append(message)
+        while len(self._held) > MAX_HELD_EVENTS:
+            oldest_audio = next(
+                (e for e in self._held if e["type"] == "input_audio_buffer.append"), None
+            )
+            if oldest_audio is None:
+                self._held.pop()  # the newest non-audio event is refused
+                return [ToClient(error_event("too_many_events", "too many events while queued"))]
+            self._held.remove(oldest_audio)
+            self.dropped_appends += 1
+        return []
+
+    # --- the worker --------------------------------------------------------------------
+
+    @staticmethod
+    def forwards(event_type: str) -> bool:
+        """Every worker event goes to the client as it is (the worker speaks the dialect)."""
+        return True
+
+    def worker_event(self, envelope: Envelope) -> list[Action]:
+        return []
+
+    # --- endings ---------------------------------------------------------------------------
+
+    def end(self, reason: CloseReason) -> list[Action]:
+        """A server-side end: an ``error`` that says why, then the socket closes."""
+        if self.state is OpenAIState.CLOSED:
+            return []
+        self.state = OpenAIState.CLOSED
+        if reason is CloseReason.STOPPED:
+            return [Close(CLOSE_NORMAL)]
+        code, message = _END_CODES.get(reason, ("server_error", f"the session ended: {reason}"))
+        kind = "server_error" if reason is CloseReason.ERROR else "invalid_request_error"
+        failed = reason is CloseReason.ERROR
+        return [
+            ToClient(error_event(code, message, kind=kind)),
+            Close(CLOSE_SERVER_ERROR if failed else CLOSE_NORMAL),
+        ]

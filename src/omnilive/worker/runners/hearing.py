@@ -1,0 +1,84 @@
+"""What the runners with server VAD share while the user speaks: early work
+(the speech so far goes to the engine's optional ``hear`` step: a
+transcript, an answer started at a pause, with at most one such step in
+flight and the newest request winning; optional, so an engine error in it
+is logged and the turn's prefill does the work again), and turn-taking by
+meaning (the worker's end-of-turn model judges a short silence)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import numpy as np
+
+from omnilive.engines.base import EngineError, HalfDuplexSession
+from omnilive.vad import StreamingVad, TurnCheck, VadEvent
+from omnilive.worker.runtime import SessionRecord, WorkerRuntime
+
+log = logging.getLogger(__name__)
+Spawn = Callable[[str, Coroutine[Any, Any, None]], asyncio.Task[None]]
+
+
+class EarlyHearing:
+    def __init__(
+        self,
+        runtime: WorkerRuntime,
+        record: SessionRecord,
+        session: HalfDuplexSession,
+        spawn: Spawn,
+    ) -> None:
+        self._runtime = runtime
+        self._record = record
+        self._session = session
+        self._spawn = spawn  # the session's task group: a bug in a step ends the session
+        self._task: asyncio.Task[None] | None = None
+        self._wanted: tuple[np.ndarray, bool] | None = None  # the newest (speech, paused)
+
+    def want(self, speech: np.ndarray, paused: bool) -> None:
+        self._wanted = (speech, paused)
+        if self._task is None or self._task.done():  # a failed one has ended the session
+            self._task = self._spawn("hear", self._loop())
+
+    async def _loop(self) -> None:
+        while self._wanted is not None:
+            (speech, paused), self._wanted = self._wanted, None
+            try:
+                await self._runtime.step(self._record, self._session.hear, speech, paused)
+            except EngineError as exc:
+                log.warning("early hearing of %s failed: %s", self._record.session_id, exc)
+
+    async def stop(self) -> None:
+        """No more early work: the step in flight finishes (one model step
+        per session at a time), its error is the group's."""
+        self._wanted = None
+        if self._task is not None:
+            task, self._task = self._task, None
+            await asyncio.wait([task])
+
+
+# --- turn-taking by meaning (the worker's end-of-turn model) -----------------------------
+
+
+async def end_check_ms(runtime: WorkerRuntime, min_silence_ms: int) -> int | None:
+    """When to ask the end-of-turn model, if the worker has one (and the
+    session's silence rule is not already that short)."""
+    judge = runtime.turn_judge
+    if judge is None or not await judge.ready():
+        return None
+    check_ms = judge.settings.check_after_ms
+    return check_ms if check_ms < min_silence_ms else None
+
+
+async def judged_end(
+    runtime: WorkerRuntime, vad: StreamingVad | None, check: TurnCheck
+) -> VadEvent | None:
+    """The end of a turn the model finds finished (``SpeechEnded``, or
+    ``SpeechDiscarded`` if too short); None while it is not, or when the user
+    has gone on speaking meanwhile (``end_now`` finds that silence over)."""
+    judge = runtime.turn_judge
+    if judge is None or vad is None or not await judge.complete(check.speech):
+        return None
+    return vad.end_now(check.pause)

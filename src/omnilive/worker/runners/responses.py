@@ -1,0 +1,193 @@
+"""A Realtime conversation's responses on the worker: at most one runs; it
+is made from the conversation (or, out of band, from its own ``input``),
+with the session's settings or its own for this once, streamed through
+the presenter, and cancelled at the engine's next step when asked or when
+the user starts speaking. Mixed into the conversation runner, which owns
+the session's state."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
+
+from omnilive.engines.base import ChatMessage, EngineError, HalfDuplexSession
+from omnilive.protocol.openai_realtime import (
+    OpenAIError,
+    ResponseCancel,
+    ResponseParams,
+    SessionConfig,
+    error_event,
+)
+from omnilive.worker.conversation_items import Conversation, client_item, messages_of
+from omnilive.worker.machines import conversation as rules
+from omnilive.worker.outbox import Outbox
+from omnilive.worker.presenter_openai import ResponsePresenter, item_id, usage
+from omnilive.worker.runtime import SessionRecord, WorkerRuntime
+
+log = logging.getLogger(__name__)
+_AUDIO_DELTA = "response.output_audio.delta"
+
+
+class Responses:
+    # The runner's, read and written here.
+    runtime: WorkerRuntime
+    record: SessionRecord
+    session: HalfDuplexSession
+    outbox: Outbox
+    config: SessionConfig
+    conversation: Conversation
+    session_id: str
+    _prefilled: bool  # the last speech is in the engine, unanswered
+    _input_tokens: int  # what the engine heard since the last response
+    _spoken_ms: dict[str, float]  # assistant item → its audio's length
+
+    if TYPE_CHECKING:  # the runner's methods (stubs here would shadow them)
+
+        def spawn(self, name: str, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]: ...
+        async def send(self, message: dict[str, Any]) -> None: ...
+        async def _sync_history(self) -> None: ...
+        async def _apply_tools(self, params: ResponseParams | None = None) -> None: ...
+
+    def _init_responses(self) -> None:
+        self._response: asyncio.Task[None] | None = None
+        self._presenter: ResponsePresenter | None = None
+        self._cancel_reason = "client_cancelled"
+
+    @property
+    def _answering(self) -> bool:
+        return self._response is not None and not self._response.done()
+
+    async def _create_response(self, params: ResponseParams, client_event_id: str | None) -> None:
+        if self._answering:
+            message = "the conversation already has an active response"
+            code = "conversation_already_has_active_response"
+            raise OpenAIError(code, message, None, client_event_id)
+        context = self._own_context(params, client_event_id)
+        modalities = params.output_modalities or self.config.output_modalities
+        in_conversation = params.conversation != "none"
+        presenter = ResponsePresenter(
+            "audio" in modalities,
+            self.config.audio.output.format.type,
+            self.conversation.last_id if in_conversation else None,
+            conversation=params.conversation,
+            metadata=params.metadata,
+        )
+        self._presenter = presenter
+        work = self._respond(params, presenter, context)
+        self._response = self.spawn(f"response-{presenter.id}", work)
+
+    def _own_context(
+        self, params: ResponseParams, client_event_id: str | None
+    ) -> list[ChatMessage] | None:
+        """A response's own ``input`` as the engine's messages (None: it
+        answers the conversation); references are looked up now."""
+        if params.input is None:
+            return None
+        items = []
+        for entry in params.input:
+            if entry.type == "item_reference":
+                items.append(self.conversation.get(entry.id, client_event_id))
+            else:
+                items.append(client_item(entry.model_dump(mode="json"), item_id()))
+        return messages_of(params.instructions or rules.instructions(self.config), items)
+
+    async def _respond(
+        self,
+        params: ResponseParams,
+        presenter: ResponsePresenter,
+        context: list[ChatMessage] | None,
+    ) -> None:
+        record, session = self.record, self.session
+        out_tokens, status, reason = 0, "completed", None
+        own_tools, own_options = rules.overrides(params)
+        out_of_band = context is not None or params.conversation == "none"
+        await self.send(presenter.created()[0])
+        try:
+            if own_tools:
+                await self._apply_tools(params)
+            if own_options:
+                await self.runtime.step(
+                    record, session.set_options, rules.options(self.config, params)
+                )
+            if context is not None:
+                await self.runtime.step(record, session.set_history, context)
+                self._prefilled = False
+            elif self.conversation.dirty:
+                await self._sync_history()
+            await self.runtime.step(record, session.snapshot)
+            if not self._prefilled or params.instructions or out_of_band:
+                instructions = None if context is not None else params.instructions
+                await self.runtime.step(record, session.respond, instructions)
+            self._prefilled = False
+            async for chunk in self.runtime.stream(record, session.generate):
+                out_tokens += chunk.n_tokens
+                if chunk.tool_call is not None:
+                    events = presenter.tool_call(chunk.tool_call)
+                else:
+                    events = presenter.chunk(chunk.text, chunk.audio)
+                for event in events:
+                    await self.send(event)
+        except asyncio.CancelledError:
+            status, reason = "cancelled", self._cancel_reason
+            raise
+        except EngineError as exc:
+            status = "failed"
+            log.warning("response %s of %s failed: %s", presenter.id, self.session_id, exc)
+            await self.runtime.step(record, session.rollback)
+            failed = f"the response failed: {exc}"
+            await self.send(error_event("inference_error", failed, kind="server_error"))
+        finally:
+            log.info("response %s %s: %s", presenter.id, status, session.turn_timings)
+            await self._finish(params, presenter, status, reason, out_tokens)
+            if out_of_band:  # the engine's context holds what the conversation does not
+                self.conversation.dirty = True
+
+    async def _finish(
+        self,
+        params: ResponseParams,
+        presenter: ResponsePresenter,
+        status: str,
+        reason: str | None,
+        out_tokens: int,
+    ) -> None:
+        spoken = presenter.spoken_ms
+        heard, self._input_tokens = self._input_tokens, 0
+        for event in presenter.done(status, usage(heard, out_tokens, presenter.audio), reason):
+            await self.send(event)
+        if params.conversation != "none":
+            for item in presenter.output:
+                self.conversation.add(item)
+                if item["type"] == "function_call":
+                    self.conversation.dirty = True  # the engine's context has no calls
+                elif presenter.audio:
+                    self._spoken_ms[item["id"]] = spoken
+        own_tools, own_options = rules.overrides(params)
+        if own_tools:
+            await self._apply_tools()
+        if own_options:
+            await self.runtime.step(
+                self.record, self.session.set_options, rules.options(self.config)
+            )
+        self.conversation.dirty = self.conversation.dirty or bool(params.instructions)
+
+    async def _cancel(self, event: ResponseCancel) -> None:
+        running = self._presenter if self._answering else None
+        if running is None or (event.response_id and event.response_id != running.id):
+            message = "no active response to cancel"
+            raise OpenAIError("response_cancel_not_active", message, None, event.event_id)
+        await self._cancel_response("client_cancelled")
+
+    async def _cancel_response(self, reason: str) -> None:
+        """Stop the answer: queued audio is dropped, the step in flight
+        finishes, what was said stays in the conversation."""
+        task, self._response = self._response, None
+        if task is None or task.done():
+            return
+        self._cancel_reason = reason
+        self.outbox.drop(lambda m: m.get("type") == _AUDIO_DELTA)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait([task])

@@ -1,0 +1,243 @@
+"""OpenAI's Realtime API (GA) on the real embedded engine, with the ``openai``
+SDK unchanged: a spoken question (espeak-ng) heard by server VAD gets the
+user's transcript and a spoken answer with its transcript; and a voice
+session with a ``get_weather`` tool whose language model is a real
+OpenAI-compatible server the test starts (llama-cpp-python's own server over
+the packaged SmolLM2, with its ``chatml-function-calling`` format) makes the
+call, takes its output and answers."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from omnilive.engines.cascade.models import llm_gguf_path
+from tests.integration.test_realtime_openai import connect, pcm24, until
+from tests.servers import Server, free_port
+from tests.speech import silence, speak
+
+pytestmark = pytest.mark.cascade
+QUESTION = "What is the capital of France?"
+VOICE_SESSION = {
+    "type": "realtime",
+    "instructions": "You are a helpful voice assistant.",
+    "audio": {
+        "input": {
+            "transcription": {"model": "whisper-base"},
+            "turn_detection": {"type": "server_vad", "silence_duration_ms": 600},
+        }
+    },
+}
+
+
+def stream_speech(connection, speech: np.ndarray, pause_s: float = 0.02):
+    """The speech as 100 ms pieces of audio/pcm, ``pause_s`` apart (0.1: as a
+    microphone sends them)."""
+    encoded = pcm24(speech)
+    step = 6400  # 100 ms of 24 kHz 16-bit audio, base64
+
+    async def send() -> None:
+        for start in range(0, len(encoded), step):
+            await connection.input_audio_buffer.append(audio=encoded[start : start + step])
+            await asyncio.sleep(pause_s)
+
+    return send()
+
+
+@pytest.fixture(scope="module")
+def llm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """llama-cpp-python's OpenAI-compatible server over the packaged GGUF."""
+    port = free_port()
+    log = open(tmp_path_factory.mktemp("llm") / "llm.log", "wb")  # noqa: SIM115
+    command = [
+        sys.executable,
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        str(llm_gguf_path()),
+        "--chat_format",
+        "chatml-function-calling",
+        "--port",
+        str(port),
+        "--n_threads",
+        "1",
+        "--n_ctx",
+        "2048",
+    ]
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/models", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        else:
+            pytest.fail("llama_cpp.server did not start")
+        yield url
+    finally:
+        process.terminate()
+        process.wait(10)
+        log.close()
+
+
+def cascade_server(tmp: Path, env: dict[str, str] | None = None) -> Iterator[Server]:
+    server = Server(tmp, engine="cascade", env=env).start()
+    try:
+        asyncio.run(server.wait_ready(timeout=180, workers=1))
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def cascade(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    yield from cascade_server(tmp_path_factory.mktemp("cascade-openai"))
+
+
+@pytest.fixture(scope="module")
+def cascade_with_tools(
+    tmp_path_factory: pytest.TempPathFactory, llm_server: str
+) -> Iterator[Server]:
+    env = {"OMNILIVE_CASCADE__LLM__URL": llm_server}
+    yield from cascade_server(tmp_path_factory.mktemp("cascade-tools"), env)
+
+
+async def test_a_spoken_question_gets_a_spoken_answer_and_transcripts(cascade: Server):
+    speech = np.concatenate([silence(0.6), speak(QUESTION), silence(1.5)])
+    async with connect(cascade) as connection:
+        await until(connection, "session.created")
+        await connection.session.update(session=VOICE_SESSION)
+        await until(connection, "session.updated")
+        sender = asyncio.ensure_future(stream_speech(connection, speech))
+        done, seen = await until(connection, "response.done", timeout=120)
+        await sender
+    kinds = [e.type for e in seen]
+    assert kinds.index("input_audio_buffer.speech_started") < kinds.index(
+        "input_audio_buffer.speech_stopped"
+    )
+    heard = next(e for e in seen if e.type.endswith("input_audio_transcription.completed"))
+    assert "capital" in heard.transcript.lower()  # Whisper base hears espeak-ng's "France" poorly
+    audio = b"".join(
+        base64.b64decode(e.delta) for e in seen if e.type == "response.output_audio.delta"
+    )
+    assert len(audio) >= 24_000 * 2 * 0.5  # at least half a second of speech
+    spoken = np.frombuffer(audio, "<i2").astype(np.float32) / 32768
+    assert float(np.sqrt(np.mean(spoken**2))) > 0.01
+    transcript = next(e for e in seen if e.type == "response.output_audio_transcript.done")
+    assert transcript.transcript.strip()
+    assert done.response.status == "completed"
+    assert done.response.output[0].content[0].transcript == transcript.transcript
+
+
+async def test_tools_need_a_model_that_takes_them(cascade: Server):
+    async with connect(cascade) as connection:
+        await until(connection, "session.created")
+        tool = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}
+        await connection.session.update(session={"type": "realtime", "tools": [tool]})
+        error, _ = await until(connection, "error", timeout=30)
+        assert error.error.code == "unsupported" and "cascade.llm.url" in error.error.message
+        updated, _ = await until(connection, "session.updated", timeout=30)
+        assert updated.session.tools == []  # the rest of the update stands
+
+
+async def test_a_spoken_conversation_with_a_tool_call(cascade_with_tools: Server):
+    weather = {
+        "type": "function",
+        "name": "get_weather",
+        "description": "Get the current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    }
+    session = {
+        **VOICE_SESSION,
+        "tools": [weather],
+        "tool_choice": {"type": "function", "name": "get_weather"},
+    }
+    speech = np.concatenate([silence(0.6), speak("What is the weather in Paris?"), silence(1.5)])
+    async with connect(cascade_with_tools) as connection:
+        await until(connection, "session.created")
+        await connection.session.update(session=session)
+        await until(connection, "session.updated")
+        sender = asyncio.ensure_future(stream_speech(connection, speech))
+        done, seen = await until(connection, "response.done", timeout=120)
+        await sender
+        call = next(item for item in done.response.output if item.type == "function_call")
+        assert call.name == "get_weather"
+        arguments = json.loads(call.arguments)
+        assert isinstance(arguments, dict) and "city" in arguments
+        deltas = [e for e in seen if e.type == "response.function_call_arguments.delta"]
+        assert "".join(e.delta for e in deltas) == call.arguments
+        output = {
+            "type": "function_call_output",
+            "call_id": call.call_id,
+            "output": json.dumps({"city": "Paris", "forecast": "sunny", "celsius": 21}),
+        }
+        await connection.conversation.item.create(item=output)
+        await until(connection, "conversation.item.done")
+        await connection.response.create(response={"tool_choice": "none"})
+        done, seen = await until(connection, "response.done", timeout=120)
+    assert done.response.status == "completed"
+    answer = done.response.output[0]
+    assert answer.type == "message" and answer.content[0].transcript.strip()
+    assert any(e.type == "response.output_audio.delta" for e in seen)
+
+
+async def test_a_side_whisper_transcribes_for_an_engine_that_does_not(tmp_path: Path):
+    """MiniCPM-o hears speech as audio; a Whisper beside it (here beside the
+    scripted engine, told not to transcribe) gives the user's transcript."""
+    env = {"OMNILIVE_SCRIPTED__TRANSCRIBES": "false", "OMNILIVE_TRANSCRIPTION__WHISPER": "true"}
+    server = Server(tmp_path, env=env).start()
+    speech = np.concatenate([silence(0.6), speak(QUESTION), silence(1.5)])
+    try:
+        await server.wait_ready(workers=1)
+        async with connect(server) as connection:
+            await until(connection, "session.created")
+            await connection.session.update(session=VOICE_SESSION)
+            await until(connection, "session.updated")
+            sender = asyncio.ensure_future(stream_speech(connection, speech))
+            heard, _ = await until(
+                connection, "conversation.item.input_audio_transcription.completed", timeout=120
+            )
+            await sender
+        assert "capital" in heard.transcript.lower()
+    finally:
+        server.stop()
+
+
+async def test_semantic_vad_judges_the_turn_by_meaning(cascade: Server):
+    """``semantic_vad`` with low eagerness waits 1.2 s of silence, unless the
+    worker's end-of-turn model finds the question finished sooner."""
+    session = {
+        "type": "realtime",
+        "audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "low"}}},
+    }
+    question = "What is the weather in Paris?"  # the model finds it finished (p ~ 0.98)
+    speech = np.concatenate([silence(0.6), speak(question), silence(2.0)])
+    async with connect(cascade) as connection:
+        await until(connection, "session.created")
+        await connection.session.update(session=session)
+        updated, _ = await until(connection, "session.updated")
+        assert updated.session.audio.input.turn_detection.type == "semantic_vad"
+        sender = asyncio.ensure_future(stream_speech(connection, speech, pause_s=0.1))
+        stopped, _ = await until(connection, "input_audio_buffer.speech_stopped", timeout=60)
+        done, _ = await until(connection, "response.done", timeout=120)
+        await sender
+    spoken_ms = (0.6 + speak(question).size / 16_000) * 1000
+    assert stopped.audio_end_ms - spoken_ms < 1200  # judged before the silence rule
+    assert done.response.status == "completed"
