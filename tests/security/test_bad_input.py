@@ -150,7 +150,10 @@ async def test_deep_json_and_nan_over_http_are_invalid_json(server):
         )
         documented(response, 422, "invalid_json")
     response = await http(
-        server, "PUT", "/api/admin/apps/omni", content="[" * 20_000 + "]" * 20_000,
+        server,
+        "PUT",
+        "/api/admin/apps/omni",
+        content="[" * 20_000 + "]" * 20_000,
         headers={"content-type": "application/json"},
     )  # fmt: skip (a settings body is capped at 64 kB: this one is under it)
     documented(response, 422, "invalid_json")
