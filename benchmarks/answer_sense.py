@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.cascade_latency import QUESTIONS, RESULTS
+from benchmarks.cascade_latency import QUESTIONS
+from benchmarks.load import save_result
 
 # One list of words per question (in QUESTIONS' order): any of them counts.
 KEYWORDS: list[list[str]] = [
@@ -128,10 +129,7 @@ def main() -> None:
         "questions": len(rows),
         "rows": rows,
     }
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"{args.name}.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"saved {path}")
+    save_result(args.name, result)
 
 
 if __name__ == "__main__":

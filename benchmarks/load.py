@@ -62,6 +62,15 @@ _CLK_TCK = os.sysconf("SC_CLK_TCK")
 RAY_WORKER_CPUS = 1.0
 
 
+def save_result(name: str, result: dict[str, Any]) -> Path:
+    """``result`` as benchmarks/results/<name>.json (said on stdout)."""
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"saved {path}")
+    return path
+
+
 def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values), q)) if values else math.nan
 

@@ -32,7 +32,7 @@ import numpy as np
 from tests.servers import Server
 from websockets.asyncio.client import ClientConnection, connect
 
-from benchmarks.load import RESULTS, proc_sample, worker_pids
+from benchmarks.load import proc_sample, save_result, worker_pids
 
 TINY_AUDIO = base64.b64encode(np.zeros(160, "<f4").tobytes()).decode()  # 10 ms at 16 kHz
 MB = 1024 * 1024
@@ -150,10 +150,7 @@ def main() -> None:
         f"peak {worker['peak']}, end {worker['end']}; "
         f"trend {worker['trend_mb_per_round_second_half']} MB/round over the second half"
     )
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"{args.name}.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"saved {path}")
+    save_result(args.name, result)
 
 
 if __name__ == "__main__":
