@@ -198,12 +198,16 @@ def load_json(raw: str | bytes, max_bytes: int | None = None) -> Any:
     return value
 
 
-def parse_json_object(raw: str | bytes, max_bytes: int | None) -> dict[str, Any]:
-    """Decode one client frame into a JSON object or raise :class:`ProtocolError`."""
-    value = load_json(raw, max_bytes)
+def json_object(value: Any) -> dict[str, Any]:
+    """A decoded message that must be a JSON object, or :class:`ProtocolError`."""
     if not isinstance(value, dict):
         raise ProtocolError(ErrorCode.INVALID_REQUEST, "message must be a JSON object")
     return value
+
+
+def parse_json_object(raw: str | bytes, max_bytes: int | None) -> dict[str, Any]:
+    """Decode one client frame into a JSON object or raise :class:`ProtocolError`."""
+    return json_object(load_json(raw, max_bytes))
 
 
 def decode_client_message(

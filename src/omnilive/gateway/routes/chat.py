@@ -34,6 +34,7 @@ from omnilive.protocol.common import (
     ErrorCode,
     ProtocolError,
     describe_validation_error,
+    json_object,
     parse_json_object,
 )
 from omnilive.protocol.internal import Envelope
@@ -45,13 +46,6 @@ router = APIRouter()
 def validate_chat(gateway: Gateway, raw: str | bytes) -> ChatRequest:
     """Everything the gateway can check without decoding media."""
     return check_chat(gateway, parse_json_object(raw, gateway.settings.limits.max_message_bytes))
-
-
-def checked_chat_body(gateway: Gateway, data: object) -> ChatRequest:
-    """``POST /api/chat``'s decoded body, checked as a ``/ws/chat`` frame is."""
-    if not isinstance(data, dict):
-        raise ProtocolError(ErrorCode.INVALID_REQUEST, "message must be a JSON object")
-    return check_chat(gateway, data)
 
 
 def check_chat(gateway: Gateway, data: dict[str, Any]) -> ChatRequest:
@@ -200,7 +194,7 @@ async def chat_http(request: Request) -> JSONResponse:
         return _error_response(403, exc.message, ErrorCode.APP_DISABLED)
     try:
         data = await read_json(request, gateway.settings.limits.max_message_bytes)
-        chat = checked_chat_body(gateway, data)
+        chat = check_chat(gateway, json_object(data))
     except ProtocolError as exc:
         return _error_response(status_for(exc.code), exc.message, exc.code)
     except HttpRefusal as exc:
