@@ -25,10 +25,10 @@ from typing import Any
 
 import matplotlib
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402 (the backend must be chosen first)
-from matplotlib.axes import Axes  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+matplotlib.use("Agg")  # files only, no display: chosen before pyplot loads
+import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 
 RESULTS = Path(__file__).resolve().parent / "results"
 IMAGES = Path(__file__).resolve().parents[1] / "docs" / "images"
@@ -114,8 +114,10 @@ def plot_relay_delay(ax: Axes, results: dict[str, dict[str, Any]]) -> None:
             continue
         for level in data.get("levels", []):
             gateways = level.get("gateways", 1)
-            key = "one gateway" if gateways == 1 and not level.get("on_ray") else (
-                f"{gateways} gateway{'s' if gateways > 1 else ''} on Ray"
+            key = (
+                "one gateway"
+                if gateways == 1 and not level.get("on_ray")
+                else (f"{gateways} gateway{'s' if gateways > 1 else ''} on Ray")
             )
             relay = level["relay_ms"]
             series.setdefault(key, []).append((level["sessions"], relay["p50"], relay["p99"]))

@@ -81,7 +81,8 @@ def _fields_table(model: type[BaseModel]) -> str:
             if field.is_required()
             else code(default_text(field.get_default(call_default_factory=True)))
         )
-        rows.append([code(wire), code(type_name(field.annotation)), default, field.description or ""])
+        kind = code(type_name(field.annotation))
+        rows.append([code(wire), kind, default, field.description or ""])
     if not rows:
         return "No fields beyond its `type`.\n"
     return table(["field", "type", "default", "description"], rows)

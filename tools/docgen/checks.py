@@ -1,0 +1,105 @@
+"""What a generated or hand-written page must say, as checks that name what is missing.
+
+Kept apart from the renderers so that a page edited by hand, or a renderer
+that forgets something, is caught by a check that does not trust the renderer.
+"""
+
+from __future__ import annotations
+
+import re
+
+from tools.docgen import cli_page, messages_page, settings_page
+from tools.docgen.markdown import default_text
+
+
+def _rows(text: str) -> dict[str, list[str]]:
+    """Table rows by their first cell's code text: ``host`` -> the row's cells."""
+    rows = {}
+    for line in text.splitlines():
+        match = re.match(r"^\| `([^`]+)` \|(.*)\|$", line)
+        if match:
+            rows.setdefault(match.group(1), [c.strip() for c in match.group(2).split(" | ")])
+    return rows
+
+
+def missing_settings(text: str) -> list[str]:
+    """Settings the configuration page lacks, or shows without their environment
+    variable, default or description."""
+    rows = _rows(text)
+    missing = []
+    for setting in settings_page.leaf_settings():
+        row = rows.get(setting.dotted)
+        if row is None:
+            missing.append(f"{setting.dotted}: no row")
+            continue
+        joined = " | ".join(row)
+        default = default_text(setting.default).replace("|", "\\|")
+        for what, needed in (("environment variable", setting.env), ("default", default)):
+            if f"`{needed}`" not in joined:
+                missing.append(f"{setting.dotted}: no {what} {needed}")
+        if not setting.field.description or setting.field.description not in joined:
+            missing.append(f"{setting.dotted}: no description")
+    return missing
+
+
+def _sections(text: str) -> list[tuple[str, str]]:
+    """(heading, body) of every ``##``-or-deeper section."""
+    parts = re.split(r"^(#{2,4} .*)$", text, flags=re.M)
+    return list(zip(parts[1::2], parts[2::2], strict=True))
+
+
+def missing_message_fields(text: str) -> list[str]:
+    """Fields of the protocol models the client-message page does not list under
+    their message, per protocol."""
+    missing = []
+    sections = _sections(text)
+    for protocol in messages_page.PROTOCOLS:
+        start = next((i for i, (h, _) in enumerate(sections) if h == f"## {protocol.title}"), None)
+        if start is None:
+            missing.append(f"{protocol.title}: no section")
+            continue
+        end = next(
+            (i for i in range(start + 1, len(sections)) if sections[i][0].startswith("## ")),
+            len(sections),
+        )
+        mine = sections[start + 1 : end]
+        tops = messages_page.top_models(protocol)
+        for model in [*tops, *messages_page.nested_models_of(tops)]:
+            kind = messages_page.message_type(model) if model in tops else None
+            title = f"`{kind}`" if kind else f"`{model.__name__}`"
+            body = next((b for h, b in mine if h.split(" ", 1)[1].startswith(title)), None)
+            if body is None:
+                missing.append(f"{protocol.title}: no section for {title}")
+                continue
+            for name, field in model.model_fields.items():
+                if f"| `{field.alias or name}` |" not in body:
+                    missing.append(f"{protocol.title} {title}: no field {field.alias or name}")
+    return missing
+
+
+def unnamed_message_types(text: str) -> list[str]:
+    """Client message types (``prepare``, ``session.update``, ...) that the hand-written
+    API pages never name in code."""
+    missing = []
+    for protocol in messages_page.PROTOCOLS:
+        for model in messages_page.top_models(protocol):
+            kind = messages_page.message_type(model)
+            if kind and not re.search(rf"`{re.escape(kind)}[`{{]", text):
+                missing.append(f"{protocol.title}: {kind}")
+    return missing
+
+
+def missing_options(text: str) -> list[str]:
+    """Command-line options of every ``omnilive`` command the CLI page lacks."""
+    missing = []
+    sections = dict(_sections(text))
+    for name, sub in cli_page.subcommands(cli_page.build_parser()).items():
+        body = sections.get(f"## `omnilive {name}`")
+        if body is None:
+            missing.append(f"omnilive {name}: no section")
+            continue
+        for action in cli_page.options(sub):
+            flags = ", ".join(action.option_strings) or action.dest
+            if f"| `{flags}` |" not in body:
+                missing.append(f"omnilive {name}: {flags}")
+    return missing
