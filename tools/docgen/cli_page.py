@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from omnilive.cli import build_parser
-from tools.docgen.markdown import GENERATED, code, table
+from tools.docgen.markdown import code, page_head, table
 
 
 def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -51,11 +51,13 @@ def _help(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
 def render() -> str:
     parser = build_parser()
     out = [
-        "# Command line\n\n",
-        GENERATED.format(source="src/omnilive/cli.py"),
-        "\n`omnilive COMMAND [options]`. Options given on the command line win over the "
-        "environment and the `--config` file ([Configuration](configuration.md)); "
-        "exit codes are on [Start-up failures](../operating/startup.md).\n",
+        page_head(
+            "Command line",
+            "src/omnilive/cli.py",
+            "`omnilive COMMAND [options]`. Options given on the command line win over the "
+            "environment and the `--config` file ([Configuration](configuration.md)); "
+            "exit codes are on [Start-up failures](../operating/startup.md).",
+        )
     ]
     helps = _help_of(parser)
     for name, sub in subcommands(parser).items():

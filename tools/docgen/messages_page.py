@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from omnilive.protocol import chat, duplex, half_duplex, openai_realtime, realtime, realtime_v2
-from tools.docgen.markdown import GENERATED, code, default_text, models_in, table, type_name
+from tools.docgen.markdown import code, default_text, models_in, page_head, table, type_name
 
 
 @dataclass(frozen=True)
@@ -95,14 +95,16 @@ def _title(model: type[BaseModel]) -> str:
 
 def render() -> str:
     out = [
-        "# Client messages\n\n",
-        GENERATED.format(source="src/omnilive/protocol/"),
-        "\nEvery message a client may send, per protocol, with its fields as the server's "
-        "own models (`src/omnilive/protocol/`) define them. What each message does, and "
-        "what the server answers, is in the [WebSocket API](websocket.md), the "
-        "[OpenAI Realtime API](openai-realtime.md) and the [HTTP API](http.md). Unknown "
-        "fields are ignored unless a protocol says otherwise; a field of the wrong type is "
-        "`invalid_request` ([Error codes](errors.md)).\n",
+        page_head(
+            "Client messages",
+            "src/omnilive/protocol/",
+            "Every message a client may send, per protocol, with its fields as the server's "
+            "own models (`src/omnilive/protocol/`) define them. What each message does, and "
+            "what the server answers, is in the [WebSocket API](websocket.md), the "
+            "[OpenAI Realtime API](openai-realtime.md) and the [HTTP API](http.md). Unknown "
+            "fields are ignored unless a protocol says otherwise; a field of the wrong type is "
+            "`invalid_request` ([Error codes](errors.md)).",
+        )
     ]
     for protocol in PROTOCOLS:
         out.append(f"\n## {protocol.title}\n\n`{protocol.endpoint}`, ")

@@ -14,7 +14,16 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from tools.docgen.markdown import GENERATED, code, table
+from tools.docgen.markdown import code, page_head, section
+
+OTHER = ["file", "date", "script"]
+DENSITY_COUNTS = ("1", "8", "12", "16")  # the session counts shown of a density run
+CASCADE_STAGES = (
+    ("vad_end_of_speech", "VAD"),
+    ("asr", "ASR"),
+    ("llm_first_sentence", "LLM first sentence"),
+    ("tts_first_audio", "TTS first audio"),
+)
 
 
 @dataclass(frozen=True)
@@ -74,12 +83,11 @@ def _ms(summary: dict[str, Any] | None, key: str = "median") -> str:
 
 
 def density_rows(items: list[Result]) -> list[list[str]]:
-    counts = ("1", "8", "12", "16")
     rows = []
     for r in items:
         runs = r.data.get("runs", {})
         cells = []
-        for n in counts:
+        for n in DENSITY_COUNTS:
             run = runs.get(n)
             latency = run.get("latency_ms") if run else None
             cells.append(f"{_ms(latency)} / {_ms(latency, 'p95')}" if latency else "—")
@@ -130,10 +138,7 @@ def cascade_rows(items: list[Result]) -> list[list[str]]:
                 code(r.name),
                 r.date,
                 f"{config.get('chunk_s', '—')} s",
-                *(
-                    _ms(s.get(k))
-                    for k in ("vad_end_of_speech", "asr", "llm_first_sentence", "tts_first_audio")
-                ),
+                *(_ms(s.get(key)) for key, _ in CASCADE_STAGES),
                 _ms(s.get("end_to_end")),
             ]
         )
@@ -162,56 +167,70 @@ def load_rows(items: list[Result]) -> list[list[str]]:
 def render(results: Path) -> str:
     items = load(results)
     out = [
-        "# Benchmark results\n\n",
-        GENERATED.format(source="benchmarks/results/*.json"),
-        "\nEvery saved result, by the machine it ran on; dates are the run's own or, where "
-        "a file has none, the day it was committed. How to run each script is on "
-        "[Benchmarks](index.md); the plots are made from these files by "
-        "`python -m benchmarks.plots`. Latencies in ms.\n",
+        page_head(
+            "Benchmark results",
+            "benchmarks/results/*.json",
+            "Every saved result, by the machine it ran on; dates are the run's own or, where "
+            "a file has none, the day it was committed. How to run each script is on "
+            "[Benchmarks](index.md); the plots are made from these files by "
+            "`python -m benchmarks.plots`. Latencies in ms.",
+        )
     ]
-    gpus = sorted({r.gpu for r in items} - {"CPU"})
-    for gpu in gpus:
+    for gpu in sorted({r.gpu for r in items} - {"CPU"}):
         mine = [r for r in items if r.gpu == gpu]
-        out.append(f"\n## NVIDIA {gpu}\n")
         density = [r for r in mine if r.name.startswith("gpu_density") and "runs" in r.data]
-        if density:
-            out.append(
-                "\n### Omni duplex sessions on one GPU (`gpu_density`)\n\n"
-                "Unit latency p50 / p95 at N concurrent sessions; real time means p95 "
-                "under 1 s with nothing dropped.\n\n"
-            )
-            header = ["file", "date", "max real-time N", "N=1", "N=8", "N=12", "N=16"]
-            header += ["dropped", "chat first audio p50", "8 chats at once p50"]
-            out.append(table(header, density_rows(density)))
         equal = [r for r in mine if "equality" in r.name]
-        if equal:
-            out.append("\n### Batched engine against the model's own code\n\n")
-            header = ["file", "date", "flavour", "compared", "equal", "max logit difference"]
-            out.append(table(header, equality_rows(equal)))
         rest = [r for r in mine if r not in density and r not in equal]
-        if rest:
-            out.append("\n### Other GPU measurements\n\n")
-            out.append(table(["file", "date", "script"], other_rows(rest)))
+        out += [
+            f"\n## NVIDIA {gpu}\n",
+            section(
+                "### Omni duplex sessions on one GPU (`gpu_density`)",
+                "Unit latency p50 / p95 at N concurrent sessions; real time means p95 "
+                "under 1 s with nothing dropped.",
+                [
+                    "file",
+                    "date",
+                    "max real-time N",
+                    *(f"N={n}" for n in DENSITY_COUNTS),
+                    "dropped",
+                    "chat first audio p50",
+                    "8 chats at once p50",
+                ],
+                density_rows(density),
+            ),
+            section(
+                "### Batched engine against the model's own code",
+                "",
+                ["file", "date", "flavour", "compared", "equal", "max logit difference"],
+                equality_rows(equal),
+            ),
+            section("### Other GPU measurements", "", OTHER, other_rows(rest)),
+        ]
     cpu = [r for r in items if r.gpu == "CPU"]
-    out.append("\n## CPU\n")
     cascade = [r for r in cpu if r.name.startswith("cascade_latency")]
-    if cascade:
-        out.append(
-            "\n### The cascade, end of speech to first audio (`cascade_latency`)\n\n"
-            "Medians; the stages overlap (the ASR and the LLM start on a likely end of "
-            "speech before the VAD decides), so they add up to more than end to end.\n\n"
-        )
-        header = ["file", "date", "chunk", "VAD", "ASR", "LLM first sentence", "TTS first audio"]
-        out.append(table([*header, "end to end"], cascade_rows(cascade)))
     load_items = [r for r in cpu if r.name.startswith("load_")]
-    if load_items:
-        out.append(
-            "\n### Gateway relay delay (`load`, scripted engine)\n\n"
-            "From the worker stamping a duplex result to the client receiving it.\n\n"
-        )
-        header = ["file", "date", "sessions", "gateways", "relay p50", "relay p99", "errors"]
-        out.append(table(header, load_rows(load_items)))
     rest = [r for r in cpu if r not in cascade and r not in load_items]
-    out.append("\n### Other CPU measurements\n\n")
-    out.append(table(["file", "date", "script"], other_rows(rest)))
+    out += [
+        "\n## CPU\n",
+        section(
+            "### The cascade, end of speech to first audio (`cascade_latency`)",
+            "Medians; the stages overlap (the ASR and the LLM start on a likely end of "
+            "speech before the VAD decides), so they add up to more than end to end.",
+            [
+                "file",
+                "date",
+                "chunk",
+                *(label for _, label in CASCADE_STAGES),
+                "end to end",
+            ],
+            cascade_rows(cascade),
+        ),
+        section(
+            "### Gateway relay delay (`load`, scripted engine)",
+            "From the worker stamping a duplex result to the client receiving it.",
+            ["file", "date", "sessions", "gateways", "relay p50", "relay p99", "errors"],
+            load_rows(load_items),
+        ),
+        section("### Other CPU measurements", "", OTHER, other_rows(rest)),
+    ]
     return "".join(out)

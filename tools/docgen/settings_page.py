@@ -10,7 +10,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from omnilive.config import ENV_PREFIX, Settings
-from tools.docgen.markdown import GENERATED, code, default_text, models_in, table, type_name
+from tools.docgen.markdown import code, default_text, models_in, page_head, table, type_name
 
 
 @dataclass(frozen=True)
@@ -72,15 +72,17 @@ def _doc(model: type[BaseModel]) -> str:
 
 def render() -> str:
     out = [
-        "# Configuration\n\n",
-        GENERATED.format(source="src/omnilive/config.py"),
-        "\nOne typed settings object (`src/omnilive/config.py`), loaded once at start-up. "
-        "Sources in rising precedence: the defaults, a TOML file (`--config`), `OMNILIVE_*` "
-        "environment variables, command-line flags. Nested sections are TOML tables and "
-        "double-underscore variables: `[eta] chat_s = 20` or `OMNILIVE_ETA__CHAT_S=20`. "
-        "Lists in the environment are JSON (`worker_urls`, `auth.allowed_origins` and "
-        "`presets.dirs` also take a comma- or path-separated list). "
-        "[Settings by topic](../operating/settings.md) explains them by what they are for.\n",
+        page_head(
+            "Configuration",
+            "src/omnilive/config.py",
+            "One typed settings object (`src/omnilive/config.py`), loaded once at start-up. "
+            "Sources in rising precedence: the defaults, a TOML file (`--config`), `OMNILIVE_*` "
+            "environment variables, command-line flags. Nested sections are TOML tables and "
+            "double-underscore variables: `[eta] chat_s = 20` or `OMNILIVE_ETA__CHAT_S=20`. "
+            "Lists in the environment are JSON (`worker_urls`, `auth.allowed_origins` and "
+            "`presets.dirs` also take a comma- or path-separated list). "
+            "[Settings by topic](../operating/settings.md) explains them by what they are for.",
+        )
     ]
     header = ["setting", "type", "default", "environment variable", "description"]
     for path, model, rows in sections():
