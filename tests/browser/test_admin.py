@@ -141,3 +141,53 @@ def test_deleting_a_stored_voice(browser, scripted_server: Server, tmp_path: Pat
         assert problems.items == []
     finally:
         admin.close()
+
+
+def test_live_charts_draw_and_move(browser, scripted_server: Server) -> None:
+    """The last minutes: a running duplex session shows up as a worker's slot in
+    use and its units' latency, and the charts move as samples come in."""
+    talking = browser.new_page()
+    admin = browser.new_page()
+    problems = [watch(talking), watch(admin)]
+    try:
+        talking.goto(scripted_server.http + "/audio_duplex")
+        talking.wait_for_selector("body[data-ready]", state="attached")
+        talking.click("#start")
+        talking.wait_for_function("window.omniliveDuplex.results.length > 0")
+
+        admin.goto(scripted_server.http + "/admin")
+        latency = admin.locator("#live [data-worker] [data-chart=latency]")
+        # A sample whose window held this session's units: a p50 line is drawn.
+        admin.wait_for_function(
+            "[...document.querySelectorAll('#live [data-chart=latency] polyline.p50')]"
+            ".some((line) => line.getAttribute('points').includes(' '))",
+            timeout=20_000,
+        )
+        assert admin.locator("#live [data-chart=latency] line.guide").count() >= 1
+        assert admin.locator("#live [data-chart=slots]").count() >= 1
+        assert admin.locator("#live [data-live=queue] [data-chart=queue_length] polyline").count()
+        worker = latency.first.locator("xpath=ancestor::*[@data-worker]").get_attribute(
+            "data-worker"
+        )
+        before = latency.first.inner_html()
+        samples = int(admin.locator("#live").get_attribute("data-samples"))
+        # The charts move: a later refresh brings more samples and redraws the lines.
+        admin.wait_for_function(
+            f"Number(document.querySelector('#live').dataset.samples) > {samples}",
+            timeout=20_000,
+        )
+        admin.wait_for_function(
+            "(before) => document.querySelector('#live [data-chart=latency]').innerHTML !== before",
+            arg=before,
+            timeout=20_000,
+        )
+        busy = admin.locator(f"#live [data-worker='{worker}'] [data-chart=slots] figcaption")
+        assert "1" in busy.inner_text()
+        screenshot(admin, "admin-live")
+    finally:
+        talking.click("#stop")
+        talking.locator("#transcript a[href^='/s/']").wait_for()
+        for page in (talking, admin):
+            page.close()
+    for seen in problems:
+        assert seen.items == []
