@@ -17,7 +17,6 @@ results and the same matplotlib make the same files.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -30,27 +29,10 @@ import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from benchmarks.saved import RESULTS, cascade_runs, density_runs, load_results
+
 IMAGES = Path(__file__).resolve().parents[1] / "docs" / "images"
-# The density runs of the current engine: gpu_density_nvidia_<kind>[_run<k>].json
-# (the other gpu_density files are earlier states, kept for their history).
-DENSITY = re.compile(r"^gpu_density_nvidia_(h\d+)(?:_run(\d+))?\.json$")
 REAL_TIME_MS = 1000.0
-
-
-def load_results(results: Path) -> dict[str, dict[str, Any]]:
-    return {p.name: json.loads(p.read_text()) for p in sorted(results.glob("*.json"))}
-
-
-def density_runs(results: dict[str, dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
-    """(label, result) for each current density run: ``H100 run 1``, ``H200``."""
-    runs = []
-    for name, data in results.items():
-        match = DENSITY.match(name)
-        if match:
-            label = match.group(1).upper() + (f" run {match.group(2)}" if match.group(2) else "")
-            runs.append((label, data))
-    return runs
 
 
 def plot_unit_latency(ax: Axes, results: dict[str, dict[str, Any]]) -> None:
@@ -92,19 +74,29 @@ CASCADE_STAGES = (
 
 
 def plot_cascade_breakdown(ax: Axes, results: dict[str, dict[str, Any]]) -> None:
-    runs = [(n, d) for n, d in results.items() if n.startswith("cascade_latency")]
-    labels = [f"{d['config']['chunk_s']} s chunks" for _, d in runs]
-    bottoms = [0.0] * len(runs)
+    runs = [
+        run
+        for name, data in results.items()
+        if name.startswith("cascade_latency")
+        for run in cascade_runs(name, data)
+    ]
+    # "chunk0.1s_silence800ms_both_piper: end_of_turn" -> "0.1 s chunks both piper: end of turn"
+    labels = [
+        re.sub(r"chunk([\d.]+)s_silence\d+ms", r"\1 s chunks", label).replace("_", " ")
+        for label, _ in runs
+    ]
+    lefts = [0.0] * len(runs)
     for key, stage in CASCADE_STAGES:
-        values = [d["summary_ms"][key]["median"] for _, d in runs]
-        ax.bar(labels, values, bottom=bottoms, label=stage, width=0.5)
-        bottoms = [b + v for b, v in zip(bottoms, values, strict=True)]
-    end_to_end = [d["summary_ms"]["end_to_end"]["median"] for _, d in runs]
-    ax.plot(labels, end_to_end, "kD", markersize=9, label="end to end (stages overlap)")
-    ax.set_ylabel("median (ms)")
-    ax.set_title("The cascade: end of speech to first audio (2 CPU cores)")
-    ax.legend(fontsize="small")
-    ax.grid(axis="y", alpha=0.3)
+        values = [run["summary_ms"][key]["median"] for _, run in runs]
+        ax.barh(labels, values, left=lefts, label=stage, height=0.5)
+        lefts = [left + v for left, v in zip(lefts, values, strict=True)]
+    end_to_end = [run["summary_ms"]["end_to_end"]["median"] for _, run in runs]
+    ax.plot(end_to_end, labels, "kD", markersize=8, label="end to end (stages overlap)")
+    ax.invert_yaxis()
+    ax.set_xlabel("median (ms)")
+    ax.set_title("The cascade, end of speech to first audio (2 CPU cores)", loc="right")
+    ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=3)
+    ax.grid(axis="x", alpha=0.3)
 
 
 def plot_relay_delay(ax: Axes, results: dict[str, dict[str, Any]]) -> None:
@@ -149,7 +141,7 @@ def make_plots(results: Path = RESULTS, out: Path = IMAGES) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name, plot in PLOTS.items():
-        figure: Figure = plt.figure(figsize=(8, 4.5))
+        figure: Figure = plt.figure(figsize=(9.5, 5))
         plot(figure.add_subplot(), data)
         figure.tight_layout()
         path = out / name

@@ -123,10 +123,11 @@ class AuthSettings(_Section):
 
 
 class EndOfTurnSettings(_Section):
-    """Half-duplex turn-taking by meaning, on every engine: after a short
-    silence a semantic end-of-turn model (Smart Turn v3) judges whether the
-    speaker has finished; a finished turn is answered at once, an unfinished
-    one waits for the session's silence rule (its ``min_silence_duration_ms``)."""
+    """Half-duplex turn-taking by meaning, on every engine: every
+    ``check_after_ms`` of silence a semantic end-of-turn model (Smart Turn v3)
+    judges whether the speaker has finished; a turn judged finished
+    ``confirmations`` times in a row is answered at once, any other waits for
+    the session's silence rule (its ``min_silence_duration_ms``)."""
 
     enabled: bool = Field(True, description="Judge turns by meaning (off: silence alone).")
     check_after_ms: int = Field(
@@ -140,6 +141,14 @@ class EndOfTurnSettings(_Section):
     )
     model_path: Path | None = Field(
         None, description="The model's .onnx; none: the one in the pipecat-ai wheel."
+    )
+    confirmations: int = Field(
+        2,
+        ge=1,
+        le=10,
+        description="Consecutive judgements of one silence that must find the turn finished "
+        "(1: the first decides; more: fewer speakers cut off mid-sentence, each later by "
+        "check_after_ms).",
     )
     threads: int = Field(1, ge=1, description="CPU threads of one judgement.")
 

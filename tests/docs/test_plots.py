@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks import plots
+from benchmarks import plots, saved
 
 
 def test_plots_regenerate_from_the_results(tmp_path: Path) -> None:
-    written = plots.make_plots(plots.RESULTS, tmp_path)
+    written = plots.make_plots(saved.RESULTS, tmp_path)
     assert sorted(p.name for p in written) == sorted(plots.PLOTS)
     for path in written:
         text = path.read_text()
@@ -24,7 +24,15 @@ def test_every_plot_is_committed_and_shown() -> None:
 
 
 def test_density_runs_are_labelled_by_gpu_kind() -> None:
-    runs = plots.density_runs(plots.load_results(plots.RESULTS))
+    runs = saved.density_runs(saved.load_results())
     labels = [label for label, _ in runs]
     assert any(label.startswith("H100") for label in labels)
     assert any(label.startswith("H200") for label in labels)
+
+
+def test_cascade_runs_of_one_run_and_of_a_comparison() -> None:
+    one = {"summary_ms": {}, "config": {"chunk_s": 0.1}}
+    assert saved.cascade_runs("cascade_latency_chunk0.1s.json", one) == [("chunk0.1s", one)]
+    both = {"end_of_turn": {"summary_ms": {}}, "silence_rule": {"summary_ms": {}}, "note": "x"}
+    labels = [label for label, _ in saved.cascade_runs("cascade_latency_a_both.json", both)]
+    assert labels == ["a_both: end_of_turn", "a_both: silence_rule"]

@@ -14,6 +14,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from benchmarks.saved import cascade_runs
+
 from tools.docgen.markdown import code, page_head, section
 
 OTHER = ["file", "date", "script"]
@@ -131,17 +133,18 @@ def other_rows(items: list[Result]) -> list[list[str]]:
 def cascade_rows(items: list[Result]) -> list[list[str]]:
     rows = []
     for r in items:
-        s = r.data["summary_ms"]
-        config = r.data.get("config", {})
-        rows.append(
-            [
-                code(r.name),
-                r.date,
-                f"{config.get('chunk_s', '—')} s",
-                *(_ms(s.get(key)) for key, _ in CASCADE_STAGES),
-                _ms(s.get("end_to_end")),
-            ]
-        )
+        for label, run in cascade_runs(r.name, r.data):
+            s = run["summary_ms"]
+            config = run.get("config", {})
+            rows.append(
+                [
+                    code(r.name) + (f" ({label.split(': ', 1)[1]})" if ": " in label else ""),
+                    run.get("when", r.date)[:10],
+                    f"{config.get('chunk_s', '—')} s",
+                    *(_ms(s.get(key)) for key, _ in CASCADE_STAGES),
+                    _ms(s.get("end_to_end")),
+                ]
+            )
     return rows
 
 
