@@ -90,10 +90,11 @@ def unnamed_message_types(text: str) -> list[str]:
 
 
 def missing_options(text: str) -> list[str]:
-    """Command-line options of every ``omnilive`` command the CLI page lacks."""
+    """Command-line options of every ``omnilive`` command the CLI page lacks, and
+    options that have no help to show there."""
     missing = []
     sections = dict(_sections(text))
-    for name, sub in cli_page.subcommands(cli_page.build_parser()).items():
+    for name, sub in cli_page.subcommands(cli_page.clean_parser()).items():
         body = sections.get(f"## `omnilive {name}`")
         if body is None:
             missing.append(f"omnilive {name}: no section")
@@ -102,4 +103,6 @@ def missing_options(text: str) -> list[str]:
             flags = ", ".join(action.option_strings) or action.dest
             if f"| `{flags}` |" not in body:
                 missing.append(f"omnilive {name}: {flags}")
+            elif not action.help:
+                missing.append(f"omnilive {name}: {flags} has no help")
     return missing

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+from unittest import mock
 
 from omnilive.cli import build_parser
 from tools.docgen.markdown import code, page_head, table
@@ -48,8 +50,16 @@ def _help(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
     return parser._get_formatter()._expand_help(action)
 
 
+def clean_parser() -> argparse.ArgumentParser:
+    """The parser as it is without ``OMNILIVE_*`` variables (``talk`` takes its
+    defaults from them), so the page does not depend on who generates it."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("OMNILIVE_")}
+    with mock.patch.dict(os.environ, environ, clear=True):
+        return build_parser()
+
+
 def render() -> str:
-    parser = build_parser()
+    parser = clean_parser()
     out = [
         page_head(
             "Command line",
