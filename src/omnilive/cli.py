@@ -35,7 +35,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "--engine", choices=["cascade", "scripted", "minicpmo"], help="engine the workers load"
     )
     parser.add_argument("--data-dir", type=Path, help="recordings, caches and state")
-    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="logs")
+    parser.add_argument(
+        "--log-level", choices=["debug", "info", "warning", "error"], help="how much to log"
+    )
     parser.add_argument("--model-path", type=Path, help="checkpoint directory (minicpmo)")
 
 
