@@ -330,7 +330,7 @@ class MiniCPMoSettings(_Section):
         "are, by cuDNN's default): a second of speech ~15 ms sooner on an H200; off: IEEE float32.",
     )
     # As many as fit, at most 8 by default: the most an H200 served in real
-    # time in benchmarks/gpu_density.py (README, "Many sessions on one GPU").
+    # time in benchmarks/gpu_density.py (docs/design/gpu-engine.md).
     slots: int = Field(
         0,
         ge=0,

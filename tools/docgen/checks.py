@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import re
 
+from omnilive.protocol.common import ErrorCode
+from omnilive.protocol.openai_realtime import ERROR_CODES
+from omnilive.protocol.realtime import RealtimeErrorCode
 from tools.docgen import cli_page, messages_page, settings_page
 from tools.docgen.markdown import default_text
 
@@ -106,3 +109,18 @@ def missing_options(text: str) -> list[str]:
             elif not action.help:
                 missing.append(f"omnilive {name}: {flags} has no help")
     return missing
+
+
+# Every error code the server sends, and the reference page that must explain it.
+ERROR_PAGES: dict[str, tuple[str, ...]] = {
+    "reference/errors.md": tuple(code.value for code in ErrorCode),
+    "reference/websocket.md": tuple(code.value for code in RealtimeErrorCode),
+    "reference/openai-realtime.md": tuple(sorted(ERROR_CODES)),
+}
+
+
+def unexplained_error_codes(page: str, text: str) -> list[str]:
+    """Codes of ``page``'s protocols that ``text`` never names (`code` or {code})."""
+    return [
+        code for code in ERROR_PAGES[page] if not re.search(rf"[`{{]{re.escape(code)}[`}}]", text)
+    ]

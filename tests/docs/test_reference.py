@@ -1,4 +1,5 @@
-"""The generated reference pages: current, and complete against the code they describe."""
+"""The reference pages: the generated ones current and complete against the code they
+describe, and the hand-written ones naming every client message and error code."""
 
 from __future__ import annotations
 
@@ -86,3 +87,12 @@ def test_results_page_has_every_results_file() -> None:
     text = _page("benchmarks/results.md")
     for path in sorted(Path(ROOT / "benchmarks" / "results").glob("*.json")):
         assert f"`{path.name}`" in text, path.name
+
+
+@pytest.mark.parametrize("page", sorted(checks.ERROR_PAGES))
+def test_every_error_code_is_explained(page: str) -> None:
+    text = _page(page)
+    assert checks.unexplained_error_codes(page, text) == []
+    first = checks.ERROR_PAGES[page][0]
+    hidden = text.replace(f"`{first}`", "").replace(f"{{{first}}}", "")
+    assert checks.unexplained_error_codes(page, hidden) == [first]
