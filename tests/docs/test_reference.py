@@ -96,3 +96,15 @@ def test_every_error_code_is_explained(page: str) -> None:
     first = checks.ERROR_PAGES[page][0]
     hidden = text.replace(f"`{first}`", "").replace(f"{{{first}}}", "")
     assert checks.unexplained_error_codes(page, hidden) == [first]
+
+
+def test_every_benchmark_script_is_described() -> None:
+    """A script in benchmarks/ that runs (``__main__``) has a row on the Benchmarks page."""
+    text = _page("benchmarks/index.md")
+    scripts = [
+        path.stem
+        for path in sorted((ROOT / "benchmarks").glob("*.py"))
+        if '__name__ == "__main__"' in path.read_text()
+    ]
+    assert scripts
+    assert [s for s in scripts if f"benchmarks.{s}" not in text and f"{s}.py" not in text] == []
