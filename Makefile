@@ -108,7 +108,10 @@ $(VENV)/.ready-test: $(VENV)/.base
 	$(PIP) install --no-deps minicpmo-utils==1.0.6
 	touch $@
 
-$(VENV)/.ready-docs: $(VENV)/.base
+# The docs need neither the engines' models nor llama.cpp: only the package and
+# the docs extra, so `make docs` on a fresh clone takes a minute, not the build.
+$(VENV)/.ready-docs: pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -e ".[docs]"
 	touch $@
 
