@@ -108,3 +108,10 @@ def test_every_benchmark_script_is_described() -> None:
     ]
     assert scripts
     assert [s for s in scripts if f"benchmarks.{s}" not in text and f"{s}.py" not in text] == []
+
+
+def test_settings_by_topic_gives_the_models_defaults() -> None:
+    text = _page("operating/settings.md")
+    assert checks.stale_topic_defaults(text) == []
+    drifted = text.replace("| `127.0.0.1`, `8006` |", "| `127.0.0.1`, `8007` |")
+    assert checks.stale_topic_defaults(drifted) == ["port: the page says `8007`, the model 8006"]

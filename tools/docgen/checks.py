@@ -124,3 +124,41 @@ def unexplained_error_codes(page: str, text: str) -> list[str]:
     return [
         code for code in ERROR_PAGES[page] if not re.search(rf"[`{{]{re.escape(code)}[`}}]", text)
     ]
+
+
+_UNITS = {"KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}
+
+
+def _same_default(written: str, value: object) -> bool:
+    """Whether a default as the hand-written page gives it (``8006``, ``64 MiB``,
+    ``cascade``, ``[]``) is the model's ``value``."""
+    if isinstance(value, bool):
+        return written == ("true" if value else "false")
+    if isinstance(value, int | float):
+        number, _, unit = written.partition(" ")
+        try:
+            return float(number) * _UNITS.get(unit, 1) == float(value)
+        except ValueError:
+            return False
+    if isinstance(value, list | tuple):
+        return written == "[]" and not value
+    return written == str(value)
+
+
+def stale_topic_defaults(text: str) -> list[str]:
+    """Rows of the settings-by-topic page whose defaults, each in code, disagree
+    with the settings model (rows whose defaults are prose are not checked)."""
+    defaults = {row.dotted: row.default for row in settings_page.leaf_settings()}
+    stale = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        if len(cells) != 3 or not cells[0].startswith("`"):
+            continue
+        names = re.findall(r"`([a-z_.]+)`", cells[0])
+        written = [part.strip() for part in cells[1].split(", ")]
+        if len(names) != len(written) or not all(re.fullmatch(r"`[^`]*`", w) for w in written):
+            continue
+        for name, shown in zip(names, written, strict=True):
+            if name in defaults and not _same_default(shown.strip("`"), defaults[name]):
+                stale.append(f"{name}: the page says {shown}, the model {defaults[name]!r}")
+    return stale
