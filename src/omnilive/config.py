@@ -299,8 +299,10 @@ class MiniCPMoSettings(_Section):
     """MiniCPM-o 4.5 on an NVIDIA GPU."""
 
     model_path: Path | None = Field(None, description="Local checkpoint directory.")
-    attn_implementation: Literal["sdpa", "flash_attention_2"] = "sdpa"
-    device: str = "cuda"
+    attn_implementation: Literal["sdpa", "flash_attention_2"] = Field(
+        "sdpa", description="Attention of the model's own code (transformers' name)."
+    )
+    device: str = Field("cuda", description="Torch device the model loads on.")
     audio_output: bool = Field(
         True, description="Load the speech decoder (init_tts); off answers in text only."
     )
@@ -328,7 +330,7 @@ class MiniCPMoSettings(_Section):
         "are, by cuDNN's default): a second of speech ~15 ms sooner on an H200; off: IEEE float32.",
     )
     # As many as fit, at most 8 by default: the most an H200 served in real
-    # time in benchmarks/gpu_density.py (README, "Many sessions on one GPU").
+    # time in benchmarks/gpu_density.py (docs/design/gpu-engine.md).
     slots: int = Field(
         0,
         ge=0,
@@ -425,7 +427,7 @@ class Settings(_Section):
     max_failed_loads: int = Field(
         3, ge=1, description="`serve` gives up on a worker after this many failed loads in a row."
     )
-    log_level: str = "info"
+    log_level: str = Field("info", description="debug, info, warning or error.")
     log_json: bool = Field(False, description="Log JSON lines instead of text.")
     auth: AuthSettings = Field(default_factory=AuthSettings)
     eta: EtaSettings = Field(default_factory=EtaSettings)
