@@ -7,7 +7,8 @@ ceiling) and one of every thread that is running (not idle: the lock holder,
 threads in C without the lock, spin-waits on the GPU). Both are written as
 py-spy's collapsed stacks; :func:`summarize` turns one into the top functions
 by samples where they are the innermost Python frame (self) and where they are
-anywhere on the stack (inclusive), and the samples per thread.
+anywhere on the stack (inclusive), the samples per thread and each busy
+thread's own top functions. Shares are of all samples of the recording.
 
 ``python -m benchmarks.gpu_profile RAW [RAW ...] --out JSON`` summarises saved
 recordings. Measures; asserts nothing.
@@ -87,10 +88,12 @@ def frames(stack: str) -> tuple[str, list[str]]:
 
 def summarize(raw: Path, top: int = 40) -> dict[str, Any]:
     """Top functions of one collapsed-stack recording (see the module's doc)."""
-    own: collections.Counter[str] = collections.Counter()
-    anywhere: collections.Counter[str] = collections.Counter()
-    lines: collections.Counter[str] = collections.Counter()
-    threads: collections.Counter[str] = collections.Counter()
+    Counter = collections.Counter
+    own: Counter[str] = Counter()
+    anywhere: Counter[str] = Counter()
+    lines: Counter[str] = Counter()
+    threads: Counter[str] = Counter()
+    per_thread: dict[str, Counter[str]] = collections.defaultdict(Counter)
     total = 0
     for row in raw.read_text().splitlines():
         stack, _, count = row.rpartition(" ")
@@ -102,6 +105,7 @@ def summarize(raw: Path, top: int = 40) -> dict[str, Any]:
         threads[thread] += n
         if names:
             own[names[-1]] += n
+            per_thread[thread][names[-1]] += n
             lines[stack.split(";")[-1]] += n
         for name in set(names):
             anywhere[name] += n
@@ -117,6 +121,9 @@ def summarize(raw: Path, top: int = 40) -> dict[str, Any]:
         "self": share(own),
         "self_lines": share(lines),
         "inclusive": share(anywhere),
+        "self_by_thread": {
+            thread: share(per_thread[thread])[: top // 4] for thread, _ in threads.most_common(6)
+        },
     }
 
 
