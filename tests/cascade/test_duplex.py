@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -59,7 +60,11 @@ def test_listens_then_speaks_then_ends_its_turn(engine: CascadeEngine, say: Say)
     spoken = [until_speaking(session)]
     while not spoken[-1].end_of_turn:
         assert len(spoken) < MAX_UNITS
+        # A unit a second, as a client sends them: stepped faster, a loaded
+        # machine's LLM falls behind and a middle unit is a short gap.
+        started = time.monotonic()
         spoken.append(step(session, silence(1.0)))
+        time.sleep(max(0.0, started + 1.0 - time.monotonic()))
     after = [step(session, silence(1.0)) for _ in range(2)]
 
     assert all(not u.is_listen and u.audio is not None for u in spoken)
