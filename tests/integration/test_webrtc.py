@@ -1,0 +1,164 @@
+"""WebRTC calls through a real ``omnilive serve`` (scripted engine) with an
+aiortc peer as the client: OpenAI's ``POST /v1/realtime/calls`` (a spoken
+question heard and transcribed, the answer's audio on the track, events on
+``oai-events``, hanging up ends the session), the half-duplex mode, and the
+signalling's refusals."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.servers import Server
+from tests.speech import silence, speak
+from tests.webrtc_peer import Peer
+
+GA_SESSION = {
+    "type": "session.update",
+    "session": {
+        "type": "realtime",
+        "audio": {
+            "input": {
+                "transcription": {"model": "whisper-1"},
+                "turn_detection": {"type": "server_vad", "silence_duration_ms": 500},
+            }
+        },
+    },
+}
+
+
+async def until_idle(server: Server, timeout: float = 10) -> None:
+    """The call is gone and its worker's slot is free again."""
+    async with asyncio.timeout(timeout):
+        while (await server.get("/api/webrtc/config"))["open"]:
+            await asyncio.sleep(0.1)
+    await server.wait_ready(timeout=timeout, workers=1)
+
+
+async def test_a_spoken_question_over_webrtc(server: Server):
+    peer = Peer()
+    try:
+        response = await peer.call(f"{server.http}/v1/realtime/calls?model=omnilive-realtime")
+        assert response.status_code == 201, response.text
+        assert response.headers["content-type"].startswith("application/sdp")
+        assert response.headers["location"].startswith("/v1/realtime/calls/rtc_")
+        created = await peer.until("session.created")
+        assert created["session"]["id"].startswith("sess_")
+        peer.send(GA_SESSION)
+        await peer.until("session.updated")
+        peer.mic.play(np.concatenate([speak("What is the weather like today?"), silence(1.5)]))
+        done = await peer.until("response.done", timeout=40)
+        kinds = peer.kinds()
+        for kind in (
+            "input_audio_buffer.speech_started",
+            "input_audio_buffer.speech_stopped",
+            "conversation.item.input_audio_transcription.completed",
+            "output_audio_buffer.started",
+            "response.output_audio_transcript.done",
+        ):
+            assert kind in kinds, (kind, kinds)
+        # The answer's audio is the track's, as in OpenAI's WebRTC: not on the channel.
+        assert "response.output_audio.delta" not in kinds
+        heard = next(e for e in peer.events if e["type"].endswith("transcription.completed"))
+        assert heard["transcript"].endswith("s of speech")
+        assert done["response"]["output"][0]["content"][0]["transcript"].startswith("Turn 0")
+        await peer.until("output_audio_buffer.stopped", timeout=20)
+        audio = peer.heard_audio()
+        loud = np.abs(audio) > 0.05
+        assert loud.sum() > 48_000 * 0.1, "the answer track played no audible audio"
+    finally:
+        await peer.close()
+    await until_idle(server)  # closing the peer ended the session and freed the slot
+
+
+async def test_hang_up_ends_the_session(server: Server):
+    peer = Peer()
+    try:
+        response = await peer.call(f"{server.http}/v1/realtime/calls")
+        assert response.status_code == 201, response.text
+        await peer.until("session.created")
+        async with httpx.AsyncClient() as client:
+            hung = await client.post(f"{server.http}/v1/realtime/calls/{peer.call_id}/hangup")
+            assert hung.status_code == 200
+            again = await client.post(f"{server.http}/v1/realtime/calls/{peer.call_id}/hangup")
+            assert again.status_code == 404
+            assert again.json()["error"]["code"] == "call_not_found"
+        await until_idle(server)
+    finally:
+        await peer.close()
+
+
+async def test_a_half_duplex_call(server: Server):
+    peer = Peer(channel="events")
+    try:
+        response = await peer.call(f"{server.http}/api/webrtc/half_duplex/hd_rtc_test")
+        assert response.status_code == 201, response.text
+        await peer.opened.wait()
+        peer.send({"type": "prepare", "system_prompt": "Be brief."})
+        await peer.until("prepared")
+        peer.mic.play(np.concatenate([speak("Tell me something nice."), silence(2.0)]))
+        await peer.until("generating", timeout=30)
+        await peer.until("turn_done", timeout=30)
+        chunks = [e for e in peer.events if e["type"] == "chunk"]
+        assert chunks and all(c["audio_data"] is None for c in chunks)  # audio went on the track
+        await asyncio.sleep(1.0)
+        assert np.abs(peer.heard_audio()).max() > 0.05
+        peer.send({"type": "stop"})
+        await peer.until("stopped")
+    finally:
+        await peer.close()
+    await until_idle(server)
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "status", "code"),
+    [
+        (b"hello", "application/sdp", 400, "invalid_sdp"),
+        (b"{}", "application/json", 415, "unsupported_media_type"),
+    ],
+)
+async def test_bad_offers(server: Server, body: bytes, content_type: str, status: int, code: str):
+    async with httpx.AsyncClient() as client:
+        response = await client.post(
+            f"{server.http}/v1/realtime/calls", content=body, headers={"Content-Type": content_type}
+        )
+    assert response.status_code == status
+    assert response.json()["error"]["code"] == code
+
+
+async def test_an_offer_without_audio(server: Server):
+    from aiortc import RTCPeerConnection
+
+    pc = RTCPeerConnection()
+    pc.createDataChannel("oai-events")
+    await pc.setLocalDescription(await pc.createOffer())
+    try:
+        async with httpx.AsyncClient() as client:
+            response = await client.post(
+                f"{server.http}/v1/realtime/calls",
+                content=pc.localDescription.sdp,
+                headers={"Content-Type": "application/sdp"},
+            )
+        assert response.status_code == 400
+        assert response.json()["error"]["code"] == "offer_without_audio"
+    finally:
+        await pc.close()
+
+
+async def test_too_many_peer_connections(tmp_path: Path):
+    server = Server(tmp_path, env={"OMNILIVE_WEBRTC__MAX_PEER_CONNECTIONS": "1"}).start()
+    first, second = Peer(), Peer()
+    try:
+        await server.wait_ready(workers=1)
+        assert (await first.call(f"{server.http}/v1/realtime/calls")).status_code == 201
+        refused = await second.call(f"{server.http}/v1/realtime/calls")
+        assert refused.status_code == 503
+        assert refused.json()["error"]["code"] == "too_many_peer_connections"
+    finally:
+        await first.close()
+        await second.close()
+        server.stop()
