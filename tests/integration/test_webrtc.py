@@ -84,10 +84,10 @@ async def test_hang_up_ends_the_session(server: Server):
         async with httpx.AsyncClient() as client:
             hung = await client.post(f"{server.http}/v1/realtime/calls/{peer.call_id}/hangup")
             assert hung.status_code == 200
+            await until_idle(server)
             again = await client.post(f"{server.http}/v1/realtime/calls/{peer.call_id}/hangup")
             assert again.status_code == 404
             assert again.json()["error"]["code"] == "call_not_found"
-        await until_idle(server)
     finally:
         await peer.close()
 
