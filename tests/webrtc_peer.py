@@ -14,7 +14,7 @@ import av
 import httpx
 import numpy as np
 from aiortc import RTCPeerConnection, RTCSessionDescription
-from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack, VideoStreamTrack
 
 from omnilive.audio import INPUT_RATE, resample
 
@@ -64,9 +64,13 @@ class ClipTrack(MediaStreamTrack):
 class Peer:
     """One call from the client's side."""
 
-    def __init__(self, clip: np.ndarray | None = None, channel: str = "oai-events") -> None:
+    def __init__(
+        self, clip: np.ndarray | None = None, channel: str = "oai-events", camera: bool = False
+    ) -> None:
         self.pc = RTCPeerConnection()
         self.mic = ClipTrack(clip)
+        if camera:  # aiortc's test pattern: plain green frames at 30 fps
+            self.pc.addTrack(VideoStreamTrack())
         self.events: list[dict[str, Any]] = []
         self.heard: list[np.ndarray] = []  # the answer track's audio, 48 kHz mono float32
         self.first_sound_at: float | None = None

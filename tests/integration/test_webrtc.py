@@ -114,6 +114,37 @@ async def test_a_half_duplex_call(server: Server):
     await until_idle(server)
 
 
+async def test_an_omni_duplex_call_with_the_camera(server: Server):
+    peer = Peer(channel="events", camera=True)
+    try:
+        url = f"{server.http}/api/webrtc/duplex/dx_rtc_test?mode=omni_duplex"
+        response = await peer.call(url)
+        assert response.status_code == 201, response.text
+        await peer.opened.wait()
+        peer.send({"type": "prepare", "system_prompt": "Be brief."})
+        prepared = await peer.until("prepared")
+        assert prepared["mode"] == "omni_duplex"
+        peer.mic.play(np.concatenate([speak("What do you see?"), silence(3.0)]))
+        async with asyncio.timeout(30):
+            while len([e for e in peer.events if e["type"] == "result"]) < 4:
+                await peer.until("result")
+                await asyncio.sleep(0.2)
+        results = [e for e in peer.events if e["type"] == "result"]
+        assert all(r["audio_data"] is None for r in results)  # the answer is on the track
+        # One camera frame per one-second unit, sampled from the video track.
+        assert any(r["vision_slices"] == 1 for r in results), results
+        speaking = [r for r in results if not r["is_listen"]]
+        assert speaking and "frames 1" in speaking[0]["text"]
+        async with asyncio.timeout(5):  # played at real time, behind the results
+            while peer.first_sound_at is None:
+                await asyncio.sleep(0.1)
+        peer.send({"type": "stop"})
+        await peer.until("stopped")
+    finally:
+        await peer.close()
+    await until_idle(server)
+
+
 @pytest.mark.parametrize(
     ("body", "content_type", "status", "code"),
     [
