@@ -32,7 +32,9 @@ class InputAudio:
     def __init__(self, rate: int, chunk_s: float) -> None:
         self.rate = rate
         self.chunk_samples = round(rate * chunk_s)
-        self._resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
+        # Stereo, then the channels' mean: FFmpeg's own downmix adds 3 dB to
+        # the two equal channels Opus decodes a browser's mono microphone to.
+        self._resampler = av.AudioResampler(format="fltp", layout="stereo", rate=rate)
         self._pending = np.zeros(0, dtype=np.float32)
 
     def convert(self, frames: list[av.AudioFrame]) -> list[np.ndarray]:
@@ -40,7 +42,7 @@ class InputAudio:
         parts = [self._pending]
         for frame in frames:
             for out in self._resampler.resample(frame):
-                parts.append(out.to_ndarray().reshape(-1).astype(np.float32, copy=False))
+                parts.append(out.to_ndarray().mean(axis=0, dtype=np.float32))
         samples = np.concatenate(parts)
         whole = samples.size // self.chunk_samples * self.chunk_samples
         self._pending = samples[whole:].copy()
