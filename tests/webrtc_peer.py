@@ -74,6 +74,7 @@ class Peer:
         self.events: list[dict[str, Any]] = []
         self.heard: list[np.ndarray] = []  # the answer track's audio, 48 kHz mono float32
         self.first_sound_at: float | None = None
+        self.sounded = asyncio.Event()
         self._arrived = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
         self.pc.addTrack(self.mic)
@@ -103,6 +104,7 @@ class Peer:
                 samples = samples[::2]
             if self.first_sound_at is None and np.abs(samples).max() > 0.02:
                 self.first_sound_at = time.monotonic()
+                self.sounded.set()
             self.heard.append(samples)
 
     async def offer(self) -> str:

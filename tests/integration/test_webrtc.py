@@ -34,7 +34,9 @@ GA_SESSION = {
 async def until_idle(server: Server, timeout: float = 10) -> None:
     """The call is gone and its worker's slot is free again."""
     async with asyncio.timeout(timeout):
-        while (await server.get("/api/webrtc/config"))["open"]:
+        while True:
+            if not (await server.get("/api/webrtc/config"))["open"]:
+                break
             await asyncio.sleep(0.1)
     await server.wait_ready(timeout=timeout, workers=1)
 
@@ -136,8 +138,7 @@ async def test_an_omni_duplex_call_with_the_camera(server: Server):
         speaking = [r for r in results if not r["is_listen"]]
         assert speaking and "frames 1" in speaking[0]["text"]
         async with asyncio.timeout(5):  # played at real time, behind the results
-            while peer.first_sound_at is None:
-                await asyncio.sleep(0.1)
+            await peer.sounded.wait()
         peer.send({"type": "stop"})
         await peer.until("stopped")
     finally:
