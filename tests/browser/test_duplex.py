@@ -29,7 +29,7 @@ def test_omni_session(browser, scripted_server: Server) -> None:
     page = browser.new_page()
     problems = watch(page)
     try:
-        page.goto(scripted_server.http + "/omni")
+        page.goto(scripted_server.http + "/omni?transport=websocket")
         page.wait_for_selector("body[data-ready]", state="attached")
         page.click("#start")
 
@@ -95,7 +95,7 @@ def test_audio_duplex_session(browser, scripted_server: Server) -> None:
     page = browser.new_page()
     problems = watch(page)
     try:
-        page.goto(scripted_server.http + "/audio_duplex")
+        page.goto(scripted_server.http + "/audio_duplex?transport=websocket")
         page.wait_for_selector("body[data-ready]", state="attached")
         page.click("#start")
         page.wait_for_selector("#subtitle.visible", timeout=20_000)

@@ -139,9 +139,10 @@ async def _open(
     calls = calls_of(request)
     call_id = mint("rtc", 12)
     caller = principal_of(request)
-    settings = request.app.state.gateway.settings.webrtc
-    call = Call(call_id, MediaDialect(dialect), settings,
-                _session_scope(request, path, query, call_id), first_events)  # fmt: skip
+    settings = request.app.state.gateway.settings
+    scope = _session_scope(request, path, query, call_id)
+    call = Call(call_id, MediaDialect(dialect), settings.webrtc, scope, first_events,
+                settings.limits.max_message_bytes)  # fmt: skip
     try:
         calls.add(call, caller.key_id)
     except TooManyCalls as exc:

@@ -35,9 +35,14 @@ from aiortc import (
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from omnilive.config import WebRTCSettings
-from omnilive.gateway.webrtc.dialects import OUTPUT_AUDIO_RATE, Dialect, MediaDialect
+from omnilive.gateway.webrtc.dialects import OUTPUT_AUDIO_RATE, Dialect, Fragments, MediaDialect
 from omnilive.gateway.webrtc.media import AnswerTrack, InputAudio, jpeg_of, to_opus_rate
-from omnilive.gateway.webrtc.offer import Offer, OfferError, OfferErrorCode
+from omnilive.gateway.webrtc.offer import (
+    Offer,
+    OfferError,
+    OfferErrorCode,
+    with_max_message_size,
+)
 
 log = logging.getLogger(__name__)
 ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
@@ -78,7 +83,9 @@ class Call:
         settings: WebRTCSettings,
         scope: dict[str, Any],
         first_events: list[str] | None = None,
+        max_message_bytes: int = 64 * 1024 * 1024,
     ) -> None:
+        self.max_message_bytes = max_message_bytes
         self.call_id = call_id
         self.dialect = dialect
         self.settings = settings
@@ -96,6 +103,7 @@ class Call:
         )
         self._wake = asyncio.Event()
         self._unsent: deque[str] = deque()  # server events before the channel opens
+        self._fragments = Fragments(max_message_bytes)
         self._remote: list[MediaStreamTrack] = []
         self._latest_frame: Any = None
         self._connect_sent = False
@@ -122,7 +130,7 @@ class Call:
             if transceiver.kind == "video":
                 transceiver.direction = "recvonly"  # the camera comes in; nothing goes out
         await self.pc.setLocalDescription(await self.pc.createAnswer())
-        return self.pc.localDescription.sdp
+        return with_max_message_size(self.pc.localDescription.sdp, self.max_message_bytes)
 
     # -- the session's ASGI face ----------------------------------------------
 
@@ -202,8 +210,14 @@ class Call:
             self.bytes_to_channel += len(text)
 
     def _on_message(self, data: str | bytes) -> None:
-        text = data if isinstance(data, str) else data.decode("utf-8", "replace")
-        self.bytes_from_channel += len(text)
+        if isinstance(data, bytes):
+            self.bytes_from_channel += len(data)
+            text = self._fragments.add(data)
+            if text is None:
+                return
+        else:
+            text = data
+            self.bytes_from_channel += len(text)
         if self.dialect.dialect is Dialect.OPENAI and _is_clear(text):
             self.track.flush()  # OpenAI's output_audio_buffer.clear: the transport's own
             self._event(json.dumps({"type": "output_audio_buffer.cleared"}))

@@ -142,3 +142,35 @@ def _pcm16(data: Any) -> np.ndarray | None:
 def _f32(data: str) -> np.ndarray | None:
     raw = base64.b64decode(data)
     return np.frombuffer(raw[: len(raw) // 4 * 4], dtype="<f4").astype(np.float32)
+
+
+class Fragments:
+    """A client message too large for one data-channel message (browsers
+    send at most 256 KiB; a prepare with a voice is larger) arrives as binary
+    fragments: a first byte of 1 when more follow, 0 on the last; the rest is
+    the message's UTF-8. Past ``max_bytes`` the message is dropped whole."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._parts: list[bytes] = []
+        self._size = 0
+        self._oversized = False
+        self.dropped = 0
+
+    def add(self, fragment: bytes) -> str | None:
+        """The whole message once its last fragment came; else None."""
+        if fragment:
+            self._size += len(fragment) - 1
+            if self._size > self.max_bytes:
+                self._oversized = True
+                self._parts.clear()
+            elif not self._oversized:
+                self._parts.append(fragment[1:])
+        if fragment[:1] == b"\x01":
+            return None
+        whole, oversized = b"".join(self._parts), self._oversized
+        self._parts, self._size, self._oversized = [], 0, False
+        if oversized:
+            self.dropped += 1
+            return None
+        return whole.decode("utf-8", "replace")

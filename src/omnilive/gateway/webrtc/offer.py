@@ -5,6 +5,7 @@ before any peer connection is made, every refusal a documented code."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -95,3 +96,15 @@ def _text(body: bytes) -> str:
         return body.decode("utf-8")
     except UnicodeDecodeError:
         raise OfferError(OfferErrorCode.INVALID_SDP, "the offer is not UTF-8 text") from None
+
+
+_MAX_MESSAGE_SIZE = re.compile(r"^a=max-message-size:\d+$", re.MULTILINE)
+
+
+def with_max_message_size(answer: str, max_bytes: int) -> str:
+    """``answer`` advertising data-channel messages up to ``max_bytes``: a
+    prepare with a reference voice or system audio outgrows aiortc's 256 KiB
+    (aiortc reassembles any size; the WebSocket's limit is the one that holds)."""
+    return _MAX_MESSAGE_SIZE.sub(
+        f"a=max-message-size:{max_bytes}", answer.replace("\r\n", "\n")
+    ).replace("\n", "\r\n")
