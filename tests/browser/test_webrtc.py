@@ -13,6 +13,15 @@ import pytest
 from tests.browser.harness import chromium, run_async, screenshot, spoken_wav, watch
 from tests.servers import Server
 
+# A browser with no network path for WebRTC: relay candidates only, and no
+# TURN server to relay through, so ICE has nothing to pair with the server's.
+NO_PATH = """(() => {
+    const Original = window.RTCPeerConnection;
+    window.RTCPeerConnection = function (config = {}) {
+        return new Original({...config, iceServers: [], iceTransportPolicy: 'relay'});
+    };
+    window.RTCPeerConnection.prototype = Original.prototype;
+})()"""
 # Every peer connection a page makes, for its statistics.
 KEEP_PEERS = """(() => {
     const Original = window.RTCPeerConnection;
@@ -46,15 +55,6 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     question = spoken_wav(tmp / "question.wav", "What is the capital of France?")
     with chromium(tmp, [f"--use-file-for-fake-audio-capture={question}"]) as context:
         context.add_init_script(KEEP_PEERS)
-        yield context
-
-
-@pytest.fixture(scope="module")
-def no_udp_browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
-    """A browser that may not use UDP: no ICE candidate pair can form."""
-    tmp = tmp_path_factory.mktemp("webrtc-no-udp")
-    args = ["--force-webrtc-ip-handling-policy=disable_non_proxied_udp"]
-    with chromium(tmp, args) as context:
         yield context
 
 
@@ -119,8 +119,9 @@ def test_omni_over_webrtc(browser, scripted_server: Server) -> None:
         page.close()
 
 
-def test_failed_ice_falls_back_to_the_websocket(no_udp_browser, scripted_server: Server) -> None:
-    page = no_udp_browser.new_page()
+def test_failed_ice_falls_back_to_the_websocket(browser, scripted_server: Server) -> None:
+    page = browser.new_page()
+    page.add_init_script(NO_PATH)
     try:
         page.goto(scripted_server.http + "/audio_duplex")
         page.wait_for_selector("body[data-ready]", state="attached")

@@ -194,3 +194,29 @@ async def test_too_many_peer_connections(tmp_path: Path):
         await first.close()
         await second.close()
         server.stop()
+
+
+async def test_a_call_that_never_connects_is_closed(tmp_path: Path):
+    """No ICE candidates in the offer: the call never connects; hanging up
+    ends one at once, and the connect timeout ends another."""
+    server = Server(tmp_path, env={"OMNILIVE_WEBRTC__CONNECT_TIMEOUT_S": "2"}).start()
+    peer = Peer(channel="events")
+    try:
+        await server.wait_ready(workers=1)
+        sdp = await peer.offer()
+        sdp = "\r\n".join(line for line in sdp.split("\r\n") if "candidate" not in line)
+        async with httpx.AsyncClient() as client:
+            for session_id in ("adx_never_1", "adx_never_2"):
+                response = await client.post(
+                    f"{server.http}/api/webrtc/duplex/{session_id}",
+                    content=sdp,
+                    headers={"Content-Type": "application/sdp"},
+                )
+                assert response.status_code == 201, response.text
+            first = response.headers["x-call-id"]
+            assert (await server.get("/api/webrtc/config"))["open"] == 2
+            await client.post(f"{server.http}/v1/realtime/calls/{first}/hangup")
+        await until_idle(server, timeout=5)  # one hung up, one timed out
+    finally:
+        await peer.close()
+        server.stop()

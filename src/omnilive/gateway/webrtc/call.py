@@ -21,7 +21,7 @@ import contextlib
 import json
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -43,6 +43,7 @@ from omnilive.gateway.webrtc.offer import (
     OfferErrorCode,
     with_max_message_size,
 )
+from omnilive.wsutil import PeerGone, race
 
 log = logging.getLogger(__name__)
 ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
@@ -249,40 +250,40 @@ class Call:
     # -- running --------------------------------------------------------------
 
     async def run(self, app: ASGIApp) -> None:
-        """The session and the media readers until the call ends."""
+        """The session and the media readers until the call ends. The readers
+        are cancelled once the session is over: a track whose peer never
+        connected does not end when the connection closes."""
         try:
             async with asyncio.TaskGroup() as group:
-                group.create_task(self._session(app), name=f"call-{self.call_id}-session")
                 group.create_task(self._watch(), name=f"call-{self.call_id}-watch")
-                for track in self._remote:
-                    reader = (
-                        self._read_audio(track)
-                        if track.kind == "audio"
-                        else self._read_video(track)
-                    )
-                    group.create_task(reader, name=f"call-{self.call_id}-{track.kind}")
+                readers = [
+                    group.create_task(self._reader(track), name=f"call-{self.call_id}-{track.kind}")
+                    for track in self._remote
+                ]
+                try:
+                    await app(self.scope, self.receive, self.send)
+                finally:
+                    self.close()
+                    for reader in readers:
+                        reader.cancel()
         finally:
             self.close()
             if not self.accepted.done():
                 self.accepted.set_result(Refused(1011, "the call ended before its session began"))
-            await self.pc.close()
-
-    async def _session(self, app: ASGIApp) -> None:
-        try:
-            await app(self.scope, self.receive, self.send)
-        finally:
-            self.close()
-            with contextlib.suppress(Exception):
-                self.track.stop()
+            self.track.stop()
             for track in self._remote:
                 track.stop()
-            await self.pc.close()  # ends the readers' tracks
+            await self.pc.close()
+
+    def _reader(self, track: MediaStreamTrack) -> Coroutine[Any, Any, None]:
+        return self._read_audio(track) if track.kind == "audio" else self._read_video(track)
 
     async def _watch(self) -> None:
-        with contextlib.suppress(TimeoutError):
+        """Close the call if it has not connected in time; done once it did, or ended."""
+        with contextlib.suppress(TimeoutError, PeerGone):
             async with asyncio.timeout(self.settings.connect_timeout_s):
-                await self.connected.wait()
-        if not self.connected.is_set():
+                await race(self.connected.wait(), self.closed.wait)
+        if not self.connected.is_set() and not self.closed.is_set():
             log.info(
                 "call %s did not connect in %.0f s", self.call_id, self.settings.connect_timeout_s
             )

@@ -230,8 +230,9 @@ async function start() {
   const tracks = [...mic.stream.getAudioTracks(), ...(camera?.stream?.getVideoTracks() || [])];
   const live = await openAndPrepare(
     {
+      // Two ids: a call that failed to connect may still hold its own for a moment.
       rtcPath: `/api/webrtc/duplex/${id}`,
-      wsPath: `/ws/duplex/${id}`,
+      wsPath: `/ws/duplex/${newSessionId(OMNI ? 'odx_' : 'adx_')}`,
       params: { mode: OMNI ? 'omni' : 'audio' },
       queue,
       onMessage: receive,

@@ -199,12 +199,11 @@ async function start() {
     return;
   }
   const prepare = await buildPrepare();
-  const id = newSessionId('hd_');
+  // Two ids: a call that failed to connect may still hold its own for a moment.
+  const rtcPath = `/api/webrtc/half_duplex/${newSessionId('hd_')}`;
+  const wsPath = `/ws/half_duplex/${newSessionId('hd_')}`;
   const options = { queue, onMessage: receive, onClose: closed, tracks: mic.stream.getAudioTracks() };
-  const live = await openAndPrepare(
-    { rtcPath: `/api/webrtc/half_duplex/${id}`, wsPath: `/ws/half_duplex/${id}`, ...options },
-    prepare,
-  );
+  const live = await openAndPrepare({ rtcPath, wsPath, ...options }, prepare);
   if (!live || !session) {
     live?.close();
     finish();
