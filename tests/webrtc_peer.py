@@ -17,6 +17,7 @@ from aiortc import RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack, VideoStreamTrack
 
 from omnilive.audio import INPUT_RATE, resample
+from omnilive.gateway.webrtc.media import set_jitter_packets
 
 RATE = 48_000
 PACKET = 960  # 20 ms
@@ -65,8 +66,13 @@ class Peer:
     """One call from the client's side."""
 
     def __init__(
-        self, clip: np.ndarray | None = None, channel: str = "oai-events", camera: bool = False
+        self,
+        clip: np.ndarray | None = None,
+        channel: str = "oai-events",
+        camera: bool = False,
+        jitter_packets: int | None = None,
     ) -> None:
+        self.jitter_packets = jitter_packets  # None: aiortc's own buffer (80 ms)
         self.pc = RTCPeerConnection()
         self.mic = ClipTrack(clip)
         if camera:  # aiortc's test pattern: plain green frames at 30 fps
@@ -123,6 +129,9 @@ class Peer:
             self.call_id = response.headers["location"].rsplit("/", 1)[-1]
             answer = RTCSessionDescription(response.text, "answer")
             await self.pc.setRemoteDescription(answer)
+            if self.jitter_packets is not None:
+                for receiver in self.pc.getReceivers():
+                    set_jitter_packets(receiver, self.jitter_packets)
         return response
 
     def send(self, event: dict[str, Any]) -> None:

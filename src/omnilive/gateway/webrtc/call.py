@@ -36,7 +36,13 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from omnilive.config import WebRTCSettings
 from omnilive.gateway.webrtc.dialects import OUTPUT_AUDIO_RATE, Dialect, Fragments, MediaDialect
-from omnilive.gateway.webrtc.media import AnswerTrack, InputAudio, jpeg_of, to_opus_rate
+from omnilive.gateway.webrtc.media import (
+    AnswerTrack,
+    InputAudio,
+    jpeg_of,
+    set_jitter_packets,
+    to_opus_rate,
+)
 from omnilive.gateway.webrtc.offer import (
     Offer,
     OfferError,
@@ -49,7 +55,9 @@ log = logging.getLogger(__name__)
 ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 MAX_ANSWER_AUDIO_S = 120.0  # queued answer audio; a longer backlog loses its oldest
 INBOX_SIZE = 256  # data-channel events not yet read by the session
-READ_BATCH_S = 0.1  # microphone audio resampled per thread hop
+# Microphone audio resampled per thread hop: two Opus packets. Every hop
+# delays the end of speech reaching the VAD; 40 ms keeps it short.
+READ_BATCH_S = 0.04
 
 
 class CallState(StrEnum):
@@ -126,6 +134,9 @@ class Call:
         audio = [t for t in self.pc.getTransceivers() if t.kind == "audio"]
         if not audio:
             raise OfferError(OfferErrorCode.NO_AUDIO, "the offer has no audio to answer")
+        for transceiver in audio:
+            if not set_jitter_packets(transceiver.receiver, self.settings.jitter_packets):
+                log.warning("aiortc's jitter buffer could not be set; it holds 80 ms")
         self.pc.addTrack(self.track)
         for transceiver in self.pc.getTransceivers():
             if transceiver.kind == "video":

@@ -16,6 +16,8 @@ from collections.abc import Callable
 
 import av
 import numpy as np
+from aiortc import RTCRtpReceiver
+from aiortc.jitterbuffer import JitterBuffer
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 OPUS_RATE = 48_000
@@ -23,6 +25,19 @@ PACKET_S = 0.02  # what a browser's Opus encoder packs, and what the track sends
 PACKET_SAMPLES = int(OPUS_RATE * PACKET_S)
 JPEG_QUALITY = 80
 FRAME_MAX_SIDE = 640  # what the duplex page sends unless asked for HD
+
+
+def set_jitter_packets(receiver: RTCRtpReceiver, packets: int) -> bool:
+    """Hold ``packets`` Opus packets (20 ms each) against network jitter
+    instead of aiortc's fixed 4 (80 ms, all of it added to every turn's end
+    of speech). aiortc has no option for it: its private buffer is replaced
+    before the first packet; False (and aiortc's own kept) if that changed."""
+    name = "_RTCRtpReceiver__jitter_buffer"
+    current = getattr(receiver, name, None)
+    if not isinstance(current, JitterBuffer) or receiver.track.kind != "audio":
+        return False
+    setattr(receiver, name, JitterBuffer(capacity=current.capacity, prefetch=packets))
+    return True
 
 
 class InputAudio:
