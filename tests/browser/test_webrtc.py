@@ -70,14 +70,20 @@ def wait_no_calls(page, server: Server) -> None:
     raise AssertionError("the call is still open on the server")
 
 
+def start(page, url: str, transport: str = "webrtc", timeout: float = 15_000) -> None:
+    """Open the page at ``url``, press Start, wait until it talks over ``transport``."""
+    page.goto(url)
+    page.wait_for_selector("body[data-ready]", state="attached")
+    page.click("#start")
+    selector = f"body[data-transport={transport}]"
+    page.wait_for_selector(selector, state="attached", timeout=timeout)
+
+
 def test_half_duplex_over_webrtc(browser, scripted_server: Server) -> None:
     page = browser.new_page()
     problems = watch(page)
     try:
-        page.goto(scripted_server.http + "/half_duplex")
-        page.wait_for_selector("body[data-ready]", state="attached")
-        page.click("#start")
-        page.wait_for_selector("body[data-transport=webrtc]", state="attached")
+        start(page, scripted_server.http + "/half_duplex")
         assert calls_open(scripted_server) == 1
         # The server's VAD heard the question on the Opus track, and the answer came.
         page.wait_for_selector("#transcript .turn.ai[data-done]", timeout=40_000)
@@ -100,10 +106,7 @@ def test_omni_over_webrtc(browser, scripted_server: Server) -> None:
     page = browser.new_page()
     problems = watch(page)
     try:
-        page.goto(scripted_server.http + "/omni")
-        page.wait_for_selector("body[data-ready]", state="attached")
-        page.click("#start")
-        page.wait_for_selector("body[data-transport=webrtc]", state="attached")
+        start(page, scripted_server.http + "/omni")
         page.wait_for_selector("#subtitle.visible", timeout=25_000)
         # The engine counts the frames it saw: the camera track was sampled.
         assert "frames 1" in page.inner_text("#subtitle")
@@ -123,10 +126,7 @@ def test_failed_ice_falls_back_to_the_websocket(browser, scripted_server: Server
     page = browser.new_page()
     page.add_init_script(NO_PATH)
     try:
-        page.goto(scripted_server.http + "/audio_duplex")
-        page.wait_for_selector("body[data-ready]", state="attached")
-        page.click("#start")
-        page.wait_for_selector("body[data-transport=websocket]", state="attached", timeout=30_000)
+        start(page, scripted_server.http + "/audio_duplex", "websocket", timeout=30_000)
         assert "WebSocket" in page.inner_text("#notice")
         page.wait_for_function("window.omniliveDuplex.results.length >= 2", timeout=20_000)
         wait_no_calls(page, scripted_server)  # the failed call was hung up

@@ -7,7 +7,7 @@
 
 import { getOptional, request } from './api.js';
 import { t } from './i18n.js';
-import { LiveSocket } from './socket.js';
+import { deliver, LiveSocket } from './socket.js';
 
 const CONNECT_TIMEOUT_MS = 8000; // ICE and DTLS on a LAN take well under a second
 const GATHER_TIMEOUT_MS = 2000; // host candidates come at once; STUN may take longer
@@ -80,7 +80,7 @@ export class LiveRtc {
     };
     const channel = pc.createDataChannel(CHANNEL);
     this.channel = channel;
-    channel.onmessage = (event) => this.received(event.data);
+    channel.onmessage = (event) => deliver(event.data, this.queue, this.onMessage);
     await pc.setLocalDescription(await pc.createOffer());
     await gathered(pc);
     const query = new URLSearchParams(this.params).toString();
@@ -112,18 +112,6 @@ export class LiveRtc {
         if (this.pc.iceConnectionState === 'failed') fail(t('rtc.ice_failed'));
       };
     });
-  }
-
-  received(data) {
-    let message;
-    try {
-      message = JSON.parse(data);
-    } catch {
-      return;
-    }
-    if (message.type === 'queued' || message.type === 'queue_update') this.queue?.update(message);
-    else if (message.type === 'queue_done') this.queue?.done();
-    this.onMessage(message);
   }
 
   closed() {
