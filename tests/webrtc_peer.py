@@ -88,7 +88,9 @@ class Peer:
         self.channel.on("message", self._on_message)
         self.pc.on("track", self._on_track)
         self.opened = asyncio.Event()
+        self.closed = asyncio.Event()  # the channel closed (the server ended the call)
         self.channel.on("open", self.opened.set)
+        self.channel.on("close", self.closed.set)
         self.call_id: str | None = None
 
     def _on_message(self, data: str) -> None:

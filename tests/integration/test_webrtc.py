@@ -7,6 +7,7 @@ signalling's refusals."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import httpx
@@ -94,6 +95,28 @@ async def test_hang_up_ends_the_session(server: Server):
         await peer.close()
 
 
+async def test_the_openai_sdk_opens_and_hangs_up_a_call(server: Server):
+    """OpenAI's SDK, unchanged: ``realtime.calls.create`` (the multipart form
+    with a session) and ``realtime.calls.hangup``."""
+    from aiortc import RTCSessionDescription
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=f"{server.http}/v1", api_key="any-key-on-an-open-gateway")
+    peer = Peer()
+    try:
+        session = {"type": "realtime", "model": "omnilive-realtime", "instructions": "Be brief."}
+        answer = await client.realtime.calls.create(sdp=await peer.offer(), session=session)
+        call_id = answer.response.headers["location"].rsplit("/", 1)[-1]
+        await peer.pc.setRemoteDescription(RTCSessionDescription(answer.text, "answer"))
+        updated = await peer.until("session.updated")
+        assert updated["session"]["instructions"] == "Be brief."
+        await client.realtime.calls.hangup(call_id)
+        await until_idle(server)
+    finally:
+        await peer.close()
+        await client.close()
+
+
 async def test_a_half_duplex_call(server: Server):
     peer = Peer(channel="events")
     try:
@@ -111,6 +134,9 @@ async def test_a_half_duplex_call(server: Server):
         assert np.abs(peer.heard_audio()).max() > 0.05
         peer.send({"type": "stop"})
         await peer.until("stopped")
+        # The session ended on the server's side: the server closes the call.
+        async with asyncio.timeout(10):
+            await peer.closed.wait()
     finally:
         await peer.close()
     await until_idle(server)
@@ -219,4 +245,36 @@ async def test_a_call_that_never_connects_is_closed(tmp_path: Path):
         await until_idle(server, timeout=5)  # one hung up, one timed out
     finally:
         await peer.close()
+        server.stop()
+
+
+async def test_calls_take_the_websocket_path_credentials_and_limits(tmp_path: Path):
+    """A gateway with keys: no key is refused before any peer connection; a
+    client token opens a call; the key's session limit refuses a second
+    concurrent call as the WebSocket path would (429 too_many_sessions)."""
+    key = "user-key-0123456789abcdef"
+    keys = [{"key": key, "max_sessions": 1}]
+    server = Server(tmp_path, env={"OMNILIVE_AUTH__KEYS": json.dumps(keys)}, api_key=key).start()
+    first, second, anonymous = Peer(), Peer(), Peer()
+    try:
+        await server.wait_ready(workers=1)
+        url = f"{server.http}/v1/realtime/calls"
+        refused = await anonymous.call(url)
+        assert refused.status_code == 401
+        async with httpx.AsyncClient() as client:
+            minted = await client.post(
+                f"{server.http}/v1/realtime/client_secrets",
+                json={},
+                headers={"Authorization": f"Bearer {key}"},
+            )
+        token = minted.json()["value"]
+        opened = await first.call(url, {"Authorization": f"Bearer {token}"})
+        assert opened.status_code == 201, opened.text
+        await first.until("session.created")
+        again = await second.call(url, {"Authorization": f"Bearer {key}"})
+        assert again.status_code == 429, again.text
+        assert again.json()["error"]["code"] == "too_many_sessions"
+    finally:
+        for peer in (first, second, anonymous):
+            await peer.close()
         server.stop()
