@@ -529,7 +529,7 @@ def _env_layer(environ: Mapping[str, str]) -> dict[str, Any]:
         value: Any = raw
         if path == ["worker_urls"]:
             value = json.loads(raw) if raw.startswith("[") else [u for u in raw.split(",") if u]
-        elif path == ["auth", "keys"]:  # a JSON list of {key, role, name}
+        elif path in (["auth", "keys"], ["webrtc", "ice_servers"]):  # JSON lists of objects
             value = json.loads(raw)
         elif path == ["auth", "allowed_origins"]:
             value = json.loads(raw) if raw.startswith("[") else [o for o in raw.split(",") if o]

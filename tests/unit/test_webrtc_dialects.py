@@ -68,3 +68,12 @@ def test_half_duplex_chunks():
     dialect = MediaDialect(Dialect.HALF_DUPLEX)
     listen = dialect.outbound('{"type": "chunk", "text_delta": "x", "audio_data": null}')
     assert listen.audio is None and json.loads(listen.event)["text_delta"] == "x"
+
+
+def test_force_listen_marks_the_next_duplex_chunk():
+    dialect = MediaDialect(Dialect.DUPLEX)
+    marker = '{"type": "audio_chunk", "audio_base64": "", "force_listen": true}'
+    assert dialect.client_event(marker) is None
+    first = json.loads(dialect.audio_message(np.zeros(16_000, np.float32)))
+    second = json.loads(dialect.audio_message(np.zeros(16_000, np.float32)))
+    assert first["force_listen"] is True and "force_listen" not in second

@@ -56,6 +56,7 @@ class MediaDialect:
     dialect: Dialect
     ready: bool = field(init=False)
     paused: bool = False
+    force_listen: bool = False  # the next duplex chunk asks the model to listen
     audio_chunks: int = 0
 
     def __post_init__(self) -> None:
@@ -84,6 +85,9 @@ class MediaDialect:
         message: dict[str, Any] = {"type": "audio_chunk", "audio_base64": _b64(raw)}
         if frame_jpeg is not None:
             message["frame_base64_list"] = [_b64(frame_jpeg)]
+        if self.force_listen and self.dialect is Dialect.DUPLEX:
+            message["force_listen"] = True
+            self.force_listen = False
         return json.dumps(message)
 
     def client_event(self, text: str) -> str | None:
@@ -95,6 +99,9 @@ class MediaDialect:
         except ValueError:
             return text  # the session answers it with its protocol's error
         if isinstance(message, dict) and message.get("type") in _AUDIO_TYPES:
+            # A duplex page's "let me talk" rides on an empty audio_chunk:
+            # it marks the next chunk the track's audio makes.
+            self.force_listen = self.force_listen or message.get("force_listen") is True
             return None
         return text
 

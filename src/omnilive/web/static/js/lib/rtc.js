@@ -121,10 +121,16 @@ export class LiveRtc {
     this.onClose({ code: 1000, reason: '' });
   }
 
-  /** Audio goes on the track: an audio_chunk is not sent, only counted as sent. */
+  /**
+   * Audio goes on the track: an audio_chunk is not sent, only counted as sent;
+   * its force_listen travels alone, marking the server's next chunk.
+   */
   send(message) {
     if (!this.open) return false;
     if (message.type !== 'audio_chunk') this.sendText(JSON.stringify(message));
+    else if (message.force_listen) {
+      this.channel.send(JSON.stringify({ type: 'audio_chunk', audio_base64: '', force_listen: true }));
+    }
     this.sent += 1;
     return true;
   }
