@@ -246,7 +246,7 @@ class Call:
 
     def _on_state(self) -> None:
         state = self.pc.connectionState
-        if state == "connected":
+        if state == "connected" and self.state is CallState.CONNECTING:  # never after CLOSED
             self.state = CallState.CONNECTED
             self.connected.set()
         elif state in ("failed", "closed"):
