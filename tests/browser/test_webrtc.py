@@ -1,8 +1,9 @@
-"""The live pages over WebRTC in Chromium (fake microphone and camera)
-against the scripted engine: half-duplex and omni duplex sessions whose
-audio goes up and comes back on Opus tracks and whose events travel on the
-data channel; stopping ends the call on the server; and a browser whose ICE
-cannot find a path falls back to the WebSocket and says so."""
+"""The live pages over WebRTC in Chromium (fake microphone and camera):
+half-duplex sessions against the scripted and cascade engines and an omni
+duplex session against the scripted one, whose audio goes up and comes back
+on Opus tracks and whose events travel on the data channel; stopping ends
+the call on the server; and a browser whose ICE cannot find a path falls back
+to the WebSocket and says so."""
 
 from __future__ import annotations
 
@@ -79,12 +80,14 @@ def start(page, url: str, transport: str = "webrtc", timeout: float = 15_000) ->
     page.wait_for_selector(selector, state="attached", timeout=timeout)
 
 
-def test_half_duplex_over_webrtc(browser, scripted_server: Server) -> None:
+@pytest.mark.parametrize("engine", ["scripted", pytest.param("cascade", marks=pytest.mark.cascade)])
+def test_half_duplex_over_webrtc(browser, engine: str, request: pytest.FixtureRequest) -> None:
+    server: Server = request.getfixturevalue(f"{engine}_server")
     page = browser.new_page()
     problems = watch(page)
     try:
-        start(page, scripted_server.http + "/half_duplex")
-        assert calls_open(scripted_server) == 1
+        start(page, server.http + "/half_duplex")
+        assert calls_open(server) == 1
         # The server's VAD heard the question on the Opus track, and the answer came.
         page.wait_for_selector("#transcript .turn.ai[data-done]", timeout=40_000)
         assert page.inner_text("#transcript .turn.user").strip()
@@ -96,7 +99,7 @@ def test_half_duplex_over_webrtc(browser, scripted_server: Server) -> None:
         page.click("#stop")
         page.locator("#transcript a[href^='/s/']").wait_for()
         assert page.is_visible("#start")
-        wait_no_calls(page, scripted_server)
+        wait_no_calls(page, server)
         assert problems.items == []
     finally:
         page.close()
