@@ -278,3 +278,35 @@ async def test_calls_take_the_websocket_path_credentials_and_limits(tmp_path: Pa
         for peer in (first, second, anonymous):
             await peer.close()
         server.stop()
+
+
+@pytest.mark.cascade
+async def test_whisper_hears_the_question_through_opus(tmp_path: Path):
+    """The cascade engine (real VAD, Whisper, SmolLM2, Piper) over a call: the
+    question, Opus-coded and resampled by the gateway, is transcribed, and
+    the spoken answer plays on the track."""
+    server = Server(tmp_path, engine="cascade").start()
+    peer = Peer()
+    try:
+        await server.wait_ready(timeout=180, workers=1)
+        response = await peer.call(f"{server.http}/v1/realtime/calls?model=omnilive-realtime")
+        assert response.status_code == 201, response.text
+        await peer.until("session.created")
+        session = {"type": "realtime", "instructions": "You are a helpful voice assistant."}
+        session["audio"] = {"input": {"transcription": {"model": "whisper-base"},
+                                      "turn_detection": {"type": "server_vad",
+                                                         "silence_duration_ms": 600}}}  # fmt: skip
+        peer.send({"type": "session.update", "session": session})
+        await peer.until("session.updated")
+        peer.mic.play(np.concatenate([speak("What is the capital of France?"), silence(2.0)]))
+        heard = await peer.until(
+            "conversation.item.input_audio_transcription.completed", timeout=60
+        )
+        assert "capital" in heard["transcript"].lower(), heard
+        done = await peer.until("response.done", timeout=120)
+        assert done["response"]["status"] == "completed"
+        async with asyncio.timeout(20):
+            await peer.sounded.wait()
+    finally:
+        await peer.close()
+        server.stop()
