@@ -11,9 +11,9 @@ import numpy as np
 from omnilive.gateway.webrtc.media import (
     OPUS_RATE,
     PACKET_SAMPLES,
+    AnswerAudio,
     AnswerTrack,
     InputAudio,
-    to_opus_rate,
 )
 
 
@@ -34,10 +34,15 @@ def test_frames_become_whole_chunks_at_the_protocol_rate():
     assert chunks[1].dtype == np.float32 and abs(float(chunks[1][800]) - 0.25) < 0.01
 
 
-def test_answer_audio_is_resampled_for_opus():
-    pcm = to_opus_rate(np.full(2400, 0.5, np.float32), 24_000)
-    assert pcm.dtype == np.int16 and abs(pcm.size - 4800) <= 64
-    assert abs(int(pcm[2000]) - 16383) < 200
+def test_answer_audio_is_resampled_for_opus_as_one_stream():
+    answer = AnswerAudio(24_000)
+    tone = np.sin(np.arange(24_000) * 2 * np.pi * 440 / 24_000).astype(np.float32) * 0.5
+    pieces = [answer.convert(tone[i : i + 2400]) for i in range(0, tone.size, 2400)]
+    pcm = np.concatenate(pieces)
+    assert pcm.dtype == np.int16 and abs(pcm.size - 48_000) <= 64
+    # No seam between pieces: the 440 Hz tone stays smooth (no step over ~2 samples' rise).
+    steps = np.abs(np.diff(pcm[2000:-2000].astype(np.int32)))
+    assert steps.max() < 0.5 * 32767 * 2 * np.pi * 440 / 48_000 * 1.5
 
 
 def test_the_answer_track_is_bounded_and_flushes():

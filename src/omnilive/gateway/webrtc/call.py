@@ -37,11 +37,11 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from omnilive.config import WebRTCSettings
 from omnilive.gateway.webrtc.dialects import OUTPUT_AUDIO_RATE, Dialect, Fragments, MediaDialect
 from omnilive.gateway.webrtc.media import (
+    AnswerAudio,
     AnswerTrack,
     InputAudio,
     jpeg_of,
     set_jitter_packets,
-    to_opus_rate,
 )
 from omnilive.gateway.webrtc.offer import (
     Offer,
@@ -102,6 +102,7 @@ class Call:
         self.state = CallState.CONNECTING
         self.pc = RTCPeerConnection(ice_configuration(settings))
         self.track = AnswerTrack(MAX_ANSWER_AUDIO_S, self._playing)
+        self._answer_audio = AnswerAudio(OUTPUT_AUDIO_RATE)
         self.channel: Any = None
         self.accepted: asyncio.Future[Refused | None] = asyncio.get_running_loop().create_future()
         self.connected = asyncio.Event()
@@ -182,7 +183,7 @@ class Call:
         if out.flush:
             self.track.flush()
         if out.audio is not None and out.audio.size:
-            pcm48 = await asyncio.to_thread(to_opus_rate, out.audio, OUTPUT_AUDIO_RATE)
+            pcm48 = await asyncio.to_thread(self._answer_audio.convert, out.audio)
             self.track.push(pcm48)
         if out.event is not None:
             self._event(out.event)

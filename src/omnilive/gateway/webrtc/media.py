@@ -73,16 +73,25 @@ def jpeg_of(frame: av.VideoFrame, max_side: int = FRAME_MAX_SIDE) -> bytes:
     return out.getvalue()
 
 
-def to_opus_rate(samples: np.ndarray, rate: int) -> np.ndarray:
-    """Answer audio (mono float32 at ``rate``) as 48 kHz int16 for the track."""
-    frame = av.AudioFrame.from_ndarray(
-        np.ascontiguousarray(samples, dtype=np.float32).reshape(1, -1), format="flt", layout="mono"
-    )
-    frame.sample_rate = rate
-    resampler = av.AudioResampler(format="s16", layout="mono", rate=OPUS_RATE)
-    parts = [out.to_ndarray().reshape(-1) for out in resampler.resample(frame)]
-    parts += [out.to_ndarray().reshape(-1) for out in resampler.resample(None)]
-    return np.concatenate(parts).astype(np.int16) if parts else np.zeros(0, np.int16)
+class AnswerAudio:
+    """Answer audio (mono float32 at ``rate``) as 48 kHz int16 for the track.
+    One resampler for the whole answer stream: the pieces are one signal, and
+    resampling each alone would click at every seam."""
+
+    def __init__(self, rate: int) -> None:
+        self.rate = rate
+        self._resampler = av.AudioResampler(format="s16", layout="mono", rate=OPUS_RATE)
+
+    def convert(self, samples: np.ndarray) -> np.ndarray:
+        """Call it off the event loop, one piece at a time."""
+        frame = av.AudioFrame.from_ndarray(
+            np.ascontiguousarray(samples, dtype=np.float32).reshape(1, -1),
+            format="flt",
+            layout="mono",
+        )
+        frame.sample_rate = self.rate
+        parts = [out.to_ndarray().reshape(-1) for out in self._resampler.resample(frame)]
+        return np.concatenate(parts).astype(np.int16) if parts else np.zeros(0, np.int16)
 
 
 class AnswerTrack(MediaStreamTrack):
