@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
@@ -69,7 +70,7 @@ async def realtime_call(request: Request, model: str | None = None) -> Response:
         if offer.session:
             session = {k: v for k, v in offer.session.items() if k != "model"}
             first.append(json.dumps({"type": "session.update", "session": session}))
-        query = f"model={model}"
+        query = urlencode({"model": model})  # escaped: a model name cannot add a mode=
         return await _open(request, offer, Dialect.OPENAI, "/v1/realtime", query, first)
     except CallRefused as refused:
         body = {"error": {"type": "invalid_request_error", "code": refused.code,
@@ -96,7 +97,7 @@ async def half_duplex_call(request: Request, session_id: str) -> Response:
 
 @router.post("/api/webrtc/duplex/{session_id}")
 async def duplex_call(request: Request, session_id: str, mode: str | None = None) -> Response:
-    query = f"mode={mode}" if mode else ""
+    query = urlencode({"mode": mode}) if mode else ""
     return await _own_mode(request, Dialect.DUPLEX, f"/ws/duplex/{session_id}", query)
 
 
