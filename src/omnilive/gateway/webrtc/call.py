@@ -57,7 +57,7 @@ MAX_ANSWER_AUDIO_S = 120.0  # queued answer audio; a longer backlog loses its ol
 INBOX_SIZE = 256  # data-channel events not yet read by the session
 # Microphone audio resampled per thread hop: two Opus packets. Every hop
 # delays the end of speech reaching the VAD; 40 ms keeps it short.
-READ_BATCH_S = 0.04
+READ_BATCH_S = 0.02
 
 
 class CallState(StrEnum):
@@ -303,7 +303,7 @@ class Call:
             await self.pc.close()
 
     async def _read_audio(self, track: MediaStreamTrack) -> None:
-        audio = InputAudio(self.dialect.input_rate, self.dialect.chunk_s)
+        audio = InputAudio(self.dialect.input_rate, self.dialect.chunk_s, self.dialect.whole_units)
         batch: list[Any] = []
         batch_samples = 0
         while not self.closed.is_set():

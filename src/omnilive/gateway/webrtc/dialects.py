@@ -41,7 +41,7 @@ class Outbound:
 _READY_AT_START = {Dialect.OPENAI: True, Dialect.HALF_DUPLEX: False, Dialect.DUPLEX: False}
 # Audio per synthesized message: short for the VAD of the conversation paths,
 # one model unit (1 s) for duplex, whose every chunk is a unit.
-CHUNK_S = {Dialect.OPENAI: 0.04, Dialect.HALF_DUPLEX: 0.04, Dialect.DUPLEX: 1.0}
+CHUNK_S = {Dialect.OPENAI: 0.02, Dialect.HALF_DUPLEX: 0.02, Dialect.DUPLEX: 1.0}
 # The GA dialect's audio/pcm: 24 kHz 16-bit; omnilive's own: 16 kHz float32.
 INPUT_RATES = {Dialect.OPENAI: 24_000, Dialect.HALF_DUPLEX: INPUT_RATE, Dialect.DUPLEX: INPUT_RATE}
 OPENAI_AUDIO_DELTA = "response.output_audio.delta"
@@ -65,6 +65,12 @@ class MediaDialect:
     @property
     def chunk_s(self) -> float:
         return CHUNK_S[self.dialect]
+
+    @property
+    def whole_units(self) -> bool:
+        """Every chunk exactly :attr:`chunk_s` long (a duplex unit); else each
+        chunk is whatever the last packets made, at most that long."""
+        return self.dialect is Dialect.DUPLEX
 
     @property
     def input_rate(self) -> int:

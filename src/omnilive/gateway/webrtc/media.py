@@ -44,9 +44,10 @@ class InputAudio:
     """Decoded Opus frames (48 kHz, any layout) to mono float32 chunks at
     ``rate``, each ``chunk_s`` long. One resampler, used by one task."""
 
-    def __init__(self, rate: int, chunk_s: float) -> None:
+    def __init__(self, rate: int, chunk_s: float, whole: bool = True) -> None:
         self.rate = rate
         self.chunk_samples = round(rate * chunk_s)
+        self.whole = whole  # False: hand over what there is at once (no waiting to fill)
         # Stereo, then the channels' mean: FFmpeg's own downmix adds 3 dB to
         # the two equal channels Opus decodes a browser's mono microphone to.
         self._resampler = av.AudioResampler(format="fltp", layout="stereo", rate=rate)
@@ -59,6 +60,9 @@ class InputAudio:
             for out in self._resampler.resample(frame):
                 parts.append(out.to_ndarray().mean(axis=0, dtype=np.float32))
         samples = np.concatenate(parts)
+        if not self.whole:
+            self._pending = samples[:0]
+            return [samples] if samples.size else []
         whole = samples.size // self.chunk_samples * self.chunk_samples
         self._pending = samples[whole:].copy()
         return [samples[i : i + self.chunk_samples] for i in range(0, whole, self.chunk_samples)]
