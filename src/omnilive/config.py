@@ -176,6 +176,47 @@ class RealtimeSettings(_Section):
     context_tokens: int = Field(8192, gt=0, description="KV-cache size that ends a session.")
 
 
+class IceServer(_Section):
+    """A STUN or TURN server, in the shape of the browser's ``RTCIceServer``."""
+
+    urls: list[str] = Field(
+        min_length=1, description="stun:host:port, turn:host:port?transport=udp"
+    )
+    username: str | None = Field(None, description="TURN user name.")
+    credential: str | None = Field(None, description="TURN password.")
+
+
+class WebRTCSettings(_Section):
+    """WebRTC transport (``docs/webrtc.md``): Opus audio and a data channel
+    beside the WebSocket, for browsers and ``POST /v1/realtime/calls``."""
+
+    enabled: bool = Field(True, description="Serve the WebRTC signalling endpoints.")
+    ice_servers: list[IceServer] = Field(
+        default_factory=list,
+        description="STUN/TURN servers for the gateway and the pages (none: host candidates "
+        "only, enough on a LAN or localhost; a NAT'd deployment needs STUN and usually TURN).",
+    )
+    max_peer_connections: int = Field(
+        32, ge=0, description="Peer connections the gateway holds at once; more get 503."
+    )
+    connect_timeout_s: float = Field(
+        15.0, gt=0, description="A call whose ICE/DTLS has not connected by then is closed."
+    )
+    max_pending_events: int = Field(
+        256, ge=8, description="Server events held until the data channel opens; more end it."
+    )
+    jitter_packets: int = Field(
+        1,
+        ge=0,
+        le=16,
+        description="Microphone Opus packets (20 ms each) held against network jitter and "
+        "reordering before decoding; raise it for lossy networks (aiortc's own default: 4).",
+    )
+    max_audio_backlog_s: float = Field(
+        2.0, gt=0, description="Microphone audio the session may fall behind; older is dropped."
+    )
+
+
 class RecordingSettings(_Section):
     """Session recordings under ``data_dir/sessions`` and their cleanup."""
 
@@ -440,6 +481,7 @@ class Settings(_Section):
     presets: PresetSettings = Field(default_factory=PresetSettings)
     voices: VoiceSettings = Field(default_factory=VoiceSettings)
     pages: PageSettings = Field(default_factory=PageSettings)
+    webrtc: WebRTCSettings = Field(default_factory=WebRTCSettings)
     scripted: ScriptedSettings = Field(default_factory=ScriptedSettings)
     cascade: CascadeSettings = Field(default_factory=CascadeSettings)
     minicpmo: MiniCPMoSettings = Field(default_factory=MiniCPMoSettings)
@@ -498,7 +540,7 @@ def _env_layer(environ: Mapping[str, str]) -> dict[str, Any]:
         value: Any = raw
         if path == ["worker_urls"]:
             value = json.loads(raw) if raw.startswith("[") else [u for u in raw.split(",") if u]
-        elif path == ["auth", "keys"]:  # a JSON list of {key, role, name}
+        elif path in (["auth", "keys"], ["webrtc", "ice_servers"]):  # JSON lists of objects
             value = json.loads(raw)
         elif path == ["auth", "allowed_origins"]:
             value = json.loads(raw) if raw.startswith("[") else [o for o in raw.split(",") if o]

@@ -61,7 +61,7 @@ def test_user_key_runs_a_session(browser, keyed_server: Server) -> None:
     sockets: list[str] = []
     page.on("websocket", lambda ws: sockets.append(ws.url))
     try:
-        page.goto(keyed_server.http + "/audio_duplex")
+        page.goto(keyed_server.http + "/audio_duplex?transport=websocket")
         _sign_in(page, "not-a-key", "needs an API key")
         screenshot(page, "auth-prompt")
         # The wrong key comes back with the prompt saying so.

@@ -29,7 +29,7 @@ def test_omni_session(browser, scripted_server: Server) -> None:
     page = browser.new_page()
     problems = watch(page)
     try:
-        start_session(page, scripted_server.http + "/omni")
+        start_session(page, scripted_server.http + "/omni?transport=websocket")
 
         # The scripted plan is listen ×3, then speak ×3 (the last one ends the turn).
         page.wait_for_selector("#subtitle.visible", timeout=20_000)
@@ -93,7 +93,7 @@ def test_audio_duplex_session(browser, scripted_server: Server) -> None:
     page = browser.new_page()
     problems = watch(page)
     try:
-        start_session(page, scripted_server.http + "/audio_duplex")
+        start_session(page, scripted_server.http + "/audio_duplex?transport=websocket")
         page.wait_for_selector("#subtitle.visible", timeout=20_000)
         assert "frames 0" in page.inner_text("#subtitle")  # audio only: no camera
         assert page.evaluate("window.omniliveAudio.chunks") > 0

@@ -41,7 +41,7 @@ def test_spoken_question_gets_a_spoken_answer(browser, cascade_server: Server) -
     page = browser.new_page()
     problems = watch(page)
     try:
-        page.goto(cascade_server.http + "/half_duplex")
+        page.goto(cascade_server.http + "/half_duplex?transport=websocket")
         page.wait_for_selector("body[data-ready]", state="attached")
         # The cascade engine cannot clone voices, and the picker says so.
         assert page.is_visible("#voice .no-cloning")

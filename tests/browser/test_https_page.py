@@ -89,7 +89,7 @@ def test_https_page_gets_the_microphone_and_opens_wss(browser, https_server: Tls
     sockets: list[str] = []
     page.on("websocket", lambda ws: sockets.append(ws.url))
     try:
-        page.goto(f"{_origin(https_server)}/audio_duplex")
+        page.goto(f"{_origin(https_server)}/audio_duplex?transport=websocket")
         page.wait_for_selector("body[data-ready]", state="attached")
         assert page.evaluate("window.isSecureContext") is True
         page.click("#start")
@@ -125,7 +125,7 @@ def test_https_page_gets_the_microphone_and_opens_wss(browser, https_server: Tls
 def test_the_same_name_over_http_gets_no_microphone(browser, scripted_server: Server) -> None:
     page = browser.new_page()
     try:
-        page.goto(f"{_origin(scripted_server, 'http')}/audio_duplex")
+        page.goto(f"{_origin(scripted_server, 'http')}/audio_duplex?transport=websocket")
         assert page.evaluate("window.isSecureContext") is False
         assert page.evaluate("typeof navigator.mediaDevices") == "undefined"
     finally:

@@ -65,6 +65,11 @@ RULES: tuple[Rule, ...] = (
     _rule(WS, "/ws/", A.SESSION, opens_session=True),
     _rule(WS, "/v1/realtime", A.SESSION, opens_session=True),
     _rule("POST", "/api/chat", A.USER, opens_session=True),
+    # WebRTC signalling (docs/webrtc.md). The call's session runs under a
+    # WebSocket scope of its own, classified (and counted) by the WS rules.
+    _rule("POST", "/v1/realtime/calls", A.SESSION),
+    _rule("POST", "/v1/realtime/calls/", A.SESSION),
+    _rule("GET POST", "/api/webrtc/", A.SESSION),
     # Reading a recording (its files are <audio src> and download links in pages).
     _rule("GET HEAD", "/api/sessions/", A.SESSION),
     _rule("*", "/api/", A.USER),

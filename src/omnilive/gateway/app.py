@@ -35,9 +35,11 @@ from omnilive.gateway.routes import (
     sessions,
     status,
     voices,
+    webrtc,
 )
 from omnilive.gateway.state import Gateway
 from omnilive.gateway.supervisor import GaveUp, Supervisor, worker_url
+from omnilive.gateway.webrtc.calls import Calls
 from omnilive.recording.cleanup import cleanup_periodically
 from omnilive.serving import ProcessExit
 from omnilive.tasks import TaskSet
@@ -126,9 +128,11 @@ def create_app(
         registry: GatewayMetrics = app.state.metrics
         tasks.spawn("live-stats", sample_periodically(registry.live, lambda: live_reading(gateway)))
         app.state.gateway = gateway
+        app.state.webrtc = calls = Calls(settings.webrtc)
         try:
             yield
         finally:
+            await calls.close()
             # On a cluster the registry waits for its workers, when it stops them.
             if cluster is None:
                 await _workers_settled(gateway, WORKER_SETTLE_S)
@@ -152,6 +156,7 @@ def create_app(
     app.include_router(presets.router)
     app.include_router(voices.router)
     app.include_router(client_secrets.router)
+    app.include_router(webrtc.router)
     app.include_router(metrics.router)
     # Admin actions; access to every route is decided by gateway/access.py.
     app.include_router(admin.router)

@@ -4,6 +4,19 @@
 import { recheckAccess, socketTarget } from './api.js';
 import { t } from './i18n.js';
 
+/** A server message to the page: queue messages also to its QueueView. */
+export function deliver(data, queue, onMessage) {
+  let message;
+  try {
+    message = JSON.parse(data);
+  } catch {
+    return; // the protocols only send JSON text
+  }
+  if (message.type === 'queued' || message.type === 'queue_update') queue?.update(message);
+  else if (message.type === 'queue_done') queue?.done();
+  onMessage(message);
+}
+
 export class LiveSocket {
   /**
    * @param {string} path  e.g. '/ws/half_duplex/hd_...'
@@ -54,17 +67,7 @@ export class LiveSocket {
         opened = true;
         resolve(this);
       };
-      ws.onmessage = (event) => {
-        let message;
-        try {
-          message = JSON.parse(event.data);
-        } catch {
-          return; // the protocols only send JSON text
-        }
-        if (message.type === 'queued' || message.type === 'queue_update') this.queue?.update(message);
-        else if (message.type === 'queue_done') this.queue?.done();
-        this.onMessage(message);
-      };
+      ws.onmessage = (event) => deliver(event.data, this.queue, this.onMessage);
       ws.onclose = (event) => {
         if (!opened) {
           reject(new Error(`connection refused (${event.code})`));

@@ -156,6 +156,10 @@ export default {
   'metrics.speak': 'speaking',
 
   'error.app_disabled': 'This mode is switched off by the administrator.',
+  'rtc.off': 'WebRTC is switched off on this server',
+  'rtc.timeout': 'the WebRTC connection did not open in time',
+  'rtc.ice_failed': 'no network path for WebRTC (ICE failed)',
+  'rtc.fallback': 'WebRTC could not connect ({error}); using the WebSocket instead. Wear headphones: without WebRTC the browser cannot cancel the echo.',
   'error.connect': 'Cannot connect: {error}',
   'error.closed': 'The connection closed.',
   'error.refused':

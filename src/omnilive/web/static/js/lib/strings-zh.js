@@ -152,6 +152,10 @@ export default {
   'metrics.speak': '在说',
 
   'error.app_disabled': '此模式已被管理员关闭。',
+  'rtc.off': '此服务器已关闭 WebRTC',
+  'rtc.timeout': 'WebRTC 连接未能及时建立',
+  'rtc.ice_failed': 'WebRTC 无可用网络路径（ICE 失败）',
+  'rtc.fallback': 'WebRTC 无法连接（{error}）；改用 WebSocket。请戴耳机：没有 WebRTC，浏览器无法消除回声。',
   'error.connect': '无法连接：{error}',
   'error.closed': '连接已关闭。',
   'error.refused': '服务器拒绝了连接。此密钥打开的会话可能过多；请关闭一个后重试。',

@@ -12,8 +12,7 @@ import { Camera } from '../lib/camera.js';
 import { $, el } from '../lib/dom.js';
 import { onLangChange, t } from '../lib/i18n.js';
 import { rememberSession } from '../lib/recent.js';
-import { LiveSocket } from '../lib/socket.js';
-import { appendRecordingLink, connectAndPrepare } from '../ui/live.js';
+import { appendRecordingLink, openAndPrepare } from '../ui/live.js';
 import { loadPersona } from '../ui/persona.js';
 import { MetricsPanel } from '../ui/metrics.js';
 import { initPage, isEnabled, notify, startPage } from '../ui/nav.js';
@@ -228,13 +227,26 @@ async function start() {
   }
   const prepare = await buildPrepare();
   const id = newSessionId(OMNI ? 'odx_' : 'adx_');
-  socket = new LiveSocket(`/ws/duplex/${id}`, {
-    params: { mode: OMNI ? 'omni' : 'audio' },
-    queue,
-    onMessage: receive,
-    onClose: closed,
-  });
-  if (!(await connectAndPrepare(socket, prepare))) finish();
+  const tracks = [...mic.stream.getAudioTracks(), ...(camera?.stream?.getVideoTracks() || [])];
+  const live = await openAndPrepare(
+    {
+      // Two ids: a call that failed to connect may still hold its own for a moment.
+      rtcPath: `/api/webrtc/duplex/${id}`,
+      wsPath: `/ws/duplex/${newSessionId(OMNI ? 'odx_' : 'adx_')}`,
+      params: { mode: OMNI ? 'omni' : 'audio' },
+      queue,
+      onMessage: receive,
+      onClose: closed,
+      tracks,
+    },
+    prepare,
+  );
+  if (!live || !session) {
+    live?.close();
+    finish();
+    return;
+  }
+  socket = live;
 }
 
 function stop() {

@@ -10,8 +10,7 @@ import { float32ToBase64 } from '../lib/b64.js';
 import { $, clock, el } from '../lib/dom.js';
 import { onLangChange, t } from '../lib/i18n.js';
 import { rememberSession } from '../lib/recent.js';
-import { LiveSocket } from '../lib/socket.js';
-import { appendRecordingLink, connectAndPrepare } from '../ui/live.js';
+import { appendRecordingLink, openAndPrepare } from '../ui/live.js';
 import { initPage, isEnabled, notify, startPage } from '../ui/nav.js';
 import { loadPersona, systemContent } from '../ui/persona.js';
 import { QueueView } from '../ui/queue.js';
@@ -84,13 +83,19 @@ function addTurn(role, text = '') {
   return { node, textNode, text };
 }
 
+/** Hold the microphone back (or let it through again); over WebRTC its track goes silent. */
+function holdMic(hold) {
+  session.hold = hold;
+  socket?.setMicOpen?.(!hold);
+}
+
 /** Listen again once the answer is complete, has finished playing, and the echo guard has passed. */
 function maybeListen() {
   if (!session || !session.turnDone || player.playing) return;
   clearTimeout(resumeTimer);
   resumeTimer = setTimeout(() => {
     if (!session) return;
-    session.hold = false;
+    holdMic(false);
     mic.reset(); // whatever the microphone caught meanwhile is the AI's echo
     setState('listening');
   }, ECHO_GUARD_MS);
@@ -119,7 +124,7 @@ function receive(message) {
       if (!session.hold) setState(message.speaking ? 'user' : 'listening');
       break;
     case 'generating': {
-      session.hold = true;
+      holdMic(true);
       session.turnDone = false;
       clearTimeout(resumeTimer);
       const seconds = (message.speech_duration_ms / 1000).toFixed(1);
@@ -194,15 +199,17 @@ async function start() {
     return;
   }
   const prepare = await buildPrepare();
-  socket = new LiveSocket(`/ws/half_duplex/${newSessionId('hd_')}`, {
-    queue,
-    onMessage: receive,
-    onClose: closed,
-  });
-  if (!(await connectAndPrepare(socket, prepare))) {
+  // Two ids: a call that failed to connect may still hold its own for a moment.
+  const rtcPath = `/api/webrtc/half_duplex/${newSessionId('hd_')}`;
+  const wsPath = `/ws/half_duplex/${newSessionId('hd_')}`;
+  const options = { queue, onMessage: receive, onClose: closed, tracks: mic.stream.getAudioTracks() };
+  const live = await openAndPrepare({ rtcPath, wsPath, ...options }, prepare);
+  if (!live || !session) {
+    live?.close();
     finish();
     return;
   }
+  socket = live;
   countdown = setInterval(drawRemaining, 500);
 }
 

@@ -1,25 +1,27 @@
 // What the live voice pages (half-duplex, audio and omni duplex) do alike
-// around their sessions: open the socket with the session's prepare, and link
-// the recording once the session is over.
+// around their sessions: connect (WebRTC, else the WebSocket) with the
+// session's prepare, and link the recording once the session is over.
 
 import { el } from '../lib/dom.js';
 import { t } from '../lib/i18n.js';
+import { connectLive } from '../lib/rtc.js';
 import { notify } from './nav.js';
 
 /**
  * Connect and send the session's prepare. The server keeps a prepare sent
  * while queued and applies it once a worker is free, so it goes at once.
- * False, with the error shown, when the connection cannot be made.
- * @param {import('../lib/socket.js').LiveSocket} socket  @param {object} prepare
+ * The open connection (LiveRtc or LiveSocket), or null with the error shown.
+ * A fallback from WebRTC to the WebSocket is shown, and the session goes on.
+ * @param {object} options  connectLive()'s  @param {object} prepare
  */
-export async function connectAndPrepare(socket, prepare) {
+export async function openAndPrepare(options, prepare) {
   try {
-    await socket.connect();
-    socket.send(prepare);
-    return true;
+    const live = await connectLive({ ...options, onFallback: (text) => notify(text, 'info') });
+    live.send(prepare);
+    return live;
   } catch (error) {
     notify(t('error.connect', { error: error.message }), 'error');
-    return false;
+    return null;
   }
 }
 

@@ -1,0 +1,110 @@
+"""The signalling request of a call, without I/O: its body (an SDP offer,
+raw or in OpenAI's multipart form with a ``session`` beside it) checked
+before any peer connection is made, every refusal a documented code."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+MAX_OFFER_BYTES = 64 * 1024  # a browser's offer with audio, video and data is ~5 kB
+
+
+class OfferErrorCode(StrEnum):
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"  # 415
+    INVALID_SDP = "invalid_sdp"  # 400: not an SDP offer at all
+    NO_AUDIO = "offer_without_audio"  # 400: nothing to talk over
+    NO_DATA_CHANNEL = "offer_without_data_channel"  # 400: the events have no way through
+    INVALID_SESSION = "invalid_session"  # 400: the multipart ``session`` is not a JSON object
+
+
+_STATUS = {OfferErrorCode.UNSUPPORTED_MEDIA_TYPE: 415}
+
+
+class OfferError(Exception):
+    """A signalling request refused before any peer connection exists."""
+
+    def __init__(self, code: OfferErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    @property
+    def status(self) -> int:
+        return _STATUS.get(self.code, 400)
+
+
+@dataclass(frozen=True)
+class Offer:
+    sdp: str
+    media: tuple[str, ...]  # the kinds of its m= sections, in order
+    session: dict[str, Any] | None = field(default=None)  # OpenAI's multipart ``session``
+
+    @property
+    def has_video(self) -> bool:
+        return "video" in self.media
+
+
+def check_sdp(sdp: str) -> Offer:
+    """An SDP offer with audio and a data channel, or :class:`OfferError`."""
+    lines = [line.strip() for line in sdp.replace("\r\n", "\n").split("\n") if line.strip()]
+    if not lines or lines[0] != "v=0" or not any(line.startswith("o=") for line in lines):
+        raise OfferError(OfferErrorCode.INVALID_SDP, "the body is not an SDP offer (v=0, o=...)")
+    media = tuple(line[2:].split(" ", 1)[0] for line in lines if line.startswith("m="))
+    if not any(line.startswith("a=fingerprint:") for line in lines):
+        raise OfferError(OfferErrorCode.INVALID_SDP, "the offer has no DTLS fingerprint")
+    if "audio" not in media:
+        raise OfferError(OfferErrorCode.NO_AUDIO, "the offer has no audio (m=audio) section")
+    if "application" not in media:
+        message = "the offer has no data channel (m=application); create one before the offer"
+        raise OfferError(OfferErrorCode.NO_DATA_CHANNEL, message)
+    return Offer(sdp="\r\n".join(lines) + "\r\n", media=media)
+
+
+def parse_offer(body: bytes, content_type: str, form: dict[str, str] | None = None) -> Offer:
+    """The offer of a signalling request: ``application/sdp`` (the body is the
+    SDP), or ``multipart/form-data`` already read into ``form`` (``sdp``, and
+    optionally ``session``, a JSON object of ``session.update``'s shape)."""
+    kind = content_type.split(";", 1)[0].strip().lower()
+    if kind == "multipart/form-data" and form is not None:
+        if "sdp" not in form:
+            raise OfferError(OfferErrorCode.INVALID_SDP, "the form has no sdp field")
+        offer = check_sdp(_text(form["sdp"].encode()))
+        session = None
+        if form.get("session"):
+            try:
+                session = json.loads(form["session"])
+            except ValueError:
+                session = None
+            if not isinstance(session, dict):
+                message = "the form's session field must be a JSON object"
+                raise OfferError(OfferErrorCode.INVALID_SESSION, message)
+        return Offer(offer.sdp, offer.media, session)
+    if kind not in ("application/sdp", "text/plain", ""):
+        message = "send the offer as application/sdp or multipart/form-data (sdp, session)"
+        raise OfferError(OfferErrorCode.UNSUPPORTED_MEDIA_TYPE, message)
+    return check_sdp(_text(body))
+
+
+def _text(body: bytes) -> str:
+    if len(body) > MAX_OFFER_BYTES:
+        raise OfferError(OfferErrorCode.INVALID_SDP, f"the offer exceeds {MAX_OFFER_BYTES} bytes")
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise OfferError(OfferErrorCode.INVALID_SDP, "the offer is not UTF-8 text") from None
+
+
+_MAX_MESSAGE_SIZE = re.compile(r"^a=max-message-size:\d+$", re.MULTILINE)
+
+
+def with_max_message_size(answer: str, max_bytes: int) -> str:
+    """``answer`` advertising data-channel messages up to ``max_bytes``: a
+    prepare with a reference voice or system audio outgrows aiortc's 256 KiB
+    (aiortc reassembles any size; the WebSocket's limit is the one that holds)."""
+    return _MAX_MESSAGE_SIZE.sub(
+        f"a=max-message-size:{max_bytes}", answer.replace("\r\n", "\n")
+    ).replace("\n", "\r\n")
