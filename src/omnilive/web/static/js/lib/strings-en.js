@@ -216,6 +216,7 @@ export default {
   'admin.no_workers': 'No workers.',
   'admin.queue_empty': 'Nobody is waiting.',
   'admin.none_running': 'Nothing is running.',
+  'admin.suspended': 'suspended: waiting for the client to reconnect',
   'admin.col.worker': 'Worker',
   'admin.col.status': 'State',
   'admin.col.slots': 'Slots',

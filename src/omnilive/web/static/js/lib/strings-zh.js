@@ -210,6 +210,7 @@ export default {
   'admin.no_workers': '没有工作进程。',
   'admin.queue_empty': '没有人在排队。',
   'admin.none_running': '没有正在运行的会话。',
+  'admin.suspended': '已挂起：等待客户端重连',
   'admin.col.worker': '工作进程',
   'admin.col.status': '状态',
   'admin.col.slots': '槽位',
