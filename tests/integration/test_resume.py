@@ -300,3 +300,30 @@ async def test_a_foreign_key_cannot_resume(tmp_path: Path):
     finally:
         await proxy.close()
         server.stop()
+
+
+@pytest.mark.cascade
+async def test_the_cascade_keeps_the_conversation_across_a_cut(tmp_path: Path):
+    """The real embedded engine: the answer after the resume uses what was
+    said before the cut (the model's context was held while suspended)."""
+    server = Server(tmp_path, engine="cascade").start()
+    proxy = await TcpProxy(server.port).start()
+    try:
+        await server.wait_ready(timeout=180, workers=1)
+        client = await Numbered().open(f"{proxy.ws}/ws/half_duplex/s_cascade?seq=1")
+        await client.until("queue_done")
+        prompt = "Answer in one short sentence."
+        await client.send({"type": "prepare", "system_prompt": prompt, "config": {}})
+        await client.until("prepared", timeout=60)
+        await client.speak(utterance("My name is Peter. Please remember my name."))
+        await client.until("chunk", timeout=60)
+        proxy.cut()
+        await client.resume(f"{server.ws}/ws/half_duplex/any")
+        await client.until("turn_done", timeout=60)
+        await client.speak(utterance("What is my name?"))
+        answer = await client.until("turn_done", timeout=60)
+        client.assert_contiguous()
+        assert "peter" in answer["text"].lower(), answer
+    finally:
+        await proxy.close()
+        server.stop()

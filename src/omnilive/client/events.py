@@ -395,6 +395,22 @@ def _output_delta(data: dict[str, Any]) -> Event:
 _EVENTS["response.output.delta"] = _output_delta
 
 
+@_wire("session.resumed")
+@_events
+class SessionResumed(Event):
+    """The connection dropped and the client resumed the session on a new one
+    (``docs/resume.md``): ``replayed`` events it missed follow, ``events_lost``
+    were beyond the server's replay log, and the server received no input for
+    ``input_gap_ms``."""
+
+    session_id: str
+    resume_token: str
+    last_seq: int = 0
+    replayed: int = 0
+    events_lost: int = 0
+    input_gap_ms: int = 0
+
+
 @_events
 class UnknownEvent(Event):
     """A message type this client does not know (a newer server): passed on as it came."""

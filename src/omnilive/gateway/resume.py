@@ -50,11 +50,18 @@ def resume_request_of(
 ) -> ResumeRequest | None:
     """The resume a connection asks for, None if it opens a new session.
     A malformed one is a :class:`ProtocolError` (``resume_refused``)."""
-    token = query.get(TOKEN_PARAM) or _offered(subprotocols, TOKEN_SUBPROTOCOL)
+    token = (
+        query[TOKEN_PARAM] if TOKEN_PARAM in query else _offered(subprotocols, TOKEN_SUBPROTOCOL)
+    )
     if token is None:
         return None
     last = query.get(LAST_SEQ_PARAM) or _offered(subprotocols, LAST_SEQ_SUBPROTOCOL) or "0"
-    if not token or len(token) > MAX_TOKEN_CHARS or not last.isdigit() or len(last) > 12:
+    if (
+        not token
+        or len(token) > MAX_TOKEN_CHARS
+        or len(last) > 12
+        or not (last.isascii() and last.isdigit())
+    ):
         raise ProtocolError(ErrorCode.RESUME_REFUSED, "malformed resume token or last_seq")
     return ResumeRequest(token, int(last))
 
