@@ -327,3 +327,27 @@ async def test_the_cascade_keeps_the_conversation_across_a_cut(tmp_path: Path):
     finally:
         await proxy.close()
         server.stop()
+
+
+async def test_a_playback_report_cuts_the_answer_to_what_was_heard(server: Server):
+    """History = what was heard: the client played only part of turn 0; the
+    context keeps that part, and the next answer is made from it."""
+    client = await Numbered().open(f"{server.ws}/ws/half_duplex/s_heard")
+    await client.until("queue_done")
+    await client.send({"type": "prepare", "system_prompt": "hi", "config": {}})
+    await client.until("prepared")
+    await client.speak(utterance())
+    done = await client.until("turn_done")
+    await client.send({"type": "playback", "turn_index": 1, "played_ms": 10})
+    assert (await client.until("error"))["code"] == "invalid_request"  # not the last turn
+    await client.send({"type": "playback", "turn_index": 0, "played_ms": 1500})
+    applied = await client.until("playback_applied")
+    assert applied["context"] == "cut" and applied["heard_text"]
+    assert done["text"].startswith(applied["heard_text"]) and applied["heard_text"] != done["text"]
+    await client.speak(utterance())
+    second = await client.until("turn_done")
+    assert f"last answer heard: {applied['heard_text']!r}" in second["text"]
+    # all of it heard: nothing to cut
+    await client.send({"type": "playback", "turn_index": 1, "played_ms": 999_999})
+    whole = await client.until("playback_applied")
+    assert whole["context"] == "unchanged" and whole["heard_text"] == second["text"]

@@ -221,6 +221,20 @@ class TurnDone(Event):
     text: str = ""
 
 
+@_wire("playback_applied")
+@_events
+class PlaybackApplied(Event):
+    """Half-duplex: the answer to :meth:`HalfDuplex.report_playback`. The
+    model's context now holds ``heard_text`` of that answer (``context`` is
+    ``cut``), or all of it (``unchanged``: all was heard, or the engine cannot
+    roll its context back)."""
+
+    turn_index: int
+    played_ms: int = 0
+    heard_text: str = ""
+    context: str = "unchanged"
+
+
 # --- duplex ----------------------------------------------------------------------------
 
 
