@@ -217,6 +217,8 @@ export default {
   'admin.queue_empty': 'Nobody is waiting.',
   'admin.none_running': 'Nothing is running.',
   'admin.suspended': 'suspended: waiting for the client to reconnect',
+  'live.reconnecting': 'Connection lost: reconnecting…',
+  'live.resumed': 'Reconnected: the session goes on.',
   'admin.col.worker': 'Worker',
   'admin.col.status': 'State',
   'admin.col.slots': 'Slots',

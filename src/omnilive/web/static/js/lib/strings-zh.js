@@ -211,6 +211,8 @@ export default {
   'admin.queue_empty': '没有人在排队。',
   'admin.none_running': '没有正在运行的会话。',
   'admin.suspended': '已挂起：等待客户端重连',
+  'live.reconnecting': '连接中断：正在重连…',
+  'live.resumed': '已重连：会话继续。',
   'admin.col.worker': '工作进程',
   'admin.col.status': '状态',
   'admin.col.slots': '槽位',
