@@ -70,7 +70,8 @@ class Numbered:
             await self.send({"type": "audio_chunk", "audio_base64": chunk})
 
     def resume_url(self, base: str) -> str:
-        return f"{base}?resume_token={self.token}&last_seq={self.last_seq}"
+        joiner = "&" if "?" in base else "?"
+        return f"{base}{joiner}resume_token={self.token}&last_seq={self.last_seq}"
 
     async def resume(self, base: str) -> dict[str, Any]:
         """A new connection that resumes; its ``session.resumed``."""
@@ -351,3 +352,43 @@ async def test_a_playback_report_cuts_the_answer_to_what_was_heard(server: Serve
     await client.send({"type": "playback", "turn_index": 1, "played_ms": 999_999})
     whole = await client.until("playback_applied")
     assert whole["context"] == "unchanged" and whole["heard_text"] == second["text"]
+
+
+async def test_a_duplex_session_pauses_while_suspended_and_goes_on(server: Server, proxy: TcpProxy):
+    """Units are driven by the client's audio: none runs while it is away."""
+    client = await Numbered().open(f"{proxy.ws}/ws/duplex/s_dx?mode=audio_duplex&seq=1")
+    await client.until("queue_done")
+    await client.send({"type": "prepare", "system_prompt": "#schedule:LLSSE", "config": {}})
+    await client.until("prepared")
+    second = chunks_b64(np.zeros(16000, "<f4") + 0.01, 16000)[0]
+    for _ in range(2):
+        await client.send({"type": "audio_chunk", "audio_base64": second})
+    await client.until("result")
+    await client.until("result")
+    proxy.cut()
+    await wait_for(lambda: _suspended(server, 1))
+    await asyncio.sleep(1.5)  # no unit runs meanwhile: nothing new to replay
+    resumed = await client.resume(f"{server.ws}/ws/duplex/any")
+    assert resumed["replayed"] == 0 and resumed["input_gap_ms"] >= 1500
+    for _ in range(3):
+        await client.send({"type": "audio_chunk", "audio_base64": second})
+    results = [await client.until("result") for _ in range(3)]
+    assert results[-1]["end_of_turn"] is True  # the fifth unit of the schedule
+    client.assert_contiguous()
+
+
+async def test_an_openai_dialect_session_resumes(server: Server, proxy: TcpProxy):
+    client = await Numbered().open(f"{proxy.ws}/v1/realtime?model=gpt-realtime&seq=1")
+    created = await client.until("session.created")
+    assert created["seq"] == 1 and client.token
+    await wait_for(lambda: _running(server, 1))
+    proxy.cut()
+    await wait_for(lambda: _suspended(server, 1))
+    await client.resume(f"{server.ws}/v1/realtime?model=gpt-realtime")
+    await client.send({"type": "session.update", "session": {"type": "realtime"}})
+    await client.until("session.updated")
+    client.assert_contiguous()
+
+
+async def _running(server: Server, n: int) -> bool:
+    return len((await status(server))["running_tasks"]) == n
