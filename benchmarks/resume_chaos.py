@@ -104,6 +104,7 @@ async def one_session(
     abandon = cuts > 0 and rng.random() < args.abandon_fraction
     outcome.abandoned = abandon
     readers: list[asyncio.Task[None]] = []
+    phase = "connect"
     try:
         ws = await connect(f"{proxy.ws}/ws/duplex/chaos_{index}?mode=audio_duplex&seq=1")
         readers.append(asyncio.create_task(client.reader(ws, done), name=f"chaos{index}:read"))
@@ -123,6 +124,7 @@ async def one_session(
                 url = (
                     f"{proxy.ws}/ws/duplex/x?resume_token={client.token}&last_seq={client.last_seq}"
                 )
+                phase = f"resume {outcome.cuts}"
                 ws = await connect(url)
                 readers.append(
                     asyncio.create_task(client.reader(ws, done), name=f"chaos{index}:read")
@@ -131,6 +133,7 @@ async def one_session(
             with contextlib.suppress(ConnectionClosed):
                 await ws.send(json.dumps({"type": "audio_chunk", "audio_base64": SECOND}))
             await asyncio.sleep(max(0.0, start + second + 1 - time.monotonic()))
+        phase = "stop"
         await ws.send(json.dumps({"type": "stop"}))
         async with asyncio.timeout(30):
             await done.wait()
@@ -139,11 +142,11 @@ async def one_session(
         if exc.rcvd is not None and exc.rcvd.code == 1008:  # the resume was refused
             outcome.refused += 1
             late = bool(outcome.gaps_ms) and outcome.gaps_ms[-1] > args.grace_s * 1000
-            outcome.error = None if late else f"refused within the grace period: {exc}"
+            outcome.error = None if late else f"{phase}: refused within the grace period: {exc}"
         else:
-            outcome.error = f"{type(exc).__name__}: {exc}"
+            outcome.error = f"{phase}: {type(exc).__name__}: {exc}"
     except Exception as exc:  # counted, not raised: the run goes on
-        outcome.error = f"{type(exc).__name__}: {exc}"
+        outcome.error = f"{phase}: {type(exc).__name__}: {exc}"
     finally:
         await proxy.close()
         for task in readers:

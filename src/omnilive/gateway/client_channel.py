@@ -44,9 +44,10 @@ class Arrival:
 
     ws: WebSocket
     last_seq: int
-    token: str  # the session's new token, told in ``session.resumed``
+    token: str  # the session's token, told again in ``session.resumed``
     released: asyncio.Event = field(default_factory=asyncio.Event)
     attached: bool = False
+    superseded: bool = False  # a newer resume took its place before it was attached
 
 
 class ClientChannel:
@@ -130,7 +131,8 @@ class ClientChannel:
 
     def hand_over(self, ws: WebSocket, last_seq: int, token: str) -> Arrival:
         """Called by a resuming connection's handler once it claimed the token."""
-        if self._arrival is not None:  # a newer resume wins over one not yet attached
+        if self._arrival is not None:  # the newest resume wins over one not yet attached
+            self._arrival.superseded = True
             self._arrival.released.set()
         self._arrival = Arrival(ws, last_seq, token)
         self._switch.set()

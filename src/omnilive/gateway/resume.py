@@ -152,24 +152,27 @@ class _Entry(Generic[H]):
 
 
 class ResumeTable(Generic[H]):
-    """Resume tokens of live sessions. Only digests are kept, and a token
-    works once: a resume rotates it, so of two connections racing with the
-    same token exactly one wins."""
+    """Resume tokens of live sessions, one per session for its whole life.
+    Only digests are kept. A token is not used up by a resume: a client
+    whose connection drops again before it read ``session.resumed`` must
+    still be able to come back. Two connections with one token do not share
+    the session: the newer takes it over and the older is let go
+    (``client_channel.ClientChannel.hand_over``)."""
 
     def __init__(self) -> None:
         self._entries: dict[str, _Entry[H]] = {}
-        self._digest_of: dict[int, str] = {}  # id(handle) -> its current digest
+        self._digest_of: dict[int, str] = {}  # id(handle) -> its digest
 
     @staticmethod
     def _digest(token: str) -> str:
         return hashlib.sha256(token.encode()).hexdigest()
 
     def mint(self, handle: H, owner: str | None, route: str) -> str:
-        """A new token for ``handle`` (its previous one stops working)."""
-        entry = self._pop(handle) or _Entry(handle, owner, route)
+        """The token of ``handle``, a session on ``route`` opened by ``owner``."""
+        self._pop(handle)
         token = secrets.token_urlsafe(24)
         digest = self._digest(token)
-        self._entries[digest] = entry
+        self._entries[digest] = _Entry(handle, owner, route)
         self._digest_of[id(handle)] = digest
         return token
 
@@ -182,19 +185,19 @@ class ResumeTable(Generic[H]):
         digest = self._digest_of.get(id(handle))
         return digest is not None and self._entries[digest].open
 
-    def claim(self, token: str, owner: str | None, route: str) -> tuple[H, str]:
-        """The session ``token`` resumes and its new token; raises
-        :class:`ResumeRefused` with the reason otherwise."""
+    def claim(self, token: str, owner: str | None, route: str) -> H:
+        """The session ``token`` resumes; raises :class:`ResumeRefused` with
+        the reason otherwise."""
         entry = self._entries.get(self._digest(token))
         if entry is None:
-            raise ResumeRefused("unknown, used or expired resume token")
+            raise ResumeRefused("unknown or expired resume token")
         if entry.owner != owner:
             raise ResumeRefused("this resume token belongs to another API key")
         if entry.route != route:
             raise ResumeRefused(f"this resume token is for a {entry.route} session")
         if not entry.open:
             raise ResumeRefused("the session cannot be resumed now (queued or ending)")
-        return entry.handle, self.mint(entry.handle, owner, route)
+        return entry.handle
 
     def forget(self, handle: H) -> None:
         self._pop(handle)

@@ -57,17 +57,18 @@ async def serve_resume(gateway: Gateway, ws: WebSocket, route: str, refuse: Refu
         request = resume_request_of(query, subprotocols)
         if request is None:
             return False
-        channel, token = gateway.resumes.claim(request.token, principal_of(ws).key_id, route)
+        channel = gateway.resumes.claim(request.token, principal_of(ws).key_id, route)
     except ProtocolError as exc:
         log.info("resume refused on %s: %s", route, exc.message)
         _count(ws, "refused")
         await refuse(exc)
         return True
     _count(ws, "resumed")
-    arrival = channel.hand_over(ws, request.last_seq, token)
+    arrival = channel.hand_over(ws, request.last_seq, request.token)
     await arrival.released.wait()
-    if not arrival.attached:  # the session ended before it could take this socket
-        await refuse(ProtocolError(ErrorCode.RESUME_REFUSED, "the session has ended"))
+    if not arrival.attached:  # a newer resume came first, or the session ended
+        why = "a newer connection resumed the session" if arrival.superseded else "it ended"
+        await refuse(ProtocolError(ErrorCode.RESUME_REFUSED, f"not resumed: {why}"))
     return True
 
 
