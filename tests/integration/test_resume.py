@@ -137,6 +137,19 @@ async def test_half_duplex_resumes_after_a_cut_mid_answer(server: Server, proxy:
     client.assert_contiguous()
     assert [e["type"] for e in client.events].count("turn_done") == 2
     assert (await status(server))["suspended_sessions"] == 0
+    # the recording marks where the client was away
+    await client.send({"type": "stop"})
+    await client.until("stopped")
+    await client.ws.close()
+    prepared = next(e for e in client.events if e["type"] == "prepared")
+    marks = server.tmp / "data" / "sessions" / prepared["recording_session_id"] / "connection.json"
+    await wait_for(lambda: _exists(marks))
+    [gap] = json.loads(marks.read_text())["gaps"]
+    assert gap["resumed_at"] > gap["dropped_at"] and gap["input_gap_ms"] == resumed["input_gap_ms"]
+
+
+async def _exists(path: Path) -> bool:
+    return await asyncio.to_thread(path.exists)
 
 
 async def test_a_blackholed_connection_is_taken_over(server: Server, proxy: TcpProxy):

@@ -73,6 +73,8 @@ class ClientChannel:
             self.log.first_fields = {"resume_token": token, "resume_grace_s": grace_s}
         self.attached = True
         self.resumes = 0
+        # The recording's marks of where the client was away (docs/resume.md).
+        self.gaps: list[dict[str, Any]] = []
         self.last_frame_at = time.monotonic()
         self._sent = 0  # the last seq the current writer sent
         self._appended = asyncio.Event()
@@ -179,6 +181,7 @@ class ClientChannel:
         if self._arrival is None and (not self.table_open() or self._left_on_purpose()):
             return False
         await self._detach()
+        self.gaps.append({"dropped_at": time.time(), "resumed_at": None, "input_gap_ms": None})
         if self._arrival is None:
             self._switch.clear()  # set by a writer that lost the socket
             self.session.suspended = True
@@ -225,6 +228,8 @@ class ClientChannel:
         self.ws = arrival.ws
         self.resumes += 1
         last = min(arrival.last_seq, self.log.last_seq)
+        gap_ms = round((time.monotonic() - self.last_frame_at) * 1000)
+        self.gaps[-1].update(resumed_at=time.time(), input_gap_ms=gap_ms)
         resumed = {
             "type": RESUMED_TYPE,
             "session_id": self.session.session_id,
@@ -232,7 +237,7 @@ class ClientChannel:
             "last_seq": self.log.last_seq,
             "replayed": max(0, self.log.last_seq - last - self.log.missing(last)),
             "events_lost": self.log.missing(last),
-            "input_gap_ms": round((time.monotonic() - self.last_frame_at) * 1000),
+            "input_gap_ms": gap_ms,
         }
         self.attached = True
         with contextlib.suppress(*_SEND_ERRORS):  # gone again: the reader finds out

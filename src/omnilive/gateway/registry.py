@@ -28,6 +28,7 @@ class ActiveSession:
     owner: str | None = None
     # Its client connection dropped and it waits for a resume (docs/resume.md).
     suspended: bool = False
+    recording_id: str | None = None  # its worker's recording, once a message named it
 
     async def send_control(self, message: dict[str, Any]) -> bool:
         """Inject a control message (e.g. a REST stop) into the worker session."""

@@ -10,9 +10,12 @@ route's protocol, then close 1008.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
 
 from starlette.websockets import WebSocket
 
@@ -23,10 +26,12 @@ from omnilive.gateway.registry import ActiveSession
 from omnilive.gateway.resume import TOKEN_PARAM, resume_request_of
 from omnilive.gateway.state import Gateway
 from omnilive.protocol.common import ErrorCode, ProtocolError
+from omnilive.recording.files import session_dir, write_json_atomic
 
 log = logging.getLogger(__name__)
 
 CLOSE_POLICY_VIOLATION = 1008
+CONNECTION_FILE = "connection.json"  # in a recording: where the client was away
 # Tells a resuming client, in its route's protocol, that its resume was refused.
 Refuse = Callable[[ProtocolError], Awaitable[None]]
 
@@ -46,6 +51,9 @@ async def client_channel(
         yield channel
     finally:
         await channel.aclose()
+        if channel.gaps and session.recording_id is not None:
+            data_dir = gateway.settings.data_dir
+            await asyncio.to_thread(mark_gaps, data_dir, session.recording_id, channel.gaps)
 
 
 async def serve_resume(gateway: Gateway, ws: WebSocket, route: str, refuse: Refuse) -> bool:
@@ -70,6 +78,15 @@ async def serve_resume(gateway: Gateway, ws: WebSocket, route: str, refuse: Refu
         why = "a newer connection resumed the session" if arrival.superseded else "it ended"
         await refuse(ProtocolError(ErrorCode.RESUME_REFUSED, f"not resumed: {why}"))
     return True
+
+
+def mark_gaps(data_dir: Path, recording_id: str, gaps: list[dict[str, Any]]) -> None:
+    """Write where the client was away into the session's recording, as
+    ``connection.json`` beside its ``meta.json``: ``{gaps: [{dropped_at,
+    resumed_at (null: never), input_gap_ms}]}`` (epoch seconds). Blocking."""
+    directory = session_dir(data_dir, recording_id)
+    if directory.is_dir():
+        write_json_atomic(directory / CONNECTION_FILE, {"gaps": gaps})
 
 
 def _kept_token(ws: WebSocket) -> dict[str, str]:
