@@ -207,12 +207,13 @@ class ClientChannel:
         return self.grace_s > 0 and self.table.is_open(self)
 
     async def _detach(self) -> None:
+        self.attached = False
+        self._progress.set()  # a send waiting for this socket to catch up stops waiting
         await self._stop_writer()
         await self._stop_receive()  # frames sent into the old socket are lost
         if self.ws.client_state is WebSocketState.CONNECTED:  # taken over while alive
             with contextlib.suppress(*_SEND_ERRORS):
                 await self.ws.close(CLOSE_RESUMED_ELSEWHERE, "resumed on another connection")
-        self.attached = False
         if self._current is not None:
             self._current.released.set()
             self._current = None
