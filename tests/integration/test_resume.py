@@ -14,7 +14,7 @@ import httpx
 import numpy as np
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from tests.clients import EventSocket
 from tests.servers import Server
@@ -295,7 +295,7 @@ async def test_a_realtime_session_resumes_with_its_events_in_order(server: Serve
 
 async def test_a_foreign_key_cannot_resume(tmp_path: Path):
     keys = [
-        {"key": "resume-owner-key-0123456789", "role": "user", "name": "owner"},
+        {"key": "resume-owner-key-0123456789", "role": "user", "name": "owner", "max_sessions": 1},
         {"key": "resume-other-key-0123456789", "role": "user", "name": "other"},
     ]
     env = {"OMNILIVE_AUTH__KEYS": json.dumps(keys)}
@@ -314,6 +314,10 @@ async def test_a_foreign_key_cannot_resume(tmp_path: Path):
         await client.until("prepared")
         proxy.cut()
         await wait_for(lambda: _suspended(server, 1))
+        # the suspended session holds the key's one place; its resume takes none
+        with pytest.raises(InvalidStatus) as refused:
+            await connect(f"{server.ws}/ws/half_duplex/s_more", additional_headers=owner)
+        assert refused.value.response.status_code == 429
         url = client.resume_url(f"{server.ws}/ws/half_duplex/any")
         event, _ = await refusal(url, additional_headers=other)
         assert event["code"] == "resume_refused" and "another API key" in event["error"]
