@@ -2,7 +2,9 @@
 
 ``--sessions`` duplex sessions (scripted engine) start over ``--minutes``,
 each through its own TCP proxy, each sending a second of audio a second for
-``--session-s`` seconds. At random moments the proxy cuts the connection
+``--session-s`` seconds (a unit takes 0.4 s of scripted model steps). At
+random moments, often while a unit's result is on its way, the proxy cuts
+the connection
 (``--cut-fraction`` of the sessions, 1-2 cuts each); the client stays away
 for a random 0.5-10 s, then resumes with its token and the last event number
 it received. A few sessions (``--abandon-fraction``) never come back: the
@@ -108,12 +110,16 @@ async def one_session(
     try:
         ws = await connect(f"{proxy.ws}/ws/duplex/chaos_{index}?mode=audio_duplex&seq=1")
         readers.append(asyncio.create_task(client.reader(ws, done), name=f"chaos{index}:read"))
-        prepare = {"type": "prepare", "system_prompt": "#schedule:LSSSE", "config": {}}
+        prepare = {"type": "prepare", "system_prompt": "#schedule:LSSSE #latency:0.2", "config": {}}
         await ws.send(json.dumps(prepare))
         start = time.monotonic()
         for second in range(int(args.session_s)):
+            with contextlib.suppress(ConnectionClosed):
+                await ws.send(json.dumps({"type": "audio_chunk", "audio_base64": SECOND}))
             if cut_at and time.monotonic() - start >= cut_at[0]:
                 cut_at.pop(0)
+                # mid-unit: its result (0.4 s of model steps) is often in flight
+                await asyncio.sleep(rng.uniform(0.0, 0.6))
                 proxy.cut()
                 outcome.cuts += 1
                 away = rng.uniform(0.5, 10.0)
@@ -121,17 +127,14 @@ async def one_session(
                 await asyncio.sleep(away)
                 if abandon:
                     return outcome
-                url = (
-                    f"{proxy.ws}/ws/duplex/x?resume_token={client.token}&last_seq={client.last_seq}"
-                )
+                last = client.last_seq
+                url = f"{proxy.ws}/ws/duplex/x?resume_token={client.token}&last_seq={last}"
                 phase = f"resume {outcome.cuts}"
                 ws = await connect(url)
                 readers.append(
                     asyncio.create_task(client.reader(ws, done), name=f"chaos{index}:read")
                 )
                 outcome.resumes += 1
-            with contextlib.suppress(ConnectionClosed):
-                await ws.send(json.dumps({"type": "audio_chunk", "audio_base64": SECOND}))
             await asyncio.sleep(max(0.0, start + second + 1 - time.monotonic()))
         phase = "stop"
         await ws.send(json.dumps({"type": "stop"}))
