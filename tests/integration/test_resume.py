@@ -125,8 +125,10 @@ async def test_half_duplex_resumes_after_a_cut_mid_answer(server: Server, proxy:
     proxy.cut()
     await wait_for(lambda: _suspended(server, 1))
     assert (await status(server))["running_tasks"][0]["suspended"] is True
+    await asyncio.sleep(1.0)  # the answer goes on meanwhile (0.3 s a chunk)
     resumed = await client.resume(f"{server.ws}/ws/half_duplex/any")
-    assert resumed["events_lost"] == 0 and resumed["input_gap_ms"] > 0
+    assert resumed["events_lost"] == 0 and resumed["input_gap_ms"] > 1000
+    assert resumed["replayed"] >= 2  # what was sent while the client was away
     assert resumed["resume_token"] == client.events[0]["resume_token"]
     first_turn = await client.until("turn_done")
     # the same session: a second turn refers to the first one
