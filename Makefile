@@ -14,18 +14,34 @@ APT_PACKAGES := espeak-ng sox ffmpeg chromium fonts-wqy-microhei cmake build-ess
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: serve test lint system-deps clean
+.PHONY: serve test lint docs docs-serve plots system-deps clean
 
 serve: $(VENV)/.ready-serve
 	$(BIN)/omnilive serve
 
+# The suite includes tests/docs: the documentation built with --strict, and the
+# generated reference pages checked against the code.
 test: $(VENV)/.ready-test
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks tools
 	$(BIN)/python -m pytest
 
 lint: $(VENV)/.ready-test
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks tools
+	$(BIN)/ruff format --check src tests benchmarks tools
+
+# The site in site/: the generated pages (configuration, command line, client
+# messages, benchmark results) rewritten from the code first, then built strictly.
+docs: $(VENV)/.ready-docs
+	$(BIN)/python -m tools.docgen
+	$(BIN)/python -m mkdocs build --strict
+
+docs-serve: $(VENV)/.ready-docs
+	$(BIN)/python -m tools.docgen
+	$(BIN)/python -m mkdocs serve
+
+# The plots in docs/images/, from benchmarks/results/*.json.
+plots: $(VENV)/.ready-docs
+	$(BIN)/python -m benchmarks.plots
 
 system-deps:
 	@missing=""; for p in $(APT_PACKAGES); do \
@@ -86,11 +102,18 @@ TEST_TORCH := torch==2.13.0 transformers==4.51.0
 
 # tests/cluster start a local Ray cluster: the ray extra.
 $(VENV)/.ready-test: $(VENV)/.base
-	$(PIP) install -e ".[cascade,test,ray]" $(TEST_TORCH)
+	$(PIP) install -e ".[cascade,test,ray,docs]" $(TEST_TORCH)
 	@# The vocoder's flow and HiFT modules for tests/minicpmo; its declared
 	@# dependencies pin a media stack (pillow, decord, moviepy) they never use.
 	$(PIP) install --no-deps minicpmo-utils==1.0.6
 	touch $@
 
+# The docs need neither the engines' models nor llama.cpp: only the package and
+# the docs extra, so `make docs` on a fresh clone takes a minute, not the build.
+$(VENV)/.ready-docs: pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -e ".[docs]"
+	touch $@
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache site

@@ -31,7 +31,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import statistics
 import tempfile
 import time
@@ -43,6 +42,7 @@ from tests.servers import Server
 from tests.speech import longest_pause, silence, speak, speak_piper
 from websockets.asyncio.client import connect
 
+from benchmarks.load import this_machine
 from benchmarks.microphone import RATE, Microphone, spoken_turn
 
 QUESTIONS = [
@@ -171,11 +171,7 @@ async def run(args: argparse.Namespace, end_of_turn: bool) -> dict[str, Any]:
     return {
         "benchmark": "cascade_latency",
         "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "processor": platform.processor() or platform.machine(),
-            "python": platform.python_version(),
-        },
+        "machine": this_machine(),
         "config": {
             "chunk_s": args.chunk_s,
             "min_silence_duration_ms": args.min_silence_ms,

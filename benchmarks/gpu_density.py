@@ -11,7 +11,7 @@ latency from its chunk's send to its result (p50/p95), the server's unit wall
 clock, the chunks the server dropped, the latency of units that start a turn
 (first audio after a speak decision), the worker's CPU seconds per second,
 the engine's thread hand-offs per speaking and listening unit (from its log),
-and GPU memory. The largest N with p95
+GPU memory and the share of time a GPU kernel ran. The largest N with p95
 latency at most 1 s and no dropped chunk is ``max_realtime_sessions``.
 
 Then the single-session chat figures: first audio over ``--chats`` warm
@@ -52,6 +52,7 @@ from benchmarks.gpu_duplex import (
     summary,
     wait_ready,
 )
+from benchmarks.gpu_profile import Sampler
 
 REALTIME_P95_MS = 1000.0
 CHUNK_S = 1.0
@@ -145,6 +146,24 @@ def cpu_seconds(pid: int) -> dict[str, float]:
     return spent
 
 
+async def profile(args: argparse.Namespace, server_pid: int, n: int) -> None:
+    """py-spy on the workers while ``n`` sessions run, from the end of their
+    warm-up units to two seconds before their last (see gpu_profile.py)."""
+    import psutil
+
+    profiler = Sampler.find(args.profile_dir, args.py_spy)
+    if profiler is None:
+        print("no py-spy: no profile", flush=True)
+        return
+    await asyncio.sleep(args.warmup_units * CHUNK_S + 3.0)
+    workers = [p.pid for p in psutil.Process(server_pid).children(recursive=True)]
+    profiler.start(workers, max(2.0, args.units - args.warmup_units - 5.0), f"n{n}")
+    await asyncio.sleep(args.units / 2)
+    for pid in workers:
+        await asyncio.to_thread(profiler.dump, pid, f"n{n}")
+    await asyncio.to_thread(profiler.wait)
+
+
 def slot_gib(log: Path) -> float | None:
     """The engine's own figure for one slot's memory, from its start-up line."""
     found = re.search(r"session slots of \d+ positions \(([\d.]+) GiB each", log.read_text())
@@ -204,11 +223,13 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         frames = [jpeg_b64(seed) for seed in range(8)]
         _, log_at = handoffs(args.log, 0)
         for n in args.counts:
-            sampler.peak_mib = 0.0
+            sampler.peak_mib, sampler.busy_percent = 0.0, []
             started, cpu_before = time.perf_counter(), cpu_seconds(server.pid)
             sessions = await asyncio.gather(
-                *(paced_session(ws, k, args.units, 3, voice, frames) for k in range(n))
+                *(paced_session(ws, k, args.units, 3, voice, frames) for k in range(n)),
+                *([profile(args, server.pid, n)] if n in args.profile_at else []),
             )
+            sessions = [s for s in sessions if s is not None]
             run = figures(list(sessions), args.warmup_units)
             run["seconds"] = round(time.perf_counter() - started, 1)
             run["cpu_per_second"] = {
@@ -218,6 +239,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             await asyncio.sleep(1.0)  # the sessions' slots released and logged
             run["handoffs_per_unit"], log_at = handoffs(args.log, log_at)
             run["peak_mib"] = sampler.peak_mib
+            run["gpu_busy_percent"] = sampler.mean_busy()
             run["mib_per_session_beyond_slots"] = round(
                 max(0.0, sampler.peak_mib - report["idle_mib"]) / n, 1
             )
@@ -268,6 +290,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup-units", type=int, default=2, help="left out of the figures")
     parser.add_argument("--speak-tokens", type=int, default=12)
     parser.add_argument("--chats", type=int, default=20)
+    parser.add_argument(
+        "--profile-at", type=lambda s: [int(x) for x in s.split(",")], default=[],
+        help="py-spy the workers while N sessions run (N,M,...)",
+    )  # fmt: skip
+    parser.add_argument("--profile-dir", type=Path, default=Path("/tmp/omnilive-profile"))
+    parser.add_argument("--py-spy", help="the py-spy program (default: on the path)")
     add_server_arguments(parser, "gpu_density_server.log", "/tmp/omnilive-density-data")
     args = parser.parse_args(argv)
     if args.out is None:

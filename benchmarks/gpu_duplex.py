@@ -55,6 +55,7 @@ class GpuSampler(threading.Thread):
         super().__init__(daemon=True)
         self.period_s = period_s
         self.peak_mib = 0.0
+        self.busy_percent: list[float] = []
         self._stop_event = threading.Event()
 
     @staticmethod
@@ -74,8 +75,17 @@ class GpuSampler(threading.Thread):
 
     def run(self) -> None:
         while not self._stop_event.is_set():
-            self.peak_mib = max(self.peak_mib, self.used_mib())
+            used, _, busy = self.query("memory.used,utilization.gpu").partition(",")
+            self.peak_mib = max(self.peak_mib, float(used or 0))
+            if busy.strip():
+                self.busy_percent.append(float(busy))
             self._stop_event.wait(self.period_s)
+
+    def mean_busy(self) -> float | None:
+        """The mean of ``utilization.gpu`` since the list was last emptied:
+        the share of time a kernel ran, not how much of the GPU it used."""
+        samples = self.busy_percent
+        return round(sum(samples) / len(samples), 1) if samples else None
 
     def stop(self) -> None:
         self._stop_event.set()

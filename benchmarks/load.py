@@ -62,6 +62,15 @@ _CLK_TCK = os.sysconf("SC_CLK_TCK")
 RAY_WORKER_CPUS = 1.0
 
 
+def this_machine() -> dict[str, Any]:
+    """What a CPU figure was measured on."""
+    return {
+        "cpus": os.cpu_count(),
+        "processor": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+    }
+
+
 def save_result(name: str, result: dict[str, Any]) -> Path:
     """``result`` as benchmarks/results/<name>.json (said on stdout)."""
     RESULTS.mkdir(exist_ok=True)

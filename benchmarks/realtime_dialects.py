@@ -20,7 +20,6 @@ import asyncio
 import base64
 import json
 import os
-import platform
 import statistics
 import tempfile
 import time
@@ -33,6 +32,7 @@ from tests.speech import speak
 from websockets.asyncio.client import connect
 
 from benchmarks.cascade_latency import QUESTIONS, RESULTS, summary
+from benchmarks.load import this_machine
 from benchmarks.microphone import RATE, Microphone, spoken_turn
 
 SILENCE_MS, THRESHOLD, PAD_MS, CHUNK_S = 500, 0.5, 30, 0.1
@@ -182,11 +182,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "benchmark": "realtime_dialects",
         "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "engine": args.engine,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "processor": platform.processor() or platform.machine(),
-            "python": platform.python_version(),
-        },
+        "machine": this_machine(),
         "config": {
             "chunk_s": CHUNK_S,
             "silence_ms": SILENCE_MS,

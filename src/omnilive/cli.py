@@ -31,9 +31,13 @@ log = logging.getLogger("omnilive.cli")
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="TOML settings file")
-    parser.add_argument("--engine", choices=["cascade", "scripted", "minicpmo"])
-    parser.add_argument("--data-dir", type=Path)
-    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    parser.add_argument(
+        "--engine", choices=["cascade", "scripted", "minicpmo"], help="engine the workers load"
+    )
+    parser.add_argument("--data-dir", type=Path, help="recordings, caches and state")
+    parser.add_argument(
+        "--log-level", choices=["debug", "info", "warning", "error"], help="how much to log"
+    )
     parser.add_argument("--model-path", type=Path, help="checkpoint directory (minicpmo)")
 
 
@@ -61,10 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="gateway plus N supervised workers")
     _common(serve)
     _tls_options(serve)
-    serve.add_argument("--host")
-    serve.add_argument("--port", type=int)
-    serve.add_argument("--workers", type=int)
-    serve.add_argument("--worker-base-port", type=int)
+    serve.add_argument("--host", help="address the gateway binds")
+    serve.add_argument("--port", type=int, help="port of the gateway")
+    serve.add_argument("--workers", type=int, help="worker processes to start")
+    serve.add_argument("--worker-base-port", type=int, help="worker k listens on this port + k")
     serve.add_argument("--insecure", action="store_true", default=None, help=INSECURE_HELP)
     _ray_option(
         serve,
@@ -75,9 +79,15 @@ def build_parser() -> argparse.ArgumentParser:
     gateway = commands.add_parser("gateway", help="the gateway alone, in front of --worker URLs")
     _common(gateway)
     _tls_options(gateway)
-    gateway.add_argument("--host")
-    gateway.add_argument("--port", type=int)
-    gateway.add_argument("--worker", action="append", dest="worker_urls", metavar="URL")
+    gateway.add_argument("--host", help="address the gateway binds")
+    gateway.add_argument("--port", type=int, help="port of the gateway")
+    gateway.add_argument(
+        "--worker",
+        action="append",
+        dest="worker_urls",
+        metavar="URL",
+        help="a worker to use (repeat for each)",
+    )
     gateway.add_argument("--insecure", action="store_true", default=None, help=INSECURE_HELP)
     _ray_option(
         gateway,
@@ -87,9 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     worker = commands.add_parser("worker", help="one worker process")
     _common(worker)
-    worker.add_argument("--host", dest="worker_host")
-    worker.add_argument("--port", type=int, dest="worker_port")
-    worker.add_argument("--worker-id", default="w0")
+    worker.add_argument("--host", dest="worker_host", help="address the worker binds")
+    worker.add_argument("--port", type=int, dest="worker_port", help="port of the worker")
+    worker.add_argument("--worker-id", default="w0", help="its name in the gateway's pool")
 
     cleanup = commands.add_parser("cleanup", help="delete recordings by age, then total size")
     recording_cleanup.add_arguments(cleanup)

@@ -135,10 +135,11 @@ class AuthSettings(_Section):
 
 
 class EndOfTurnSettings(_Section):
-    """Half-duplex turn-taking by meaning, on every engine: after a short
-    silence a semantic end-of-turn model (Smart Turn v3) judges whether the
-    speaker has finished; a finished turn is answered at once, an unfinished
-    one waits for the session's silence rule (its ``min_silence_duration_ms``)."""
+    """Half-duplex turn-taking by meaning, on every engine: every
+    ``check_after_ms`` of silence a semantic end-of-turn model (Smart Turn v3)
+    judges whether the speaker has finished; a turn judged finished
+    ``confirmations`` times in a row is answered at once, any other waits for
+    the session's silence rule (its ``min_silence_duration_ms``)."""
 
     enabled: bool = Field(True, description="Judge turns by meaning (off: silence alone).")
     check_after_ms: int = Field(
@@ -152,6 +153,14 @@ class EndOfTurnSettings(_Section):
     )
     model_path: Path | None = Field(
         None, description="The model's .onnx; none: the one in the pipecat-ai wheel."
+    )
+    confirmations: int = Field(
+        2,
+        ge=1,
+        le=10,
+        description="Consecutive judgements of one silence that must find the turn finished "
+        "(1: the first decides; more: fewer speakers cut off mid-sentence, each later by "
+        "check_after_ms).",
     )
     threads: int = Field(1, ge=1, description="CPU threads of one judgement.")
 
@@ -302,8 +311,10 @@ class MiniCPMoSettings(_Section):
     """MiniCPM-o 4.5 on an NVIDIA GPU."""
 
     model_path: Path | None = Field(None, description="Local checkpoint directory.")
-    attn_implementation: Literal["sdpa", "flash_attention_2"] = "sdpa"
-    device: str = "cuda"
+    attn_implementation: Literal["sdpa", "flash_attention_2"] = Field(
+        "sdpa", description="Attention of the model's own code (transformers' name)."
+    )
+    device: str = Field("cuda", description="Torch device the model loads on.")
     audio_output: bool = Field(
         True, description="Load the speech decoder (init_tts); off answers in text only."
     )
@@ -331,7 +342,7 @@ class MiniCPMoSettings(_Section):
         "are, by cuDNN's default): a second of speech ~15 ms sooner on an H200; off: IEEE float32.",
     )
     # As many as fit, at most 8 by default: the most an H200 served in real
-    # time in benchmarks/gpu_density.py (README, "Many sessions on one GPU").
+    # time in benchmarks/gpu_density.py (docs/design/gpu-engine.md).
     slots: int = Field(
         0,
         ge=0,
@@ -428,7 +439,7 @@ class Settings(_Section):
     max_failed_loads: int = Field(
         3, ge=1, description="`serve` gives up on a worker after this many failed loads in a row."
     )
-    log_level: str = "info"
+    log_level: str = Field("info", description="debug, info, warning or error.")
     log_json: bool = Field(False, description="Log JSON lines instead of text.")
     auth: AuthSettings = Field(default_factory=AuthSettings)
     eta: EtaSettings = Field(default_factory=EtaSettings)

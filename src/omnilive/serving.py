@@ -31,7 +31,7 @@ SHUTDOWN_GRACE_S = 5.0
 
 
 class ExitCode(IntEnum):
-    """What an ``omnilive`` process's exit status means (the README lists them)."""
+    """What an ``omnilive`` process's exit status means (docs/operating/startup.md lists them)."""
 
     OK = 0
     INTERNAL = 1  # an unexpected error: a bug, with its traceback in the log

@@ -9,10 +9,14 @@ both sides of a segment, including audio from before the trigger, which the
 reference implementation computed but threw away. The first
 ``ignore_initial_ms`` of audio (microphone start-up noise) never triggers.
 
-With ``end_check_ms`` set, a silence that has lasted that long (and not yet
-``min_silence_duration_ms``) is offered once for a judgement
-(:class:`TurnCheck`, e.g. a semantic end-of-turn model's); if the judge finds
-the turn complete, :meth:`StreamingVad.end_now` ends it at once.
+With ``end_check_ms`` set, a silence is offered for a judgement
+(:class:`TurnCheck`, e.g. a semantic end-of-turn model's) each time it has
+lasted another ``end_check_ms`` (and not yet ``min_silence_duration_ms``);
+the caller reports each verdict to :meth:`StreamingVad.judged`, which ends
+the turn at once when the last ``end_confirmations`` checks of that silence
+all found it complete. One verdict is a noisy thing (a speaker's pause
+before the last words can sound final); a second one a moment later,
+agreeing, costs little, since the answer is being prepared meanwhile.
 """
 
 from __future__ import annotations
@@ -61,7 +65,8 @@ class VadConfig:
     speech_pad_ms: int = 30
     ignore_initial_ms: int = 500  # the spec's cold-start guard
     max_speech_duration_s: float = 30.0  # Whisper's window; longer speech is cut here
-    end_check_ms: int | None = None  # silence after which a TurnCheck is offered
+    end_check_ms: int | None = None  # silence after which a TurnCheck is offered, and again
+    end_confirmations: int = 1  # consecutive "complete" verdicts that end the turn
 
 
 @dataclass(frozen=True)
@@ -90,11 +95,12 @@ class SpeechEnded:
 
 @dataclass(frozen=True, eq=False)
 class TurnCheck:
-    """A silence of ``end_check_ms``: is the turn over? ``pause`` names this
-    silence for :meth:`StreamingVad.end_now`."""
+    """A silence of ``round`` × ``end_check_ms``: is the turn over? ``pause``
+    names this silence for :meth:`StreamingVad.judged`."""
 
     speech: np.ndarray  # the turn's audio so far, the silence included
     pause: int
+    round: int = 1
 
 
 @dataclass(frozen=True)
@@ -136,7 +142,8 @@ class StreamingVad:
         self._speech_len = 0
         self._start = 0  # sample where speech began (unpadded)
         self._silence_from: int | None = None  # sample where the current silence began
-        self._checked: int | None = None  # the silence already offered for a check
+        self._checks = 0  # checks offered for the current silence
+        self._verdicts: dict[int, bool] = {}  # its checks' verdicts, by round
         self.speaking = False
 
     def ignore_initial(self, ms: int) -> None:
@@ -203,6 +210,7 @@ class StreamingVad:
             events.append(SpeechResumed())
         elif probability < self._negative and self._silence_from is None:
             self._silence_from = start
+            self._checks, self._verdicts = 0, {}
             events.append(SpeechPaused(speech_ms=1000 * (start - self._start) / self.rate))
         end = self._position
         silence = end - self._silence_from if self._silence_from is not None else 0
@@ -211,22 +219,27 @@ class StreamingVad:
         elif (
             self._silence_from is not None
             and self._end_check is not None
-            and silence >= self._end_check
-            and self._checked != self._silence_from
+            and silence >= self._end_check * (self._checks + 1)
         ):
-            self._checked = self._silence_from
-            events.append(TurnCheck(self.speech_so_far, self._silence_from))
+            self._checks += 1
+            events.append(TurnCheck(self.speech_so_far, self._silence_from, self._checks))
         elif end - self._start >= self._max_speech:
             events.append(self._finish(end))
         return events
 
-    def end_now(self, pause: int) -> SpeechEnded | SpeechDiscarded | None:
-        """End the turn at silence ``pause`` (a :class:`TurnCheck` found it
-        complete), or None if that silence is over (speech resumed, or the
-        turn ended meanwhile)."""
-        if not self.speaking or self._silence_from != pause:
+    def judged(self, check: TurnCheck, complete: bool) -> SpeechEnded | SpeechDiscarded | None:
+        """A verdict on ``check``: the end of the turn at its silence when the
+        last ``end_confirmations`` checks of that silence found it complete
+        (verdicts may arrive in any order); None while they have not, or when
+        that silence is over (speech resumed, or the turn ended meanwhile)."""
+        if not self.speaking or self._silence_from != check.pause:
             return None
-        return self._finish(pause)
+        self._verdicts[check.round] = complete
+        needed = self.config.end_confirmations
+        firsts = range(max(1, check.round - needed + 1), check.round + 1)
+        if not any(all(self._verdicts.get(r) for r in range(f, f + needed)) for f in firsts):
+            return None
+        return self._finish(check.pause)
 
     def _finish(self, speech_end: int) -> SpeechEnded | SpeechDiscarded:
         audio = self.speech_so_far

@@ -128,3 +128,10 @@ def screenshot(page: Page, name: str) -> Path:
     path = ARTIFACTS / f"{name}.png"
     page.screenshot(path=str(path), full_page=True)
     return path
+
+
+def start_session(page: Page, url: str) -> None:
+    """Open a mode's page at ``url`` and press its start button once the page is ready."""
+    page.goto(url)
+    page.wait_for_selector("body[data-ready]", state="attached")
+    page.click("#start")

@@ -5,13 +5,14 @@ voice can be deleted."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.browser.harness import chromium, screenshot, spoken_wav, watch
+from tests.browser.harness import chromium, screenshot, spoken_wav, start_session, watch
 from tests.servers import Server
 
 # Opens a duplex WebSocket from the page and reports what the server did with it.
@@ -21,6 +22,23 @@ PROBE_WS = """async (url) => new Promise((resolve) => {
     ws.onmessage = (event) => seen.push(JSON.parse(event.data));
     ws.onclose = (event) => resolve({code: event.code, messages: seen});
 })"""
+
+
+@contextlib.contextmanager
+def duplex_session(browser, server: Server) -> Iterator:
+    """A page holding an audio duplex session (and a slot) until the block ends,
+    which stops it and waits for its recording link; the page must show no problem."""
+    page = browser.new_page()
+    problems = watch(page)
+    try:
+        start_session(page, server.http + "/audio_duplex")
+        page.wait_for_function("window.omniliveDuplex.results.length > 0")
+        yield page
+    finally:
+        page.click("#stop")
+        page.locator("#transcript a[href^='/s/']").wait_for()
+        page.close()
+    assert problems.items == []
 
 
 @pytest.fixture(scope="module")
@@ -74,43 +92,36 @@ def test_switching_a_mode_off(browser, scripted_server: Server) -> None:
 
 
 def test_queue_position_and_cancel(browser, scripted_server: Server) -> None:
-    busy = browser.new_page()  # holds the only worker
     waiting = browser.new_page()
     admin = browser.new_page()
-    problems = [watch(busy), watch(waiting), watch(admin)]
+    problems = [watch(waiting), watch(admin)]
     try:
-        busy.goto(scripted_server.http + "/audio_duplex")
-        busy.wait_for_selector("body[data-ready]", state="attached")
-        busy.click("#start")
-        busy.wait_for_function("window.omniliveDuplex.results.length > 0")
+        with duplex_session(browser, scripted_server):  # holds the only worker
+            waiting.goto(scripted_server.http + "/turnbased")
+            waiting.wait_for_selector("body[data-ready]", state="attached")
+            waiting.fill("#input", "Am I next?")
+            waiting.click("#send")
+            waiting.wait_for_selector("#queue[data-position='1']")
+            assert "number 1" in waiting.inner_text("#queue")
+            assert "left" in waiting.inner_text("#queue .queue-eta")
+            screenshot(waiting, "turnbased-queued")
 
-        waiting.goto(scripted_server.http + "/turnbased")
-        waiting.wait_for_selector("body[data-ready]", state="attached")
-        waiting.fill("#input", "Am I next?")
-        waiting.click("#send")
-        waiting.wait_for_selector("#queue[data-position='1']")
-        assert "number 1" in waiting.inner_text("#queue")
-        assert "left" in waiting.inner_text("#queue .queue-eta")
-        screenshot(waiting, "turnbased-queued")
+            admin.goto(scripted_server.http + "/admin")
+            row = admin.locator("#queue-table tr[data-ticket]")
+            row.wait_for()
+            assert "chat" in row.inner_text()
+            assert admin.locator("#running tbody tr").count() == 1
+            screenshot(admin, "admin-queue")
+            row.locator("button").click()
+            admin.wait_for_selector("#queue-table td.empty")
 
-        admin.goto(scripted_server.http + "/admin")
-        row = admin.locator("#queue-table tr[data-ticket]")
-        row.wait_for()
-        assert "chat" in row.inner_text()
-        assert admin.locator("#running tbody tr").count() == 1
-        screenshot(admin, "admin-queue")
-        row.locator("button").click()
-        admin.wait_for_selector("#queue-table td.empty")
-
-        # The waiting page is told, and can ask again.
-        waiting.wait_for_selector(".msg.assistant.failed")
-        assert waiting.is_hidden("#queue")
-        assert "administrator" in waiting.inner_text("#notice")
-        assert waiting.is_enabled("#send")
+            # The waiting page is told, and can ask again.
+            waiting.wait_for_selector(".msg.assistant.failed")
+            assert waiting.is_hidden("#queue")
+            assert "administrator" in waiting.inner_text("#notice")
+            assert waiting.is_enabled("#send")
     finally:
-        busy.click("#stop")
-        busy.locator("#transcript a[href^='/s/']").wait_for()
-        for page in (busy, waiting, admin):
+        for page in (waiting, admin):
             page.close()
     for seen in problems:
         assert seen.items == []
@@ -141,3 +152,46 @@ def test_deleting_a_stored_voice(browser, scripted_server: Server, tmp_path: Pat
         assert problems.items == []
     finally:
         admin.close()
+
+
+def test_live_charts_draw_and_move(browser, scripted_server: Server) -> None:
+    """The last minutes: a running duplex session shows up as a worker's slot in
+    use and its units' latency, and the charts move as samples come in."""
+    admin = browser.new_page()
+    problems = watch(admin)
+    try:
+        with duplex_session(browser, scripted_server):
+            admin.goto(scripted_server.http + "/admin")
+            latency = admin.locator("#live [data-worker] [data-chart=latency]")
+            # A sample whose window held this session's units: a p50 line is drawn.
+            admin.wait_for_function(
+                "[...document.querySelectorAll('#live [data-chart=latency] polyline.p50')]"
+                ".some((line) => line.getAttribute('points').includes(' '))",
+                timeout=20_000,
+            )
+            assert admin.locator("#live [data-chart=latency] line.guide").count() >= 1
+            assert admin.locator("#live [data-chart=slots]").count() >= 1
+            queue = admin.locator("#live [data-live=queue] [data-chart=queue_length]")
+            assert queue.locator("polyline").count() >= 1
+            worker = latency.first.locator("xpath=ancestor::*[@data-worker]").get_attribute(
+                "data-worker"
+            )
+            before = latency.first.inner_html()
+            samples = int(admin.locator("#live").get_attribute("data-samples"))
+            # The charts move: a later refresh brings more samples and redraws the lines.
+            admin.wait_for_function(
+                f"Number(document.querySelector('#live').dataset.samples) > {samples}",
+                timeout=20_000,
+            )
+            admin.wait_for_function(
+                "(before) => document.querySelector('#live [data-chart=latency]')"
+                ".innerHTML !== before",
+                arg=before,
+                timeout=20_000,
+            )
+            busy = admin.locator(f"#live [data-worker='{worker}'] [data-chart=slots] figcaption")
+            assert "1" in busy.inner_text()
+            screenshot(admin, "admin-live")
+    finally:
+        admin.close()
+    assert problems.items == []

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.browser.harness import chromium, screenshot, watch
+from tests.browser.harness import chromium, screenshot, start_session, watch
 from tests.servers import Server
 
 RESULTS = "window.omniliveDuplex.results.length"
@@ -29,9 +29,7 @@ def test_omni_session(browser, scripted_server: Server) -> None:
     page = browser.new_page()
     problems = watch(page)
     try:
-        page.goto(scripted_server.http + "/omni")
-        page.wait_for_selector("body[data-ready]", state="attached")
-        page.click("#start")
+        start_session(page, scripted_server.http + "/omni")
 
         # The scripted plan is listen ×3, then speak ×3 (the last one ends the turn).
         page.wait_for_selector("#subtitle.visible", timeout=20_000)
@@ -95,9 +93,7 @@ def test_audio_duplex_session(browser, scripted_server: Server) -> None:
     page = browser.new_page()
     problems = watch(page)
     try:
-        page.goto(scripted_server.http + "/audio_duplex")
-        page.wait_for_selector("body[data-ready]", state="attached")
-        page.click("#start")
+        start_session(page, scripted_server.http + "/audio_duplex")
         page.wait_for_selector("#subtitle.visible", timeout=20_000)
         assert "frames 0" in page.inner_text("#subtitle")  # audio only: no camera
         assert page.evaluate("window.omniliveAudio.chunks") > 0

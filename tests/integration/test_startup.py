@@ -1,5 +1,5 @@
 """Start-up failures with real processes: each ends in one clear line on
-stderr and the exit status the README documents, never a traceback for an
+stderr and the exit status docs/operating/startup.md documents, never a traceback for an
 expected problem and never a server that runs on without being able to serve."""
 
 from __future__ import annotations

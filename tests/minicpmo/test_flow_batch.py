@@ -24,6 +24,7 @@ from omnilive.engines.minicpmo.sessions.flow import (
     FlowRunner,
     FlowState,
     graph_model_code_flow,
+    keep_frequencies,
 )
 from omnilive.engines.minicpmo.sessions.unit_rules import SILENCE_TOKEN
 from omnilive.engines.minicpmo.sessions.vocoder import VOCODER_CHUNK, VoiceStream, voice_together
@@ -218,3 +219,20 @@ def test_the_model_codes_own_stream_through_the_pure_blocks_makes_the_same(vocod
         torch.testing.assert_close(mel, want_mel, atol=1e-6, rtol=1e-5)
         for name, value in want.items():
             torch.testing.assert_close(cache[name], value, atol=1e-6, rtol=1e-5)
+
+
+def test_kept_frequencies_embed_as_the_package() -> None:
+    """The timestep embedder with its frequencies kept (no copy a flow step)
+    makes the package's embeddings exactly, odd widths too."""
+    dit = package("cosyvoice2.flow.decoder_dit")
+    torch.manual_seed(1)
+    embedder = dit.TimestepEmbedder(32, frequency_embedding_size=16)
+    t = torch.rand(6)
+    for dim in (16, 15):
+        want = dit.TimestepEmbedder.timestep_embedding(t * 1000, dim)
+        keep_frequencies(embedder)
+        keep_frequencies(embedder)  # once is enough: a second call keeps the first
+        assert torch.equal(embedder.timestep_embedding(t * 1000, dim), want)
+    assert torch.equal(
+        embedder(t), embedder.mlp(dit.TimestepEmbedder.timestep_embedding(t * 1000, 16))
+    )

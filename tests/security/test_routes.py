@@ -90,7 +90,8 @@ def test_every_route_is_classified_and_only_pages_health_and_static_are_public(
     assert _access(app, Endpoint(WS, "/ws/chat")) is Access.SESSION
     assert _access(app, Endpoint(WS, "/v1/realtime")) is Access.SESSION
     for admin in ("DELETE /api/queue/x0", "PUT /api/config/eta", "PUT /api/admin/apps/x0",
-                  "DELETE /api/assets/ref_audio/x0", "GET /metrics"):  # fmt: skip
+                  "DELETE /api/assets/ref_audio/x0", "GET /metrics",
+                  "GET /api/admin/live"):  # fmt: skip
         method, path = admin.split()
         assert _access(app, Endpoint(method, path)) is Access.ADMIN, admin
 

@@ -30,7 +30,7 @@ QWEN3_8B = SimpleNamespace(
 
 def test_a_position_of_the_llm_context_takes_144_kib_in_bf16() -> None:
     assert kv_bytes_per_position(QWEN3_8B, 2) == 2 * 36 * 8 * 128 * 2 == 147_456
-    # 8192 positions per slot: 1.125 GiB, what the README quotes.
+    # 8192 positions per slot: 1.125 GiB, what docs/design/gpu-engine.md quotes.
     assert kv_bytes_per_position(QWEN3_8B, 2) * 8192 == int(1.125 * GIB)
 
 

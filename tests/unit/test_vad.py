@@ -147,27 +147,46 @@ def test_silero_ignores_silence_and_noise():
     assert feed_all(v, noise) == []
 
 
-def test_a_short_silence_is_offered_once_for_a_turn_check():
+def test_a_silence_is_offered_for_a_turn_check_every_end_check():
     v = vad(min_silence_duration_ms=800, end_check_ms=192)
     events = feed_all(v, np.concatenate([loud(1.024), silence(0.512)]), chunk=512)
     checks = [e for e in events if isinstance(e, TurnCheck)]
-    assert len(checks) == 1 and not any(isinstance(e, SpeechEnded) for e in events)
-    assert checks[0].pause == round(1.024 * RATE)  # the silence's first sample
+    assert [c.round for c in checks] == [1, 2] and not any(
+        isinstance(e, SpeechEnded) for e in events
+    )
+    assert {c.pause for c in checks} == {round(1.024 * RATE)}  # the silence's first sample
     assert checks[0].speech.size >= round(1.2 * RATE)
     # Judged complete: the turn ends at its silence, with what the speaker waited.
-    ended = v.end_now(checks[0].pause)
+    ended = v.judged(checks[0], True)
     assert isinstance(ended, SpeechEnded) and not v.speaking
     assert ended.speech_ms == pytest.approx(1024) and 480 <= ended.silence_ms <= 544
+
+
+def test_a_turn_ends_when_its_last_checks_all_find_it_complete():
+    def two_checks(confirmations: int) -> tuple[StreamingVad, list[TurnCheck]]:
+        v = vad(min_silence_duration_ms=800, end_check_ms=192, end_confirmations=confirmations)
+        events = feed_all(v, np.concatenate([loud(1.024), silence(0.512)]), chunk=512)
+        return v, [e for e in events if isinstance(e, TurnCheck)]
+
+    v, (first, second) = two_checks(2)
+    assert v.judged(first, True) is None and v.speaking  # one verdict is not enough
+    assert isinstance(v.judged(second, True), SpeechEnded)
+    v, (first, second) = two_checks(2)
+    assert v.judged(second, True) is None  # verdicts may come back in any order
+    assert isinstance(v.judged(first, True), SpeechEnded)
+    v, (first, second) = two_checks(2)
+    assert v.judged(first, False) is None and v.judged(second, True) is None and v.speaking
 
 
 def test_a_turn_check_is_void_once_speech_resumes_and_the_rule_still_ends_it():
     v = vad(min_silence_duration_ms=640, end_check_ms=128)
     first = feed_all(v, np.concatenate([loud(0.512), silence(0.256)]), chunk=512)
-    [check] = [e for e in first if isinstance(e, TurnCheck)]
+    check = next(e for e in first if isinstance(e, TurnCheck))
     feed_all(v, loud(0.512), chunk=512)  # the speaker goes on: that pause is over
-    assert v.end_now(check.pause) is None and v.speaking
+    assert v.judged(check, True) is None and v.speaking
     rest = feed_all(v, silence(1.0), chunk=512)
-    assert sum(isinstance(e, TurnCheck) for e in rest) == 1  # the new pause, once
+    checks = [e for e in rest if isinstance(e, TurnCheck)]
+    assert [c.round for c in checks] == [1, 2, 3, 4]  # the new pause, each 128 ms until 640
     [ended] = [e for e in rest if isinstance(e, SpeechEnded)]  # judged incomplete: the rule
     assert ended.silence_ms == pytest.approx(640, abs=32)
 

@@ -1,6 +1,6 @@
 """Exceptions of the client, one per documented error code.
 
-The server names every refusal with a code (README "Errors", the Realtime
+The server names every refusal with a code (docs/reference/errors.md, the Realtime
 API's error codes, the access-control refusals). The client raises the class
 registered for that code, so callers can catch exactly what they can handle::
 
@@ -51,7 +51,7 @@ def _code(code: str) -> Callable[[type[E]], type[E]]:
     return register
 
 
-# --- the chat, half-duplex and duplex protocols (README "Errors") -----------------------
+# --- the chat, half-duplex and duplex protocols (docs/reference/errors.md) -----------------------
 
 
 @_code("invalid_json")

@@ -47,7 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("OMNILIVE_URL", DEFAULT_URL),
         help=f"the server (default: $OMNILIVE_URL or {DEFAULT_URL})",
     )
-    parser.add_argument("--mode", choices=sorted(CONVERSATIONS), default="half_duplex")
+    parser.add_argument(
+        "--mode", choices=sorted(CONVERSATIONS), default="half_duplex", help="the conversation"
+    )
     parser.add_argument(
         "--key", default=os.environ.get("OMNILIVE_API_KEY"), help="API key ($OMNILIVE_API_KEY)"
     )

@@ -19,7 +19,7 @@ def create_engine(settings: Settings) -> Engine:
     if settings.engine == "cascade":
         from omnilive.engines.cascade import CascadeEngine
 
-        return CascadeEngine(settings.cascade, settings.data_dir)
+        return CascadeEngine(settings.cascade, settings.data_dir, settings.end_of_turn)
     if settings.engine == "minicpmo":
         from omnilive.engines.minicpmo import MiniCPMoEngine
 

@@ -16,7 +16,8 @@ from omnilive.gateway.auth import AuthMiddleware, Gatekeeper, install_log_filter
 from omnilive.gateway.catalogs import Catalogs
 from omnilive.gateway.http_errors import install_error_handlers
 from omnilive.gateway.links import WorkerLink, close_quietly
-from omnilive.gateway.metrics import GatewayMetrics
+from omnilive.gateway.live_stats import sample_periodically
+from omnilive.gateway.metrics import GatewayMetrics, live_reading
 from omnilive.gateway.observe import ObserveMiddleware
 from omnilive.gateway.pool import Pool
 from omnilive.gateway.routes import (
@@ -122,6 +123,8 @@ def create_app(
         else:
             _start_workers(gateway, supervise, process_exit, tasks, client)
         tasks.spawn("recording-cleanup", cleanup_periodically(settings))
+        registry: GatewayMetrics = app.state.metrics
+        tasks.spawn("live-stats", sample_periodically(registry.live, lambda: live_reading(gateway)))
         app.state.gateway = gateway
         try:
             yield

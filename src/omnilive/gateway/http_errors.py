@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException
 
 from omnilive.protocol.common import ErrorCode, ProtocolError
 
-# The HTTP status of each documented error code (README, "Errors").
+# The HTTP status of each documented error code (docs/reference/errors.md).
 _STATUS = {
     ErrorCode.INVALID_JSON: 422,
     ErrorCode.INVALID_REQUEST: 422,

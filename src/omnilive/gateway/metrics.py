@@ -14,6 +14,8 @@ from collections import Counter as Tally
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from omnilive.gateway.live_stats import LiveStats, WorkerSlots
+
 if TYPE_CHECKING:
     from omnilive.gateway.state import Gateway
 
@@ -121,6 +123,8 @@ class GatewayMetrics:
 
     def __init__(self) -> None:
         self.started = time.time()
+        # The last minutes, per worker, for the admin page (GET /api/admin/live).
+        self.live = LiveStats()
         self.sessions_opened = CounterFamily(
             "omnilive_sessions_opened_total", "Session connections accepted, by mode.", ("mode",)
         )
@@ -199,15 +203,32 @@ class GatewayMetrics:
         return "\n".join(lines) + "\n"
 
 
-def _state_gauges(gateway: Gateway) -> list[str]:
+def queue_now(gateway: Gateway) -> tuple[int, float]:
+    """Tickets waiting, and the oldest one's wait so far (seconds)."""
     scheduler = gateway.pool.scheduler
     now = scheduler.clock()
     oldest = max((now - t.enqueued_at for t in scheduler.queue.values()), default=0.0)
+    return len(scheduler.queue), oldest
+
+
+def live_reading(gateway: Gateway) -> tuple[int, float, list[WorkerSlots]]:
+    """What a live sample reads from the gateway's state: the queue and every worker's slots."""
+    length, oldest = queue_now(gateway)
+    workers = [
+        WorkerSlots(worker_id, len(record.leases), record.slots)
+        for worker_id, record in sorted(gateway.pool.scheduler.workers.items())
+    ]
+    return length, oldest, workers
+
+
+def _state_gauges(gateway: Gateway) -> list[str]:
+    scheduler = gateway.pool.scheduler
+    length, oldest = queue_now(gateway)
     workers = [link.describe() for link in gateway.links.values()]
     states = Tally(w["status"] for w in workers)
     restarts = gateway.supervisor.restarts if gateway.supervisor else {}
     sessions = gateway.sessions.by_kind()
-    lines = _gauge("omnilive_queue_length", "Tickets waiting.", [("", len(scheduler.queue))])
+    lines = _gauge("omnilive_queue_length", "Tickets waiting.", [("", length)])
     lines += _gauge("omnilive_queue_capacity", "max_queue_size.", [("", scheduler.max_queue_size)])
     lines += _gauge("omnilive_queue_oldest_wait_seconds", "Wait so far of the oldest ticket.",
                     [("", oldest)])  # fmt: skip

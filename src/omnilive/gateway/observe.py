@@ -67,6 +67,7 @@ class SessionObserver:
         self.turn_at: float | None = None  # half-duplex: the answer started (end of speech)
         self.first_audio = False
         self.last_unit: int | None = None
+        self.worker_id: str | None = None  # the worker serving it, once leased
 
     def received(self) -> None:
         """A frame from the client (a chat request is its first)."""
@@ -120,6 +121,8 @@ class SessionObserver:
             metrics.unit_latency.observe(envelope.wall_clock_ms / 1000, self.mode)
         if envelope.dropped_chunks:
             metrics.dropped_chunks.inc(self.mode, amount=envelope.dropped_chunks)
+        if self.worker_id is not None and (envelope.wall_clock_ms or envelope.dropped_chunks):
+            metrics.live.unit(self.worker_id, envelope.wall_clock_ms, envelope.dropped_chunks or 0)
 
 
 def session_observer(connection: WebSocket) -> SessionObserver | None:

@@ -43,6 +43,7 @@ from omnilive.gateway.lifecycle import (
     SessionLifecycle,
     TellClient,
 )
+from omnilive.gateway.observe import session_observer
 from omnilive.gateway.pool import SendJson
 from omnilive.gateway.registry import ActiveSession
 from omnilive.gateway.scheduler import Lease, NoWorkersError, QueueFullError, Ticket, WorkerHealth
@@ -167,6 +168,9 @@ class SessionLink:
         lease = await pool.acquire(self.ticket, send_queue_message, always_done)
         self.lifecycle.leased(lease)
         self.session.lease = lease
+        observer = session_observer(self.client) if self.client is not None else None
+        if observer is not None:  # its units count for this worker on the admin page
+            observer.worker_id = lease.worker_id
         if lease.request_type != self.session.kind:  # e.g. a prepare while queued changed it
             pool.retype(None, lease, self.session.kind)
         return lease

@@ -16,7 +16,7 @@ from omnilive.ids import is_safe_id
 
 
 class ErrorCode(StrEnum):
-    """Documented error codes (README, "Errors")."""
+    """Documented error codes (docs/reference/errors.md)."""
 
     INVALID_JSON = "invalid_json"
     INVALID_REQUEST = "invalid_request"

@@ -307,7 +307,7 @@ ERROR_CODES = frozenset(
         "session_expired", "server_shutdown", "context_full", "server_error", "app_disabled",
     }
 )  # fmt: skip
-"""Every ``error.code`` omnilive sends in this dialect (README, the GA event table)."""
+"""Every ``error.code`` omnilive sends in this dialect (docs/reference/openai-realtime.md)."""
 
 
 class OpenAIError(Exception):

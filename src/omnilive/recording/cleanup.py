@@ -206,8 +206,8 @@ async def cleanup_periodically(settings: Settings) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="TOML settings file")
-    parser.add_argument("--data-dir", type=Path)
-    parser.add_argument("--retention-days", type=float)
+    parser.add_argument("--data-dir", type=Path, help="the data directory of the recordings")
+    parser.add_argument("--retention-days", type=float, help="delete recordings older than this")
     parser.add_argument("--max-gb", type=float, help="largest total size of the recordings")
     parser.add_argument("--dry-run", action="store_true", help="list, delete nothing")
 

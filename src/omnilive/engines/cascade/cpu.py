@@ -45,7 +45,7 @@ X86_FEATURE_FLAGS = {
     "AMX_BF16": "amx_bf16",
 }
 AMX_FEATURES = frozenset({"AMX_INT8", "AMX_BF16"})
-REBUILD_HINT = "reinstall it portably: rm -rf .venv && make serve (README: 'Any x86-64 CPU')"
+REBUILD_HINT = "reinstall it portably: rm -rf .venv && make serve (docs/operating/cpu.md)"
 _FEATURE = re.compile(r"([A-Z0-9_]+) = 1")
 
 

@@ -60,7 +60,7 @@ class CascadeDuplex(ConversationView, DuplexSession):
     def __init__(self, stack: ModelStack, turn_taking: TurnTaking | None = None) -> None:
         self._stack = stack
         self._notices = Notices()
-        self._tracker = UtteranceTracker(FrameVAD(), turn_taking)
+        self._tracker = UtteranceTracker(FrameVAD(), turn_taking, stack.turn_judging)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cascade-duplex")
         self._lock = threading.Lock()  # the history, shared with the reply thread
         self._conversation = spoken_conversation("")

@@ -6,7 +6,8 @@ import time
 from pathlib import Path
 
 from omnilive.audio import INPUT_RATE, OUTPUT_RATE, resample
-from omnilive.config import CascadeSettings
+from omnilive.config import CascadeSettings, EndOfTurnSettings
+from omnilive.end_of_turn import EndOfTurnUnavailable, SmartTurn
 from omnilive.engines.base import (
     Capabilities,
     ChatSession,
@@ -30,6 +31,7 @@ from omnilive.engines.cascade.piper import PiperVoice, packaged_voice
 from omnilive.engines.cascade.remote_llm import RemoteChat
 from omnilive.engines.cascade.stack import ModelStack, log
 from omnilive.engines.cascade.tts import EspeakTTS, Speech
+from omnilive.engines.cascade.utterance import TurnJudging
 
 WARMUP_PHRASE = "Hello."
 
@@ -43,8 +45,14 @@ class CascadeEngine(Engine):
 
     name = "cascade"
 
-    def __init__(self, settings: CascadeSettings, data_dir: Path) -> None:
+    def __init__(
+        self,
+        settings: CascadeSettings,
+        data_dir: Path,
+        end_of_turn: EndOfTurnSettings | None = None,
+    ) -> None:
         self._settings = settings
+        self._end_of_turn = end_of_turn
         self._data_dir = Path(data_dir)
         self._stack: ModelStack | None = None
         self.load_timings: dict[str, float] = {}
@@ -65,6 +73,7 @@ class CascadeEngine(Engine):
             asr=WhisperASR(files.whisper_dir, threads),
             llm=self._language_model(files.llm_gguf),
             tts=Speech(EspeakTTS(self._settings.voice), self._piper()),
+            turn_judging=self._turn_judging(),
         )
         # Each stage reports its own fraction, like the join before it.
         progress("load models", 0.0)
@@ -99,6 +108,24 @@ class CascadeEngine(Engine):
                 raise EngineUnavailable(f"cascade.llm.gguf: {settings.gguf} is not a file")
             return LlamaChat(settings.gguf, self._settings.threads, settings.n_ctx)
         return LlamaChat(packaged, self._settings.threads, N_CTX)
+
+    def _turn_judging(self) -> TurnJudging | None:
+        """The end-of-turn model for the duplex loop (half-duplex sessions
+        use the worker's, on every engine); without it, silence decides."""
+        settings = self._end_of_turn
+        if settings is None or not settings.enabled:
+            return None
+        try:
+            model = SmartTurn.load(settings.model_path, settings.threads)
+        except EndOfTurnUnavailable as exc:
+            log.warning("%s; duplex turns end by silence alone", exc)
+            return None
+        threshold = settings.threshold
+        return TurnJudging(
+            complete=lambda audio: model.probability(audio) >= threshold,
+            check_ms=settings.check_after_ms,
+            confirmations=settings.confirmations,
+        )
 
     def _piper(self) -> PiperVoice | None:
         if self._settings.tts != "piper":

@@ -13,6 +13,7 @@ from omnilive.engines.cascade.conversation import Conversation
 from omnilive.engines.cascade.llm import LlamaChat
 from omnilive.engines.cascade.remote_llm import RemoteChat
 from omnilive.engines.cascade.tts import Speech, SpokenVoice
+from omnilive.engines.cascade.utterance import TurnJudging
 
 log = logging.getLogger("omnilive.engines.cascade")
 
@@ -63,6 +64,7 @@ class ModelStack:
     asr: WhisperASR
     llm: LlamaChat | RemoteChat
     tts: Speech
+    turn_judging: TurnJudging | None = None  # the duplex loop's end-of-turn model, if on
 
     def voice(self, voice: Voice | None, notices: Notices) -> SpokenVoice:
         spoken = self.tts.resolve_voice(voice)

@@ -2,11 +2,15 @@
 
 Duplex audio arrives in 1 s units; this tracker turns it into decisions (speech
 started, utterance finished) and collects the utterance's samples, with a short
-pre-roll so the first syllable is not lost to the VAD's reaction time.
+pre-roll so the first syllable is not lost to the VAD's reaction time. With an
+end-of-turn model (:class:`TurnJudging`) an utterance that sounds finished ends
+after a short silence, judged again each ``check_ms`` until confirmed, instead
+of waiting out ``end_silence_ms``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -30,6 +34,17 @@ class TurnTaking:
     tail_ms: float = 150.0  # silence kept after the last voiced frame
 
 
+@dataclass(frozen=True)
+class TurnJudging:
+    """The end-of-turn model's part: ``complete`` (blocking, tens of ms) says
+    whether an utterance sounds finished; ``confirmations`` such verdicts in a
+    row, ``check_ms`` of silence apart, end it."""
+
+    complete: Callable[[np.ndarray], bool]
+    check_ms: float = 200.0
+    confirmations: int = 2
+
+
 class _State(Enum):
     IDLE = "idle"
     SPEECH = "speech"
@@ -51,9 +66,14 @@ class Heard:
 class UtteranceTracker:
     """Feeds audio through Silero VAD and reports utterance boundaries."""
 
-    def __init__(self, vad: FrameVAD, params: TurnTaking | None = None) -> None:
+    def __init__(
+        self, vad: FrameVAD, params: TurnTaking | None = None, judging: TurnJudging | None = None
+    ) -> None:
         self._vad = vad
         self.params = params or TurnTaking()
+        self._judging = judging
+        self._checks = 0  # end-of-turn checks of the current silence
+        self._agreed = 0  # of them, the last ones in a row that found the utterance finished
         self._state = _State.IDLE
         self._rest = np.zeros(0, dtype=np.float32)
         self._frames: list[np.ndarray] = []  # pre-roll while idle, the utterance in speech
@@ -75,6 +95,7 @@ class UtteranceTracker:
         self._state = _State.IDLE
         self._rest = np.zeros(0, dtype=np.float32)
         self._frames, self._run, self._voiced, self._last_voiced = [], 0, 0, 0
+        self._checks = self._agreed = 0
 
     def prepend(self, audio: np.ndarray) -> None:
         """Put an earlier utterance in front of the current one (the user went on)."""
@@ -110,15 +131,27 @@ class UtteranceTracker:
                 self._run = 0
             return
         if prob >= p.end_threshold:
-            self._run = 0
+            self._run = self._checks = self._agreed = 0
             self._voiced += prob >= p.start_threshold
             self._last_voiced = len(self._frames)
             return
         self._run += 1
-        if self._run >= self._frames_for(p.end_silence_ms):
+        if self._run >= self._frames_for(p.end_silence_ms) or self._judged_finished():
             keep = self._last_voiced + self._frames_for(p.tail_ms)
             utterance = np.concatenate(self._frames[:keep])
             enough = self._voiced >= self._frames_for(p.min_speech_ms)
             self._state, self._frames, self._run = _State.IDLE, [], 0
+            self._checks = self._agreed = 0
             if enough:
                 heard.finished = utterance
+
+    def _judged_finished(self) -> bool:
+        """At each ``check_ms`` of silence, the model's verdict; True once the
+        last ``confirmations`` of this silence agreed it is finished."""
+        judging = self._judging
+        if judging is None or self._run != self._frames_for(judging.check_ms) * (self._checks + 1):
+            return False
+        self._checks += 1
+        finished = judging.complete(np.concatenate(self._frames))
+        self._agreed = self._agreed + 1 if finished else 0
+        return self._agreed >= judging.confirmations

@@ -69,7 +69,7 @@ async def realtime_ws(ws: WebSocket, mode: str | None = None, model: str | None 
 
 
 def speaks_openai(ws: WebSocket, mode: str | None, model: str | None) -> bool:
-    """The dialect rule (README, *Realtime API*): no ``mode``, and a ``model``
+    """The dialect rule (docs/reference/openai-realtime.md): no ``mode``, and a ``model``
     or OpenAI's browser subprotocol."""
     offered = ws.scope.get("subprotocols") or []
     return mode is None and (model is not None or OPENAI_SUBPROTOCOL in offered)

@@ -14,7 +14,6 @@ Events leave in the dialect's shapes (``presenter_openai.py``).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -57,7 +56,7 @@ from omnilive.worker.presenter_openai import (
     speech_started,
     transcription,
 )
-from omnilive.worker.runners.hearing import EarlyHearing, end_check_ms, judged_end
+from omnilive.worker.runners.hearing import EarlyHearing, judged_end, with_turn_checks
 from omnilive.worker.runners.responses import Responses
 from omnilive.worker.runners.streaming import StreamingRunner, Work
 
@@ -256,8 +255,7 @@ class ConversationRunner(Responses, StreamingRunner):
             self.vad = None
             return
         if isinstance(self.config.audio.input.turn_detection, SemanticVad):
-            check = await end_check_ms(self.runtime, config.min_silence_duration_ms)
-            config = dataclasses.replace(config, end_check_ms=check)
+            config = await with_turn_checks(self.runtime, config)
         self.vad = StreamingVad(await asyncio.to_thread(SileroModel), config)
 
     # --- input audio -----------------------------------------------------------------------

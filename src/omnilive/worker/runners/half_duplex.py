@@ -67,7 +67,7 @@ from omnilive.worker.decode import DecodeError, load_stored_voice
 from omnilive.worker.heard import SpokenAnswer, heard_text
 from omnilive.worker.machines.half_duplex import HalfDuplexMachine
 from omnilive.worker.machines.session import Ended
-from omnilive.worker.runners.hearing import EarlyHearing, end_check_ms, judged_end
+from omnilive.worker.runners.hearing import EarlyHearing, judged_end, with_turn_checks
 from omnilive.worker.runners.streaming import StreamingRunner, Work
 
 log = logging.getLogger(__name__)
@@ -218,8 +218,8 @@ class HalfDuplexRunner(StreamingRunner):
             min_silence_duration_ms=config.vad.min_silence_duration_ms,
             speech_pad_ms=config.vad.speech_pad_ms,
             ignore_initial_ms=COLD_START_MS,
-            end_check_ms=await end_check_ms(self.runtime, config.vad.min_silence_duration_ms),
         )
+        vad_config = await with_turn_checks(self.runtime, vad_config)
         self.vad = StreamingVad(await asyncio.to_thread(SileroModel), vad_config)
         try:
             await self.runtime.step(self.record, self.session.prepare, parts, options)

@@ -8,6 +8,7 @@ meaning (the worker's end-of-turn model judges a short silence)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from omnilive.engines.base import EngineError, HalfDuplexSession
-from omnilive.vad import StreamingVad, TurnCheck, VadEvent
+from omnilive.vad import StreamingVad, TurnCheck, VadConfig, VadEvent
 from omnilive.worker.runtime import SessionRecord, WorkerRuntime
 
 log = logging.getLogger(__name__)
@@ -62,23 +63,27 @@ class EarlyHearing:
 # --- turn-taking by meaning (the worker's end-of-turn model) -----------------------------
 
 
-async def end_check_ms(runtime: WorkerRuntime, min_silence_ms: int) -> int | None:
-    """When to ask the end-of-turn model, if the worker has one (and the
-    session's silence rule is not already that short)."""
+async def with_turn_checks(runtime: WorkerRuntime, config: VadConfig) -> VadConfig:
+    """``config`` with the end-of-turn model's checks, if the worker has one
+    (and the session's silence rule is not already that short)."""
     judge = runtime.turn_judge
     if judge is None or not await judge.ready():
-        return None
-    check_ms = judge.settings.check_after_ms
-    return check_ms if check_ms < min_silence_ms else None
+        return config
+    settings = judge.settings
+    if settings.check_after_ms >= config.min_silence_duration_ms:
+        return config
+    return dataclasses.replace(
+        config, end_check_ms=settings.check_after_ms, end_confirmations=settings.confirmations
+    )
 
 
 async def judged_end(
     runtime: WorkerRuntime, vad: StreamingVad | None, check: TurnCheck
 ) -> VadEvent | None:
     """The end of a turn the model finds finished (``SpeechEnded``, or
-    ``SpeechDiscarded`` if too short); None while it is not, or when the user
-    has gone on speaking meanwhile (``end_now`` finds that silence over)."""
+    ``SpeechDiscarded`` if too short); None while it is not (or not yet
+    confirmed), or when the user has gone on speaking meanwhile."""
     judge = runtime.turn_judge
-    if judge is None or vad is None or not await judge.complete(check.speech):
+    if judge is None or vad is None:
         return None
-    return vad.end_now(check.pause)
+    return vad.judged(check, await judge.complete(check.speech))

@@ -377,9 +377,12 @@ class BatchedSteps:
         row_slots = [self.cache.idle] * width_rows
         for k, row in enumerate(index):
             row_held[row], row_counts[row], row_slots[row] = held[k], counts[k], slots[k]
-        empty = torch.tensor([slot == self.cache.idle for slot in row_slots], device=device)
-        lengths = torch.tensor(row_held, device=device)[:, None]
-        real = torch.tensor(row_counts, device=device)[:, None]
+        # The rows' numbers cross to the device as one queued copy: a blocking
+        # copy per list would wait each time for everything on the stream.
+        packed = torch.tensor(
+            [[slot == self.cache.idle for slot in row_slots], row_held, row_counts, row_slots]
+        ).to(device, non_blocking=True)
+        empty, lengths, real = packed[0].bool(), packed[1][:, None], packed[2][:, None]
         offsets = torch.arange(longest, device=device)[None, :]
         positions = lengths + offsets
         write = torch.where((offsets < real) & ~empty[:, None], positions, self.cache.scratch)
@@ -393,7 +396,7 @@ class BatchedSteps:
             slots=slots,
             counts=counts,
             width=width,
-            rows=torch.tensor(row_slots, device=device),
+            rows=packed[3],
             positions=positions,
             write=write,
             mask=mask,
@@ -416,10 +419,11 @@ class BatchedSteps:
         embeddings as given, zero padding after each row's real positions (to
         ``length``) and as the empty rows up to ``rows`` (see :meth:`plan`);
         request ``k`` on row ``index[k]`` (a plan's :attr:`StepPlan.index`)."""
-        table = self.embedding
         with torch.no_grad():  # inputs, never differentiated: no history to keep
+            ids = [request.inputs for request in requests if not request.inputs.is_floating_point()]
+            looked_up = iter(self._look_up(ids))
             embedded = [
-                table(request.inputs.to(self.device))
+                next(looked_up)
                 if not request.inputs.is_floating_point()
                 else request.inputs.to(self.device, self.dtype)
                 for request in requests
@@ -435,6 +439,17 @@ class BatchedSteps:
         else:
             out[list(index), : padded.shape[1]] = padded  # type: ignore[arg-type]
         return out
+
+    def _look_up(self, ids: list[torch.Tensor]) -> Sequence[torch.Tensor]:
+        """Each request's token ids through the embedding table, all in one
+        lookup; ids on the CPU cross to the device as one queued copy (a
+        blocking copy per request would wait for the stream each time)."""
+        if not ids:
+            return []
+        if any(row.device != ids[0].device for row in ids):
+            return [self.embedding(row.to(self.device)) for row in ids]
+        joined = torch.cat(ids).to(self.device, non_blocking=True)
+        return self.embedding(joined).split([int(row.shape[0]) for row in ids])
 
     def run(self, embeds: torch.Tensor, plan: StepPlan) -> tuple[torch.Tensor, Any]:
         """The forward alone: each row's last real hidden state ``[B, hidden]``

@@ -1,11 +1,14 @@
-// Admin: workers and their states, the queue (with cancel) and running
-// sessions, modes on/off, and the wait-estimate settings. Refreshed every
-// two seconds while the tab is visible.
+// Admin: the last minutes as small live charts (per worker its slots in use,
+// unit latency and dropped chunks; the queue's length and wait), workers and
+// their states, the queue (with cancel) and running sessions, modes on/off,
+// and the wait-estimate settings. Refreshed every two seconds while the tab
+// is visible.
 
 import { HttpError, getJSON, getStatus, request, sendJSON } from '../lib/api.js';
 import { $, el, when } from '../lib/dom.js';
 import { localized, onLangChange, t } from '../lib/i18n.js';
 import { initPage, notify, startPage } from '../ui/nav.js';
+import { sparkline } from '../ui/sparkline.js';
 import { VoiceAdmin } from '../ui/voice-admin.js';
 
 const REFRESH_MS = 2000;
@@ -19,7 +22,8 @@ const ETA_FIELDS = [
   ['overrun_floor_s', 'admin.eta.overrun_floor_s', 1],
 ];
 
-const last = { status: null, workers: [], queue: null, apps: null, eta: null };
+const last = { status: null, workers: [], queue: null, apps: null, eta: null, live: null };
+const REAL_TIME_MS = 1000; // a duplex unit is one second of audio
 
 function table(node, headers, rows, emptyKey) {
   node.replaceChildren(
@@ -91,6 +95,61 @@ function drawWorkers() {
     rows,
     'admin.no_workers',
   );
+}
+
+// The samples of GET /api/admin/live (oldest first) as charts: the queue, then
+// one group per worker that any sample shows.
+function drawLive() {
+  const root = $('#live');
+  const samples = last.live?.samples ?? [];
+  const column = (pick) => samples.map(pick);
+  const queue = el(
+    'div',
+    { class: 'live-grid', 'data-live': 'queue' },
+    sparkline('queue_length', t('admin.live.queue_length'), [
+      { name: 'length', label: t('admin.live.now'), values: column((s) => s.queue_length) },
+    ]),
+    sparkline(
+      'queue_wait',
+      t('admin.live.queue_wait'),
+      [{ name: 'wait', label: t('admin.live.now'), values: column((s) => s.queue_wait_s) }],
+      { unit: ' s' },
+    ),
+  );
+  const ids = [...new Set(samples.flatMap((s) => Object.keys(s.workers)))].sort();
+  const workers = ids.map((id) => {
+    const of = (pick) => column((s) => (s.workers[id] ? pick(s.workers[id]) : null));
+    const slots = Math.max(1, ...of((w) => w.slots).filter((v) => v !== null));
+    return el(
+      'div',
+      { class: 'live-worker', 'data-worker': id },
+      el('h3', {}, id),
+      el(
+        'div',
+        { class: 'live-grid' },
+        sparkline(
+          'slots',
+          t('admin.live.slots', { slots }),
+          [{ name: 'busy', label: t('admin.live.now'), values: of((w) => w.slots_busy) }],
+          { floor: slots },
+        ),
+        sparkline(
+          'latency',
+          t('admin.live.latency'),
+          [
+            { name: 'p50', values: of((w) => w.p50_ms) },
+            { name: 'p95', values: of((w) => w.p95_ms) },
+          ],
+          { guide: REAL_TIME_MS, unit: ' ms' },
+        ),
+        sparkline('dropped', t('admin.live.dropped'), [
+          { name: 'dropped', label: t('admin.live.now'), values: of((w) => w.dropped) },
+        ]),
+      ),
+    );
+  });
+  root.replaceChildren(queue, ...workers);
+  root.dataset.samples = String(samples.length);
 }
 
 async function cancel(ticket) {
@@ -251,13 +310,15 @@ async function loadApps() {
 
 async function refresh() {
   try {
-    const [status, workers, queueBody] = await Promise.all([
+    const [status, workers, queueBody, live] = await Promise.all([
       getStatus(),
       getJSON('/workers'),
       getJSON('/api/queue'),
+      getJSON('/api/admin/live'),
     ]);
-    Object.assign(last, { status, workers: workers.workers, queue: queueBody });
+    Object.assign(last, { status, workers: workers.workers, queue: queueBody, live });
     drawSummary();
+    drawLive();
     drawWorkers();
     drawQueue();
     $('#summary').dataset.updated = when(Date.now() / 1000);
@@ -284,6 +345,7 @@ async function main() {
   }, REFRESH_MS);
   onLangChange(() => {
     drawSummary();
+    drawLive();
     drawWorkers();
     drawQueue();
     drawApps();
