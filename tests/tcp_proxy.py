@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 
 
 class TcpProxy:
@@ -73,3 +74,32 @@ class TcpProxy:
         for task in list(self._pipes):
             task.cancel()
         await asyncio.gather(*self._pipes, return_exceptions=True)
+
+
+class ProxyThread:
+    """A :class:`TcpProxy` on its own event loop in a thread, for synchronous
+    tests (the browser's): ``with ProxyThread(port) as proxy: proxy.cut()``."""
+
+    def __init__(self, target_port: int) -> None:
+        self._target_port = target_port
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="tcp-proxy")
+        self.proxy = TcpProxy(target_port)
+
+    def __enter__(self) -> ProxyThread:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self.proxy.start(), self._loop).result(10)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        asyncio.run_coroutine_threadsafe(self.proxy.close(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
+
+    @property
+    def port(self) -> int:
+        return self.proxy.port
+
+    def cut(self) -> None:
+        self._loop.call_soon_threadsafe(self.proxy.cut)
