@@ -86,6 +86,18 @@ class LimitSettings(_Section):
     requests_per_minute_per_key: int = Field(
         600, ge=0, description="Requests one API key may make per minute (0: no limit)."
     )
+    resume_grace_s: float = Field(
+        30.0,
+        ge=0,
+        description="How long a streaming session whose client connection dropped is held "
+        "(suspended) for a resume with its token (0: no resume; a drop ends the session).",
+    )
+    resume_buffer_events: int = Field(
+        2048, ge=16, description="Server events a session keeps for replay after a resume."
+    )
+    resume_buffer_bytes: int = Field(
+        16 * 1024 * 1024, ge=64 * 1024, description="Bytes of server events kept for replay."
+    )
 
 
 class ApiKey(_Section):

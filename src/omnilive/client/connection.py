@@ -68,6 +68,13 @@ def ws_url(base: str, path: str, **query: str) -> str:
     return urlunsplit((ws_scheme, host, f"{prefix}{path}", urlencode(query), ""))
 
 
+def with_query(url: str, **params: str) -> str:
+    """``url`` with ``params`` added to its query string."""
+    scheme, netloc, path, query, fragment = urlsplit(url)
+    extra = urlencode(params)
+    return urlunsplit((scheme, netloc, path, f"{query}&{extra}" if query else extra, fragment))
+
+
 def refusal(status: int, body: bytes | str, retry_after: str | None = None) -> OmniliveError:
     """The exception for an HTTP refusal ``{error, code}`` (or a bare status)."""
     try:

@@ -221,6 +221,20 @@ class TurnDone(Event):
     text: str = ""
 
 
+@_wire("playback_applied")
+@_events
+class PlaybackApplied(Event):
+    """Half-duplex: the answer to :meth:`HalfDuplex.report_playback`. The
+    model's context now holds ``heard_text`` of that answer (``context`` is
+    ``cut``), or all of it (``unchanged``: all was heard, or the engine cannot
+    roll its context back)."""
+
+    turn_index: int
+    played_ms: int = 0
+    heard_text: str = ""
+    context: str = "unchanged"
+
+
 # --- duplex ----------------------------------------------------------------------------
 
 
@@ -393,6 +407,22 @@ def _output_delta(data: dict[str, Any]) -> Event:
 
 
 _EVENTS["response.output.delta"] = _output_delta
+
+
+@_wire("session.resumed")
+@_events
+class SessionResumed(Event):
+    """The connection dropped and the client resumed the session on a new one
+    (``docs/resume.md``): ``replayed`` events it missed follow, ``events_lost``
+    were beyond the server's replay log, and the server received no input for
+    ``input_gap_ms``."""
+
+    session_id: str
+    resume_token: str
+    last_seq: int = 0
+    replayed: int = 0
+    events_lost: int = 0
+    input_gap_ms: int = 0
 
 
 @_events

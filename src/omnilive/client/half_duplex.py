@@ -28,6 +28,7 @@ from omnilive.protocol.half_duplex import (
     AudioChunk,
     HalfDuplexConfig,
     HalfDuplexGeneration,
+    Playback,
     Prepare,
     SessionSettings,
     Stop,
@@ -104,6 +105,13 @@ class HalfDuplex(PreparedSession):
             self.answering = True
         elif isinstance(event, TurnDone):
             self.answering = False
+
+    async def report_playback(self, turn_index: int, played_ms: float) -> None:
+        """Say how much of answer ``turn_index`` the user heard (e.g. playback
+        was stopped when they interrupted): the model's context keeps only
+        that part. Answered by a :class:`PlaybackApplied` event."""
+        message = {"type": "playback", "turn_index": turn_index, "played_ms": played_ms}
+        await self._send(build(Playback, **message))
 
     async def send(self, audio: np.ndarray) -> None:
         """Audio as it comes (16 kHz mono float32, any length). What is sent while

@@ -29,6 +29,7 @@ from omnilive.client.events import (
     QueueDone,
     QueueUpdate,
     ServerError,
+    SessionResumed,
     UnknownEvent,
     parse_event,
 )
@@ -95,7 +96,7 @@ class QueueStatus:
 
 
 _QUEUE_EVENTS = (Queued, QueueUpdate, QueueDone)
-_ANY_TIME = (ServerError, UnknownEvent)
+_ANY_TIME = (ServerError, UnknownEvent, SessionResumed)
 
 
 @dataclass

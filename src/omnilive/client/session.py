@@ -29,8 +29,13 @@ from websockets.exceptions import ConnectionClosed
 
 from omnilive.client.audio import encode_pcm
 from omnilive.client.buffer import DEFAULT_CAPACITY, EventBuffer
-from omnilive.client.connection import DEFAULT_URL, Credentials, open_socket
-from omnilive.client.errors import OmniliveError, ProtocolViolationError, SessionClosedError
+from omnilive.client.connection import DEFAULT_URL, Credentials, open_socket, with_query
+from omnilive.client.errors import (
+    ConnectionFailedError,
+    OmniliveError,
+    ProtocolViolationError,
+    SessionClosedError,
+)
 from omnilive.client.events import Event, Prepared, SessionTimeout, Stopped
 from omnilive.client.machine import (
     Action,
@@ -46,6 +51,11 @@ from omnilive.client.machine import (
 
 E = TypeVar("E", bound=Event)
 STOP_TIMEOUT_S = 10.0
+# Resuming after a dropped connection (docs/resume.md): the first retry, and
+# the longest wait between two; retries stop at the server's grace period.
+RESUME_FIRST_RETRY_S = 0.2
+RESUME_MAX_RETRY_S = 4.0
+ABNORMAL_CLOSE = 1006  # no close frame: the network dropped, nobody ended the session
 
 
 def build(model: type[BaseModel], **fields: Any) -> dict[str, Any]:
@@ -127,6 +137,13 @@ class Session(abc.ABC):
         self._settled = asyncio.Event()  # ready, or ended before it
         self._closed = asyncio.Event()
         self._ready_event: Event | None = None
+        # Resume: the server's token, its grace period, the last event received.
+        self._resume_token: str | None = None
+        self._resume_grace_s = 0.0
+        self._last_seq = 0
+        self._resuming = False
+        self.resumes = 0  # connections resumed after a drop
+        self.input_dropped = 0  # messages sent while the connection was down (lost)
 
     # --- what a mode defines ------------------------------------------------------------
 
@@ -172,7 +189,8 @@ class Session(abc.ABC):
         if self._ws is not None:
             raise SessionClosedError("a session is opened once")
         self.machine.configure = self._configure_message()
-        self._ws = await open_socket(self._socket_url(), self.credentials, self._ssl)
+        url = with_query(self._socket_url(), seq="1")  # numbered events: resumable
+        self._ws = await open_socket(url, self.credentials, self._ssl)
         opening = self.machine.opened()  # before the reader sees the server's first word
         self._reader = asyncio.create_task(self._read(self._ws), name=f"{self._name()}:reader")
         await self._apply(opening)
@@ -235,6 +253,9 @@ class Session(abc.ABC):
         try:
             await self._ws.send(json.dumps(message))
         except ConnectionClosed:
+            if self._resuming or self._ws.close_code in (None, ABNORMAL_CLOSE):
+                self.input_dropped += 1  # sent into a dead socket: lost, as the server says
+                return
             raise self.machine.outcome or SessionClosedError("the session has ended") from None
 
     async def stop(self, timeout: float = STOP_TIMEOUT_S) -> Event | None:
@@ -272,6 +293,62 @@ class Session(abc.ABC):
     async def _read(self, ws: ClientConnection) -> None:
         failed = False
         try:
+            while True:
+                failed = await self._read_socket(ws, failed)
+                resumed = None if failed else await self._resume(ws)
+                if resumed is None:
+                    break
+                ws = resumed
+        finally:
+            outcome = self.machine.closed(ws.close_code, ws.close_reason or "")
+            self._buffer.end(outcome)
+            self._settled.set()
+            self._closed.set()
+
+    def _note(self, data: dict[str, Any]) -> None:
+        """What resuming needs of a server message: its number, the token."""
+        seq = data.get("seq")
+        if isinstance(seq, int):
+            self._last_seq = seq
+        token = data.get("resume_token")
+        if isinstance(token, str) and (self._resume_token is None or "seq" not in data):
+            self._resume_token = token  # the first event's, then each session.resumed's
+            grace = data.get("resume_grace_s")
+            if isinstance(grace, int | float):
+                self._resume_grace_s = float(grace)
+
+    async def _resume(self, ws: ClientConnection) -> ClientConnection | None:
+        """After a drop (no close frame), a new socket that resumes the
+        session, retried with backoff within the server's grace period; None
+        when the session cannot be resumed."""
+        live = self.machine.state not in (SessionState.CLOSING, SessionState.CLOSED)
+        if not (live and self._resume_token and ws.close_code in (None, ABNORMAL_CLOSE)):
+            return None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._resume_grace_s
+        delay = RESUME_FIRST_RETRY_S
+        self._resuming = True
+        try:
+            while (left := deadline - loop.time()) > 0:
+                last = str(self._last_seq)
+                url = with_query(self._socket_url(), resume_token=self._resume_token, last_seq=last)
+                try:
+                    self._ws = await open_socket(url, self.credentials, self._ssl, min(left, 10.0))
+                except ConnectionFailedError:
+                    await asyncio.sleep(min(delay, max(left, 0.0)))
+                    delay = min(2 * delay, RESUME_MAX_RETRY_S)
+                    continue
+                except OmniliveError:
+                    return None
+                self.resumes += 1
+                return self._ws
+            return None
+        finally:
+            self._resuming = False
+
+    async def _read_socket(self, ws: ClientConnection, failed: bool) -> bool:
+        """Every message of one socket; True once the session failed."""
+        try:
             async for raw in ws:
                 if failed:
                     continue  # drain until the close completes
@@ -279,6 +356,7 @@ class Session(abc.ABC):
                     data = json.loads(raw)
                     if not isinstance(data, dict):
                         raise ProtocolViolationError("a server message is a JSON object")
+                    self._note(data)
                     actions = self.machine.received(data)
                 except (ValueError, ProtocolViolationError) as exc:
                     error = (
@@ -290,11 +368,7 @@ class Session(abc.ABC):
                 await self._apply(actions)
         except ConnectionClosed:
             pass
-        finally:
-            outcome = self.machine.closed(ws.close_code, ws.close_reason or "")
-            self._buffer.end(outcome)
-            self._settled.set()
-            self._closed.set()
+        return failed
 
     async def _apply(self, actions: list[Action]) -> None:
         assert self._ws is not None

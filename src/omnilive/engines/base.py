@@ -333,6 +333,12 @@ class HalfDuplexSession(abc.ABC):
         work; otherwise the engine must discard it.
         """
 
+    def keep_heard(self, text: str) -> bool:
+        """Cut the last answer in the context to ``text``, the part the user
+        heard (docs/resume.md); False when the engine cannot roll its context
+        back (it then keeps the whole answer)."""
+        return False
+
     @abc.abstractmethod
     def snapshot(self) -> None:
         """Remember the context as it is now (before a turn)."""

@@ -189,6 +189,7 @@ class ScriptedHalfDuplex(HalfDuplexSession):
         self._history: list[ChatMessage] = []
         self._answer_text: str | None = None  # respond(): answer the history
         self._tools = Tools()
+        self._heard: str | None = None  # keep_heard(): what was heard of the last answer
 
     def prepare(self, system: list[Part], options: HalfDuplexOptions) -> int:
         text = " ".join(p.text for p in system if isinstance(p, TextPart))
@@ -219,6 +220,10 @@ class ScriptedHalfDuplex(HalfDuplexSession):
 
     def set_options(self, options: HalfDuplexOptions) -> None:
         self._options = options
+
+    def keep_heard(self, text: str) -> bool:
+        self._heard = text
+        return True
 
     def respond(self, instructions: str | None = None) -> None:
         last = next((m for m in reversed(self._history) if m.role in ("user", "tool")), None)
@@ -262,8 +267,11 @@ class ScriptedHalfDuplex(HalfDuplexSession):
         heard, self._pending = self._pending, None
         turn, self._turn_index = self._turn_index, self._turn_index + 1
         earlier = ", ".join(f"{d:.2f}" for d in self._turns) or "none"
+        # What the user heard of the last answer, where a playback report cut it.
+        cut = f"; last answer heard: {self._heard!r}" if self._heard is not None else ""
+        self._heard = None
         answer = (
-            f"Turn {len(self._turns)}: heard {heard:.2f} s; earlier turns: {earlier}"
+            f"Turn {len(self._turns)}: heard {heard:.2f} s; earlier turns: {earlier}{cut}"
             f"{describe_voice(self._options.voice)}."
         )
         self._turns.append(heard)

@@ -40,6 +40,7 @@ from omnilive.gateway.credentials import (
 )
 from omnilive.gateway.http_errors import error_body
 from omnilive.gateway.limits import KeyLimiter, Refusal
+from omnilive.gateway.resume import RESUME_SUBPROTOCOLS, TOKEN_PARAM, asks_resume
 from omnilive.protocol.common import ErrorCode
 
 log = logging.getLogger(__name__)
@@ -245,10 +246,14 @@ class AuthMiddleware:
             return
         websocket = scope["type"] == "websocket"
         query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
-        if "token" in query:
+        if "token" in query or TOKEN_PARAM in query:
             # Keep client tokens out of access logs: uvicorn logs this very
-            # scope's query string (routes never read the token).
-            rest = {name: value for name, value in query.items() if name != "token"}
+            # scope's query string (routes never read the client token; a
+            # resume token is read back from the scope's state).
+            if TOKEN_PARAM in query:
+                scope.setdefault("state", {})[TOKEN_PARAM] = query[TOKEN_PARAM]
+            secret = ("token", TOKEN_PARAM)
+            rest = {name: value for name, value in query.items() if name not in secret}
             scope["query_string"] = urlencode(rest).encode("latin-1")
         request = AccessRequest(
             method=WS if websocket else scope["method"],
@@ -270,7 +275,9 @@ class AuthMiddleware:
             return
         scope[PRINCIPAL_KEY] = principal
         limiter = self.gatekeeper.limiter
-        if not rule.opens_session or self.gatekeeper.open:
+        # A resume continues a session that holds its place already.
+        resuming = websocket and asks_resume(query, request.subprotocols)
+        if not rule.opens_session or self.gatekeeper.open or resuming:
             await self.app(scope, receive, send)
             return
         refusal = limiter.open_session(principal)
@@ -318,7 +325,8 @@ def choose_subprotocol(offered: tuple[str, ...]) -> str | None:
     for known in (REALTIME_SUBPROTOCOL, OPENAI_SUBPROTOCOL, SUBPROTOCOL):
         if known in offered:
             return known
-    return next((p for p in offered if p.startswith(CREDENTIAL_SUBPROTOCOLS)), None)
+    credentials = (*CREDENTIAL_SUBPROTOCOLS, *RESUME_SUBPROTOCOLS)
+    return next((p for p in offered if p.startswith(credentials)), None)
 
 
 def _choosing_subprotocol(send: Send, offered: tuple[str, ...]) -> Send:

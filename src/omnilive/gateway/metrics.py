@@ -173,9 +173,16 @@ class GatewayMetrics:
             ("mode", "stage"),
         )
 
+        self.resumes = CounterFamily(
+            "omnilive_resumes_total",
+            "Connections that asked to resume a suspended session, by outcome (resumed, refused).",
+            ("outcome",),
+        )
+
     def families(self) -> list[CounterFamily | HistogramFamily]:
         return [
             self.sessions_opened,
+            self.resumes,
             self.errors,
             self.http_responses,
             self.messages,
@@ -250,5 +257,10 @@ def _state_gauges(gateway: Gateway) -> list[str]:
         "omnilive_sessions",
         "Sessions being served or queued, by mode.",
         [(_labels(("mode",), (mode,)), count) for mode, count in sorted(sessions.items())],
+    )
+    lines += _gauge(
+        "omnilive_sessions_suspended",
+        "Sessions whose client connection dropped, held for a resume.",
+        [("", gateway.sessions.suspended())],
     )
     return lines

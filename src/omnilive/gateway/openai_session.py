@@ -43,9 +43,8 @@ class OpenAIRealtimeConnection(RealtimeIO):
     def client_frame(self, raw: str | bytes) -> list[Any]:
         return self.machine.client_frame(raw)
 
-    async def run(self) -> None:
+    async def opened(self) -> None:
         await self.apply(self.machine.created())
-        await super().run()
 
     async def refuse(self, code: RealtimeErrorCode, message: str) -> None:
         with contextlib.suppress(WebSocketDisconnect, OSError, RuntimeError):

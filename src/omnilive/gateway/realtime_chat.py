@@ -42,6 +42,8 @@ WATCH_INTERVAL_S = 0.25
 
 
 class RealtimeChatConnection(RealtimeIO):
+    resumable = False  # turn-based over a request each: nothing to hold (docs/resume.md)
+
     def __init__(self, gateway: Gateway, ws: WebSocket) -> None:
         super().__init__(gateway, ws)
         self.machine = RealtimeChatMachine(

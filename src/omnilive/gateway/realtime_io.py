@@ -19,10 +19,13 @@ from fastapi import WebSocket
 from starlette.websockets import WebSocketDisconnect
 
 from omnilive.gateway.app_gate import CLOSE_POLICY_VIOLATION
+from omnilive.gateway.auth import principal_of
+from omnilive.gateway.client_channel import ClientChannel
 from omnilive.gateway.client_ws import CLOSE_TRY_AGAIN, close_quietly, send_json
 from omnilive.gateway.lifecycle import Ending
 from omnilive.gateway.realtime_machine import Close, ToClient, ToWorker
 from omnilive.gateway.registry import ActiveSession
+from omnilive.gateway.resume_link import client_channel
 from omnilive.gateway.session_link import (
     ServerShutdown,
     SessionLink,
@@ -33,7 +36,6 @@ from omnilive.gateway.session_link import ToClient as RelayToClient
 from omnilive.gateway.state import Gateway
 from omnilive.logs import bind_session
 from omnilive.protocol.realtime import CloseReason, RealtimeErrorCode, error_event
-from omnilive.wsutil import frames_of
 
 
 class SessionDone(Exception):
@@ -45,10 +47,12 @@ class RealtimeIO(abc.ABC):
 
     machine: Any  # the protocol's machine: session_id, task_type, queue_event, end
     limit_s: float
+    resumable = True  # a dropped connection suspends the session (docs/resume.md)
 
     def __init__(self, gateway: Gateway, ws: WebSocket) -> None:
         self.gateway = gateway
-        self.ws = ws
+        # The client: its socket until run() opens the session's channel.
+        self.ws: WebSocket | ClientChannel = ws
         self.worker: WorkerLink | None = None  # the session's socket to its worker, once open
 
     @abc.abstractmethod
@@ -81,8 +85,10 @@ class RealtimeIO(abc.ABC):
                 await self.apply(self.machine.attach_worker())
                 name = f"{self.machine.session_id}:from-worker"
                 relay = asyncio.create_task(worker.relay(to_client), name=name)
+                self._channel().set_resumable(True)
                 return await self.while_reading(relay)
             finally:
+                self._channel().set_resumable(False)
                 self.worker = None
 
     # --- actions -------------------------------------------------------------------
@@ -126,18 +132,33 @@ class RealtimeIO(abc.ABC):
 
     # --- the session ---------------------------------------------------------------------
 
+    async def opened(self) -> None:
+        """What the dialect sends first, before the session queues (the
+        MiniCPM-o dialects: nothing; their first event is a queue event)."""
+        return None
+
+    def _channel(self) -> ClientChannel:
+        assert isinstance(self.ws, ClientChannel), "run() first"
+        return self.ws
+
     async def run(self) -> None:
         bind_session(self.machine.session_id)
-        session = ActiveSession(self.machine.session_id, self.machine.task_type)
-        async with gateway_session(self.gateway, session, self.tell, self.ws) as link:
-            try:
-                async with asyncio.timeout(self.limit_s):
-                    await self._serve(link)
-            except TimeoutError:
-                await self.end(CloseReason.TIMEOUT)
-                link.end(Ending.DONE)
-            except SessionDone:  # the machine closed it: the protocol's own end
-                link.end(Ending.DONE)
+        owner = principal_of(self.ws).key_id
+        session = ActiveSession(self.machine.session_id, self.machine.task_type, owner=owner)
+        ws = self.ws
+        assert not isinstance(ws, ClientChannel)
+        async with client_channel(self.gateway, ws, session, "realtime", self.resumable) as channel:
+            self.ws = channel
+            await self.opened()
+            async with gateway_session(self.gateway, session, self.tell, channel) as link:
+                try:
+                    async with asyncio.timeout(self.limit_s):
+                        await self._serve(link)
+                except TimeoutError:
+                    await self.end(CloseReason.TIMEOUT)
+                    link.end(Ending.DONE)
+                except SessionDone:  # the machine closed it: the protocol's own end
+                    link.end(Ending.DONE)
 
     async def _serve(self, link: SessionLink) -> None:
         if not link.submit():
@@ -176,7 +197,7 @@ class RealtimeIO(abc.ABC):
         return None
 
     async def _read_client(self) -> None:
-        async for raw in frames_of(self.ws):
+        async for raw in self._channel().frames():
             await self.apply(self.client_frame(raw))
 
 

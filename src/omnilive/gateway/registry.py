@@ -26,6 +26,9 @@ class ActiveSession:
     # The API key that opened it (its fingerprint): only it, or an admin, may
     # control the session over REST.
     owner: str | None = None
+    # Its client connection dropped and it waits for a resume (docs/resume.md).
+    suspended: bool = False
+    recording_id: str | None = None  # its worker's recording, once a message named it
 
     async def send_control(self, message: dict[str, Any]) -> bool:
         """Inject a control message (e.g. a REST stop) into the worker session."""
@@ -62,6 +65,9 @@ class SessionRegistry:
 
     def count(self) -> int:
         return len(self._sessions)
+
+    def suspended(self) -> int:
+        return sum(1 for session in self._sessions.values() if session.suspended)
 
     def by_kind(self) -> dict[str, int]:
         counts: dict[str, int] = {}

@@ -105,6 +105,7 @@ class WorkerLink:
 
         def observe(envelope: Envelope) -> None:
             self._session.lifecycle.note_recording(envelope.recording_id)
+            self._session.session.recording_id = self._session.lifecycle.recording_id
             envelopes[:] = [envelope]
 
         async def forward(payload: str) -> None:

@@ -18,10 +18,13 @@ from omnilive.apps import app_of
 from omnilive.config import RequestType
 from omnilive.gateway.app_gate import CLOSE_POLICY_VIOLATION, require_enabled
 from omnilive.gateway.auth import principal_of
+from omnilive.gateway.client_channel import ClientChannel
 from omnilive.gateway.client_ws import CLOSE_TRY_AGAIN, close_quietly, fail, send_json
 from omnilive.gateway.lifecycle import Ending
 from omnilive.gateway.limits import check_message
 from omnilive.gateway.registry import ActiveSession
+from omnilive.gateway.resume_link import CLOSE_POLICY_VIOLATION as CLOSE_REFUSED
+from omnilive.gateway.resume_link import client_channel, serve_resume
 from omnilive.gateway.session_link import (
     SessionLink,
     Tell,
@@ -33,7 +36,7 @@ from omnilive.gateway.state import Gateway
 from omnilive.ids import is_safe_id
 from omnilive.logs import bind_session
 from omnilive.protocol.common import ErrorCode, ProtocolError, error_message
-from omnilive.wsutil import frames_of, race
+from omnilive.wsutil import race
 
 # Validates one client frame; returns the typed message (it has a ``type``).
 Validator = Callable[[str | bytes], Any]
@@ -56,7 +59,7 @@ _TOLD = {
 }
 
 
-def tell_plain(ws: WebSocket) -> Tell:
+def tell_plain(ws: WebSocket | ClientChannel) -> Tell:
     """``tell`` for the chat, half-duplex and duplex protocols. A busy worker
     already sent the client its error; the socket just closes."""
 
@@ -78,8 +81,16 @@ async def serve_session(
     on_message: MessageHook | None = None,
     early_types: tuple[str, ...] = ("prepare",),
 ) -> None:
-    """Queue (always ending with ``queue_done``), then relay until either side ends."""
+    """Queue (always ending with ``queue_done``), then relay until either
+    side ends; or, for a connection with a resume token, resume a session."""
     await ws.accept()
+
+    async def refuse(exc: ProtocolError) -> None:
+        await fail(ws, exc.message, exc.code, CLOSE_REFUSED)
+
+    route = "half_duplex" if kind == "half_duplex" else "duplex"
+    if await serve_resume(gateway, ws, route, refuse):
+        return
     if not is_safe_id(session_id):
         await fail(ws, "session id must be 1-128 of A-Z a-z 0-9 _ -", ErrorCode.INVALID_REQUEST)
         return
@@ -97,20 +108,21 @@ async def serve_session(
         if on_message is not None:
             on_message(session, message)
 
-    try:
-        async with gateway_session(gateway, session, tell_plain(ws), ws) as link:
-            require_enabled(ws, app_of(kind))
-            if link.submit():
-                await _serve(link, ws, checked, observe, early_types)
-    except ProtocolError as exc:  # the session id is in use
-        await fail(ws, exc.message, exc.code)
-        return
-    await close_quietly(ws)
+    async with client_channel(gateway, ws, session, route) as channel:
+        try:
+            async with gateway_session(gateway, session, tell_plain(channel), channel) as link:
+                require_enabled(ws, app_of(kind))
+                if link.submit():
+                    await _serve(link, channel, checked, observe, early_types)
+        except ProtocolError as exc:  # the session id is in use
+            await fail(channel, exc.message, exc.code)
+            return
+        await close_quietly(channel)
 
 
 async def _serve(
     link: SessionLink,
-    ws: WebSocket,
+    ws: ClientChannel,
     validate: Validator,
     observe: Callable[[Any], None],
     early_types: tuple[str, ...],
@@ -133,12 +145,12 @@ async def _serve(
 
 
 async def _valid_messages(
-    ws: WebSocket, validate: Validator
+    ws: ClientChannel, validate: Validator
 ) -> AsyncIterator[tuple[str | bytes, Any]]:
-    """Each client frame with its typed message. A frame that fails
-    ``validate`` is answered with its error and skipped: a bad message does
-    not end the session."""
-    async for raw in frames_of(ws):
+    """Each client frame with its typed message, across resumes. A frame
+    that fails ``validate`` is answered with its error and skipped: a bad
+    message does not end the session."""
+    async for raw in ws.frames():
         try:
             message = validate(raw)
         except ProtocolError as exc:
@@ -167,7 +179,7 @@ class _Early:
 
 
 async def _hold_while_queued(
-    ws: WebSocket, validate: Validator, observe: Callable[[Any], None], early: _Early
+    ws: ClientChannel, validate: Validator, observe: Callable[[Any], None], early: _Early
 ) -> None:
     """While queued: keep the newest early message for the worker and refuse
     everything else with ``not_ready``; once served, keep everything."""
@@ -183,7 +195,7 @@ async def _hold_while_queued(
 
 
 async def _forward_client(
-    ws: WebSocket, worker: WorkerLink, validate: Validator, observe: Callable[[Any], None]
+    ws: ClientChannel, worker: WorkerLink, validate: Validator, observe: Callable[[Any], None]
 ) -> None:
     async for raw, message in _valid_messages(ws, validate):
         observe(message)  # may raise AppDisabled: the session ends
@@ -192,7 +204,7 @@ async def _forward_client(
 
 async def _relay(
     link: SessionLink,
-    ws: WebSocket,
+    ws: ClientChannel,
     worker: WorkerLink,
     validate: Validator,
     observe: Callable[[Any], None],
@@ -211,9 +223,11 @@ async def _relay(
     name = link.session.session_id
     down = asyncio.create_task(worker.relay(to_client), name=f"{name}:from-worker")
     up = asyncio.create_task(from_client(), name=f"{name}:from-client")
+    ws.set_resumable(True)  # a dropped client now suspends the session
     try:
         done, _ = await asyncio.wait([down, up], return_when="FIRST_COMPLETED")
     finally:
+        ws.set_resumable(False)
         for task in (up, down):
             task.cancel()
         await asyncio.gather(up, down, return_exceptions=True)

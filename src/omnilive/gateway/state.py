@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi import Request, WebSocket
 
@@ -14,6 +15,7 @@ from omnilive.engines.base import Capabilities
 from omnilive.gateway.links import WorkerLink
 from omnilive.gateway.pool import PoolFace
 from omnilive.gateway.registry import SessionRegistry
+from omnilive.gateway.resume import ResumeTable
 from omnilive.gateway.scheduler import WorkerHealth
 from omnilive.gateway.supervisor import Supervisor
 
@@ -24,6 +26,8 @@ class Gateway:
     pool: PoolFace
     links: dict[str, WorkerLink] = field(default_factory=dict)
     sessions: SessionRegistry = field(default_factory=SessionRegistry)
+    # Resume tokens of the streaming sessions (``client_channel.ClientChannel``).
+    resumes: ResumeTable[Any] = field(default_factory=ResumeTable)
     supervisor: Supervisor | None = None
     started_at: float = field(default_factory=time.time)
     # Set when a graceful shutdown begins: sessions end with their protocol's

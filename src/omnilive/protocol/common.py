@@ -33,6 +33,7 @@ class ErrorCode(StrEnum):
     CANCELLED = "cancelled"
     APP_DISABLED = "app_disabled"
     SERVER_SHUTDOWN = "server_shutdown"
+    RESUME_REFUSED = "resume_refused"  # a bad, expired, used or foreign resume token
     # Refusals of the gateway's access control (HTTP answers, before any protocol):
     UNAUTHORIZED = "unauthorized"
     FORBIDDEN = "forbidden"

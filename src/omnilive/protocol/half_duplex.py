@@ -86,8 +86,19 @@ class Stop(BaseModel):
     type: Literal["stop"]
 
 
-ClientMessage = Annotated[Prepare | AudioChunk | Stop, Field(discriminator="type")]
-CLIENT_TYPES = ("prepare", "audio_chunk", "stop")
+class Playback(BaseModel):
+    """How much of an answer the client played: when it stopped early (the
+    user interrupted), the model's context keeps only the heard part
+    (docs/resume.md)."""
+
+    model_config = _MODEL
+    type: Literal["playback"]
+    turn_index: int = Field(ge=0)
+    played_ms: float = Field(ge=0)
+
+
+ClientMessage = Annotated[Prepare | AudioChunk | Stop | Playback, Field(discriminator="type")]
+CLIENT_TYPES = ("prepare", "audio_chunk", "stop", "playback")
 client_message = TypeAdapter(ClientMessage)
 
 
@@ -116,6 +127,21 @@ def generating_message(speech_duration_ms: float) -> dict[str, Any]:
 
 def turn_done_message(turn_index: int, text: str) -> dict[str, Any]:
     return {"type": "turn_done", "turn_index": turn_index, "text": text}
+
+
+def playback_applied_message(
+    turn_index: int, played_ms: float, heard_text: str, cut: bool
+) -> dict[str, Any]:
+    """The answer to ``playback``: what the context now holds of that answer
+    (``context``: ``cut`` to the heard text, or ``unchanged``: all of it was
+    heard, or the engine cannot roll its context back)."""
+    return {
+        "type": "playback_applied",
+        "turn_index": turn_index,
+        "played_ms": round(played_ms),
+        "heard_text": heard_text,
+        "context": "cut" if cut else "unchanged",
+    }
 
 
 def timeout_message(elapsed_s: float) -> dict[str, Any]:

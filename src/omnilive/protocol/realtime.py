@@ -37,6 +37,7 @@ class RealtimeErrorCode(StrEnum):
     WORKER_CONNECT_FAILED = "worker_connect_failed"
     INFERENCE_ERROR = "inference_error"
     APP_DISABLED = "app_disabled"
+    RESUME_REFUSED = "resume_refused"
 
 
 CLIENT_ERRORS = {
@@ -46,6 +47,7 @@ CLIENT_ERRORS = {
     RealtimeErrorCode.INVALID_PAYLOAD,
     RealtimeErrorCode.PAYLOAD_TOO_LARGE,
     RealtimeErrorCode.APP_DISABLED,
+    RealtimeErrorCode.RESUME_REFUSED,
 }
 
 

@@ -231,6 +231,22 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
     def transcript(self) -> str | None:
         return self.stats.transcript
 
+    def keep_heard(self, text: str) -> bool:
+        """The last answer in the history becomes what the user heard of it
+        (none of it: the answer leaves the history)."""
+        self._cancel_early(wait=True)  # it was started from the whole answer
+        if self._speaking is not None:
+            self._end_answer(self._speaking)
+        with self._lock:
+            turns = self._conversation.turns
+            if not turns or turns[-1].role != "assistant":
+                return False
+            if text.strip():
+                turns[-1] = Message("assistant", text.strip())
+            else:
+                turns.pop()
+        return True
+
     def set_history(self, messages: list[ChatMessage]) -> None:
         self._cancel_early(wait=True)  # it was started from the old history
         if self._speaking is not None:

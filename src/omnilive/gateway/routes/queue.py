@@ -12,7 +12,7 @@ from omnilive.clock import iso
 from omnilive.config import reference_name
 from omnilive.gateway.http_body import json_body
 from omnilive.gateway.http_errors import error_body
-from omnilive.gateway.state import gateway_of
+from omnilive.gateway.state import Gateway, gateway_of
 
 router = APIRouter()
 
@@ -47,14 +47,21 @@ def shown(item: dict[str, Any]) -> dict[str, Any]:
     return shown
 
 
+def suspension(gateway: Gateway, task: dict[str, Any]) -> dict[str, Any]:
+    """A running task with ``suspended``: its client dropped, it waits for a resume."""
+    session = gateway.sessions.get(str(task.get("session_id")))
+    return {**task, "suspended": session is not None and session.suspended}
+
+
 @router.get("/api/queue")
 async def queue(request: Request) -> dict[str, Any]:
-    scheduler = gateway_of(request).pool.scheduler
+    gateway = gateway_of(request)
+    scheduler = gateway.pool.scheduler
     return {
         "queue_length": len(scheduler.queue),
         "max_queue_size": scheduler.max_queue_size,
         "items": [shown(item) for item in scheduler.snapshot()],
-        "running_tasks": [shown(task) for task in scheduler.running()],
+        "running_tasks": [suspension(gateway, shown(t)) for t in scheduler.running()],
     }
 
 

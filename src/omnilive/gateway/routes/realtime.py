@@ -20,7 +20,9 @@ from omnilive.gateway.client_ws import close_quietly, send_json
 from omnilive.gateway.openai_session import OpenAIRealtimeConnection
 from omnilive.gateway.realtime_chat import RealtimeChatConnection
 from omnilive.gateway.realtime_session import RealtimeConnection
+from omnilive.gateway.resume_link import serve_resume
 from omnilive.gateway.state import gateway_of
+from omnilive.protocol.common import ProtocolError
 from omnilive.protocol.openai_realtime import DEFAULT_MODEL
 from omnilive.protocol.openai_realtime import error_event as openai_error_event
 from omnilive.protocol.realtime import RealtimeErrorCode, error_event
@@ -34,7 +36,18 @@ async def realtime_ws(ws: WebSocket, mode: str | None = None, model: str | None 
     beside ``mode``) is ignored: one model serves."""
     gateway = gateway_of(ws)
     await ws.accept()
-    if speaks_openai(ws, mode, model):
+    openai = speaks_openai(ws, mode, model)
+
+    async def refuse(exc: ProtocolError) -> None:
+        if openai:
+            await send_json(ws, openai_error_event(str(exc.code), exc.message))
+        else:
+            await send_json(ws, error_event(RealtimeErrorCode.RESUME_REFUSED, exc.message))
+        await close_quietly(ws, CLOSE_POLICY_VIOLATION)
+
+    if await serve_resume(gateway, ws, "realtime", refuse):
+        return
+    if openai:
         await _open_openai(ws, model or DEFAULT_MODEL)
         return
     mode = mode or "video"

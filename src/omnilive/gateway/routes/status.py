@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 
 from omnilive.clock import iso_or_none
 from omnilive.config import reference_name
-from omnilive.gateway.routes.queue import shown
+from omnilive.gateway.routes.queue import shown, suspension
 from omnilive.gateway.scheduler import WorkerHealth
 from omnilive.gateway.state import gateway_of
 
@@ -59,7 +59,9 @@ async def status(request: Request) -> JSONResponse:
         },
         "queue_length": len(scheduler.queue),
         "max_queue_size": scheduler.max_queue_size,
-        "running_tasks": [shown(task) for task in scheduler.running()],
+        "running_tasks": [suspension(gateway, shown(task)) for task in scheduler.running()],
+        # Sessions whose client dropped, held for a resume (docs/resume.md).
+        "suspended_sessions": gateway.sessions.suspended(),
         "uptime_s": round(time.time() - gateway.started_at, 1),
     }
     return JSONResponse(body, status_code=200 if ready else 503)

@@ -36,10 +36,12 @@ from omnilive.protocol.half_duplex import (
     CLIENT_TYPES,
     STOPPED,
     AudioChunk,
+    Playback,
     Prepare,
     Stop,
     client_message,
     generating_message,
+    playback_applied_message,
     prepared_message,
     timeout_message,
     turn_done_message,
@@ -62,6 +64,7 @@ from omnilive.vad import (
     VadConfig,
 )
 from omnilive.worker.decode import DecodeError, load_stored_voice
+from omnilive.worker.heard import SpokenAnswer, heard_text
 from omnilive.worker.machines.half_duplex import HalfDuplexMachine
 from omnilive.worker.machines.session import Ended
 from omnilive.worker.runners.hearing import EarlyHearing, judged_end, with_turn_checks
@@ -116,6 +119,7 @@ class HalfDuplexRunner(StreamingRunner):
         self.ignored_chunks = 0  # audio that arrived while answering (echo risk)
         self._turn: asyncio.Task[None] | None = None
         self.recorder: TurnRecorder | None = None
+        self.last_answer: SpokenAnswer | None = None  # for a playback report
 
     # --- the session's tasks ----------------------------------------------------
 
@@ -153,11 +157,13 @@ class HalfDuplexRunner(StreamingRunner):
                 await self._handle(message)
         self.machine.disconnected()
 
-    async def _handle(self, message: Prepare | AudioChunk) -> None:
+    async def _handle(self, message: Prepare | AudioChunk | Playback) -> None:
         try:
             if isinstance(message, Prepare):
                 self.machine.prepare()
                 self._preparing = self.spawn("prepare", self._prepare(message))
+            elif isinstance(message, Playback):
+                await self._playback(message)
             else:
                 await self._audio(message)
         except ProtocolError as exc:
@@ -276,6 +282,26 @@ class HalfDuplexRunner(StreamingRunner):
         if vad.speaking:
             self.hearing.want(vad.speech_so_far, vad.paused)
 
+    async def _playback(self, message: Playback) -> None:
+        """The client played only ``played_ms`` of the last answer: the
+        context keeps the part that was heard (where the engine can cut it)."""
+        self.machine.require_prepared("playback")
+        answer = self.last_answer
+        if answer is None or answer.turn_index != message.turn_index:
+            last = "none" if answer is None else str(answer.turn_index)
+            message_text = f"playback reports the last answered turn (now {last})"
+            raise ProtocolError(ErrorCode.INVALID_REQUEST, message_text)
+        if self._turn is not None and not self._turn.done():
+            raise ProtocolError(ErrorCode.NOT_READY, "a turn is being answered")
+        heard = heard_text(answer.chunks, message.played_ms)
+        cut = False
+        if message.played_ms < answer.audio_ms:
+            cut = await self.runtime.step(self.record, self.session.keep_heard, heard)
+            self.last_answer = None  # cut once
+        else:
+            heard = answer.text
+        await self.send(playback_applied_message(answer.turn_index, message.played_ms, heard, cut))
+
     async def _speech_ended(self, event: SpeechEnded) -> None:
         await self.send(vad_state_message(False))
         await self.send(generating_message(event.speech_ms))
@@ -301,6 +327,8 @@ class HalfDuplexRunner(StreamingRunner):
         record = self.record
         started = time.perf_counter()
         output = TurnOutput()
+        spoken = SpokenAnswer(self.turns)
+        self.last_answer = None
         timing: dict[str, float] = {}
         status: TurnStatus = "interrupted"  # until it completes or fails
         failure: str | None = None
@@ -313,11 +341,13 @@ class HalfDuplexRunner(StreamingRunner):
                 audio = pcm_to_b64(chunk.audio) if chunk.audio is not None else None
                 await self.send(chunk_message(chunk.text, audio))
                 output.add(chunk.text, chunk.audio, time.time())
+                spoken.add(chunk.text, chunk.audio.size if chunk.audio is not None else 0)
             timing["first_chunk_ms"] = round(timing.get("first_chunk_ms", 0.0), 1)
             timing["total_ms"] = round((time.perf_counter() - started) * 1000, 1)
             timing.update(self.session.turn_timings)
             done = turn_done_message(self.turns, "".join(output.text))
             await self.send({**done, "timings": timing})
+            self.last_answer = spoken
             self.turns += 1
             status = "done"
         except EngineError as exc:

@@ -1,21 +1,32 @@
 // One WebSocket session with the server: JSON in and out, the queue messages
-// routed to a QueueView, everything else to the page.
+// routed to a QueueView, everything else to the page. A connection that drops
+// (no close frame) is resumed with the session's token, retried with backoff
+// within the server's grace period (docs/resume.md); the page is told by a
+// notice and hears of the close only if the resume fails.
 
+import { notify } from '../ui/nav.js';
 import { recheckAccess, socketTarget } from './api.js';
 import { t } from './i18n.js';
 
-/** A server message to the page: queue messages also to its QueueView. */
+/** A server message (JSON text, or already parsed) to the page: queue
+ * messages also to its QueueView. */
 export function deliver(data, queue, onMessage) {
-  let message;
-  try {
-    message = JSON.parse(data);
-  } catch {
-    return; // the protocols only send JSON text
+  let message = data;
+  if (typeof data === 'string') {
+    try {
+      message = JSON.parse(data);
+    } catch {
+      return; // the protocols only send JSON text
+    }
   }
   if (message.type === 'queued' || message.type === 'queue_update') queue?.update(message);
   else if (message.type === 'queue_done') queue?.done();
   onMessage(message);
 }
+
+const ABNORMAL_CLOSE = 1006;
+const FIRST_RETRY_MS = 200;
+const MAX_RETRY_MS = 4000;
 
 export class LiveSocket {
   /**
@@ -31,6 +42,11 @@ export class LiveSocket {
     this.onClose = onClose;
     this.ws = null;
     this.sent = 0;
+    this.resumeToken = null; // from the session's first message, then each session.resumed
+    this.graceMs = 0;
+    this.lastSeq = 0;
+    this.closing = false; // the page closed it: no resume
+    this.resumes = 0;
   }
 
   get open() {
@@ -57,8 +73,12 @@ export class LiveSocket {
     }
   }
 
-  async attempt() {
-    const { url, protocols } = await socketTarget(this.path, this.params);
+  async attempt(resume = false) {
+    const { url, protocols } = await socketTarget(this.path, { ...this.params, seq: '1' });
+    if (resume) {
+      if (!protocols.includes('omnilive')) protocols.unshift('omnilive');
+      protocols.push(`omnilive.resume.${this.resumeToken}`, `omnilive.last_seq.${this.lastSeq}`);
+    }
     return new Promise((resolve, reject) => {
       const ws = new WebSocket(url, protocols);
       this.ws = ws;
@@ -67,16 +87,62 @@ export class LiveSocket {
         opened = true;
         resolve(this);
       };
-      ws.onmessage = (event) => deliver(event.data, this.queue, this.onMessage);
+      ws.onmessage = (event) => {
+        let message;
+        try {
+          message = JSON.parse(event.data);
+        } catch {
+          return; // the protocols only send JSON text
+        }
+        if (message.type === 'session.resumed') {
+          this.resumeToken = message.resume_token;
+          return;
+        }
+        if (typeof message.seq === 'number') this.lastSeq = message.seq;
+        if (message.resume_token && message.seq === 1) {
+          this.resumeToken = message.resume_token;
+          this.graceMs = (message.resume_grace_s || 0) * 1000;
+        }
+        deliver(message, this.queue, this.onMessage);
+      };
       ws.onclose = (event) => {
         if (!opened) {
           reject(new Error(`connection refused (${event.code})`));
           return; // connect() may try again: the page hears of a close once it was open
         }
+        if (this.ws === ws && this.shouldResume(event)) {
+          this.resume(event);
+          return;
+        }
+        if (this.ws !== ws) return; // an old socket, taken over by a resume
         this.queue?.done();
         this.onClose(event);
       };
     });
+  }
+
+  shouldResume(event) {
+    return !this.closing && this.resumeToken !== null && event.code === ABNORMAL_CLOSE;
+  }
+
+  /** Reconnect with the token until the grace period is over; else the page hears the close. */
+  async resume(lostEvent) {
+    notify(t('live.reconnecting'), 'info');
+    const deadline = Date.now() + this.graceMs;
+    let delay = FIRST_RETRY_MS;
+    while (!this.closing && Date.now() < deadline) {
+      try {
+        await this.attempt(true);
+        this.resumes += 1;
+        notify(t('live.resumed'), 'ok');
+        return;
+      } catch {
+        await new Promise((done) => setTimeout(done, delay));
+        delay = Math.min(2 * delay, MAX_RETRY_MS);
+      }
+    }
+    this.queue?.done();
+    this.onClose(lostEvent);
   }
 
   /** Send one message; false when the connection is not open. */
@@ -93,6 +159,7 @@ export class LiveSocket {
   }
 
   close(code = 1000) {
+    this.closing = true;
     if (this.ws && this.ws.readyState <= WebSocket.OPEN) this.ws.close(code);
   }
 }

@@ -197,7 +197,7 @@ function drawQueue() {
       {},
       el('td', {}, task.worker_id),
       el('td', {}, task.request_type),
-      el('td', {}, el('code', {}, task.session_id)),
+      el('td', {}, el('code', {}, task.session_id), task.suspended ? ` (${t('admin.suspended')})` : ''),
       el('td', {}, `${Math.round(task.elapsed_s)} s`),
       el('td', {}, `${Math.round(task.estimated_remaining_s)} s`),
     ),
