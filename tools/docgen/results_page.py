@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +39,12 @@ class Result:
 
     @property
     def date(self) -> str:
-        for key in ("when", "date"):
-            value = self.data.get(key)
-            if isinstance(value, str):
-                return value[:10]
-        return commit_date(self.path)
+        for run in (self.data, *self.data.values()):  # a file of several runs dates each
+            for key in ("when", "date"):
+                value = run.get(key) if isinstance(run, dict) else None
+                if isinstance(value, str):
+                    return value[:10]
+        return "undated"
 
     @property
     def gpu(self) -> str:
@@ -54,22 +53,6 @@ class Result:
             r"(H\d+)", str(self.data.get("gpu", ""))
         )
         return match.group(1).upper() if match else "CPU"
-
-
-@cache
-def commit_date(path: Path) -> str:
-    """The day the file was last committed (results without a date of their own)."""
-    try:
-        out = subprocess.run(
-            ["git", "log", "-1", "--format=%cs", "--", path.name],
-            cwd=path.parent,
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.strip()
-    except OSError:
-        out = ""
-    return out or "undated"
 
 
 def load(results: Path) -> list[Result]:
