@@ -157,6 +157,12 @@ class TooManySessionsError(OmniliveError):
     """This key already holds as many sessions as it may."""
 
 
+@_code("resume_refused")
+class ResumeRefusedError(OmniliveError):
+    """A resume token this server does not hold for this key and route (bad,
+    expired, or the session has ended): the session cannot be continued."""
+
+
 @_code("not_found")
 class NotFoundError(OmniliveError):
     """No such route (or stored object)."""
