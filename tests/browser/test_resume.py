@@ -1,5 +1,6 @@
 """The pages resume a dropped session (docs/resume.md): the omni duplex page,
-scripted engine, loaded through a TCP proxy that the test cuts mid-session."""
+scripted engine, loaded through a TCP proxy that the test cuts mid-session, over
+the WebSocket (a WebRTC call does not resume: docs/webrtc.md)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def test_the_duplex_page_resumes_after_a_cut(browser, scripted_server: Server) -
 
         page.on("websocket", track)
         try:
-            start_session(page, f"http://127.0.0.1:{proxy.port}/omni")
+            start_session(page, f"http://127.0.0.1:{proxy.port}/omni?transport=websocket")
             page.wait_for_function(f"{RESULTS} >= 2", timeout=20_000)
             proxy.cut()
             page.wait_for_function("document.body.innerText.includes('Reconnected')")

@@ -37,7 +37,7 @@ def units(audio: np.ndarray) -> Iterator[np.ndarray]:
 
 def step(session: CascadeDuplex, audio: np.ndarray, force_listen: bool = False) -> DuplexUnit:
     stats = session.prefill(audio, [])
-    assert stats.cost_ms < 500
+    assert stats.cost_ms < 2000  # short, never a reply's work (generous: a loaded machine)
     unit = session.generate(force_listen)
     session.finalize()
     return unit
@@ -148,17 +148,20 @@ def test_speech_that_goes_on_before_the_answer_is_answered_as_one(
 
     monkeypatch.setattr(asr, "transcribe", held_back)
     session = open_session(engine)
-    first, rest = say("What is the capital"), say("of France?")
-    for u in units(np.concatenate([first, silence(1.0)])):
-        assert step(session, u).is_listen
-    assert len(heard_sizes) == 1  # the first part ended an utterance: a reply began
-    threading.Timer(0.2, gate.set).start()  # let that reply's Whisper call finish
-    for u in units(rest):
-        assert step(session, u).is_listen
-    until_speaking(session)
-    assert heard_sizes[-1] > first.size + rest.size * 0.8  # both parts, heard as one
-    assert overlap("what is the capital", session.history[1].content) >= 0.75
-    session.close()
+    try:
+        first, rest = say("What is the capital"), say("of France?")
+        for u in units(np.concatenate([first, silence(1.0)])):
+            assert step(session, u).is_listen
+        assert len(heard_sizes) == 1  # the first part ended an utterance: a reply began
+        threading.Timer(0.2, gate.set).start()  # let that reply's Whisper call finish
+        for u in units(rest):
+            assert step(session, u).is_listen
+        until_speaking(session)
+        assert heard_sizes[-1] > first.size + rest.size * 0.8  # both parts, heard as one
+        assert overlap("what is the capital", session.history[1].content) >= 0.75
+    finally:
+        gate.set()
+        session.close()  # its threads must not outlive a failure (the next test counts them)
 
 
 def test_a_failed_reply_is_reported(
