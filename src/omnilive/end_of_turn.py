@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import logging
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
@@ -121,6 +122,20 @@ class SmartTurn:
         return float(np.asarray(logits).reshape(-1)[0])
 
 
+def finished_judge(settings: EndOfTurnSettings, using: str) -> Callable[[np.ndarray], bool] | None:
+    """The model as a blocking yes/no (probability ≥ ``settings.threshold``),
+    or None when switched off or not to be had (logged once: ``using`` names
+    what decides instead)."""
+    if not settings.enabled:
+        return None
+    try:
+        model = SmartTurn.load(settings.model_path, settings.threads)
+    except EndOfTurnUnavailable as exc:
+        log.warning("%s; %s", exc, using)
+        return None
+    return lambda audio: model.probability(audio) >= settings.threshold
+
+
 class TurnJudge:
     """A worker's end-of-turn model, shared by its half-duplex sessions and
     loaded once, off the event loop, when the first session needs it. When
@@ -129,7 +144,7 @@ class TurnJudge:
 
     def __init__(self, settings: EndOfTurnSettings) -> None:
         self.settings = settings
-        self._model: SmartTurn | None = None
+        self._finished: Callable[[np.ndarray], bool] | None = None
         self._tried = False
         self._lock = asyncio.Lock()
 
@@ -140,17 +155,13 @@ class TurnJudge:
         async with self._lock:
             if not self._tried:
                 self._tried = True
-                try:
-                    self._model = await asyncio.to_thread(
-                        SmartTurn.load, self.settings.model_path, self.settings.threads
-                    )
-                except EndOfTurnUnavailable as exc:
-                    log.warning("%s; turns end by silence alone", exc)
-        return self._model is not None
+                self._finished = await asyncio.to_thread(
+                    finished_judge, self.settings, "turns end by silence alone"
+                )
+        return self._finished is not None
 
     async def complete(self, audio: np.ndarray) -> bool:
         """Whether the turn in ``audio`` (16 kHz) sounds finished."""
-        if self._model is None:
+        if self._finished is None:
             return False
-        probability = await asyncio.to_thread(self._model.probability, audio)
-        return probability >= self.settings.threshold
+        return await asyncio.to_thread(self._finished, audio)

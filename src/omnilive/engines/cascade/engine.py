@@ -7,7 +7,7 @@ from pathlib import Path
 
 from omnilive.audio import INPUT_RATE, OUTPUT_RATE, resample
 from omnilive.config import CascadeSettings, EndOfTurnSettings
-from omnilive.end_of_turn import EndOfTurnUnavailable, SmartTurn
+from omnilive.end_of_turn import finished_judge
 from omnilive.engines.base import (
     Capabilities,
     ChatSession,
@@ -113,19 +113,12 @@ class CascadeEngine(Engine):
         """The end-of-turn model for the duplex loop (half-duplex sessions
         use the worker's, on every engine); without it, silence decides."""
         settings = self._end_of_turn
-        if settings is None or not settings.enabled:
+        if settings is None:
             return None
-        try:
-            model = SmartTurn.load(settings.model_path, settings.threads)
-        except EndOfTurnUnavailable as exc:
-            log.warning("%s; duplex turns end by silence alone", exc)
+        finished = finished_judge(settings, "duplex turns end by silence alone")
+        if finished is None:
             return None
-        threshold = settings.threshold
-        return TurnJudging(
-            complete=lambda audio: model.probability(audio) >= threshold,
-            check_ms=settings.check_after_ms,
-            confirmations=settings.confirmations,
-        )
+        return TurnJudging(finished, settings.check_after_ms, settings.confirmations)
 
     def _piper(self) -> PiperVoice | None:
         if self._settings.tts != "piper":
