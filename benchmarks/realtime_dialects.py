@@ -32,10 +32,14 @@ from tests.speech import speak
 from websockets.asyncio.client import connect
 
 from benchmarks.cascade_latency import QUESTIONS, RESULTS, summary
+from benchmarks.gpu_duplex import server_env
 from benchmarks.load import this_machine
 from benchmarks.microphone import RATE, Microphone, spoken_turn
 
 SILENCE_MS, THRESHOLD, PAD_MS, CHUNK_S = 500, 0.5, 30, 0.1
+# Answers are timed to their first audio; a short one keeps a run short on a
+# random-weights checkpoint, whose answers seldom end by themselves.
+MAX_TOKENS = 40
 INSTRUCTIONS = "You are a helpful assistant. Answer in one short sentence."
 
 
@@ -53,7 +57,11 @@ async def half_duplex_session(server: Server, serial: int) -> Any:
     vad = {"threshold": THRESHOLD, "min_silence_duration_ms": SILENCE_MS, "speech_pad_ms": PAD_MS}
     await ws.send(
         json.dumps(
-            {"type": "prepare", "system_prompt": instructions(serial), "config": {"vad": vad}}
+            {
+                "type": "prepare",
+                "system_prompt": instructions(serial),
+                "config": {"vad": vad, "generation": {"max_new_tokens": MAX_TOKENS}},
+            }
         )
     )
     while json.loads(await ws.recv())["type"] != "prepared":
@@ -74,6 +82,7 @@ async def openai_session(server: Server, serial: int) -> Any:
         "type": "realtime",
         "instructions": instructions(serial),
         "audio": {"input": {"turn_detection": detection}},
+        "max_output_tokens": MAX_TOKENS,  # as the half-duplex session's answers
     }
     await ws.send(json.dumps({"type": "session.update", "session": session}))
     while json.loads(await ws.recv())["type"] != "session.updated":
@@ -105,8 +114,9 @@ async def openai_turn(ws: Any, speech: np.ndarray, lead_s: float = 0.8) -> dict[
             if kind == "input_audio_buffer.speech_stopped":
                 events.setdefault("vad_end", now)
                 answering.set()  # as the half-duplex client does, stop sending (echo)
-            elif kind == "response.output_audio.delta":
-                events.setdefault("first_audio", now)
+            elif kind == "response.output_audio.delta" and "first_audio" not in events:
+                events["first_audio"] = now  # timed: the rest of the answer is not needed
+                await ws.send(json.dumps({"type": "response.cancel"}))
             elif kind == "response.done":
                 return
             elif kind == "error":
@@ -138,6 +148,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         # Both dialects end turns by the same silence rule: the end-of-turn
         # model (half-duplex's default; the GA dialect's semantic_vad) is off.
         env = {"OMNILIVE_END_OF_TURN__ENABLED": "false"}
+        if args.model_path is not None:  # MiniCPM-o on a GPU: its checkpoint, one slot a dialect
+            env |= server_env(args.model_path.resolve(), 8, OMNILIVE_MINICPMO__SLOTS="2")
+            env["OMNILIVE_MINICPMO__MODEL_PATH"] = str(args.model_path.resolve())
         server = Server(Path(tmp), engine=args.engine, env=env).start()
         try:
             await server.wait_ready(timeout=300, workers=1)
@@ -207,6 +220,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--engine", default="cascade")
+    parser.add_argument("--model-path", type=Path, help="minicpmo: the checkpoint to serve")
     parser.add_argument("--questions", type=int, default=6)
     parser.add_argument("--rounds", type=int, default=2, help="times each question is asked")
     parser.add_argument("--out", type=Path)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import base64
 import functools
+import hashlib
+import os
 import subprocess
+from pathlib import Path
 
 import numpy as np
 
@@ -13,13 +16,24 @@ from omnilive.audio import INPUT_RATE, read_wav, resample
 
 @functools.lru_cache(maxsize=64)
 def _spoken(text: str, voice: str) -> bytes:
+    """espeak-ng's speech, 16 kHz float32 bytes. With ``OMNILIVE_SPEECH_CACHE``
+    set, kept in (and read from) that folder: a GPU machine without
+    espeak-ng plays what this machine spoke."""
+    cache = os.environ.get("OMNILIVE_SPEECH_CACHE")
+    name = hashlib.sha256(f"{voice}\n{text}".encode()).hexdigest()[:24] + ".f32"
+    if cache and (Path(cache) / name).is_file():
+        return (Path(cache) / name).read_bytes()
     wav = subprocess.run(
         ["espeak-ng", "-v", voice, "-s", "165", "--stdout", text],
         check=True,
         capture_output=True,
     ).stdout
     samples, rate = read_wav(wav)
-    return resample(samples, rate, INPUT_RATE).tobytes()
+    spoken = resample(samples, rate, INPUT_RATE).tobytes()
+    if cache:
+        Path(cache).mkdir(parents=True, exist_ok=True)
+        (Path(cache) / name).write_bytes(spoken)
+    return spoken
 
 
 def speak(text: str, voice: str = "en-us") -> np.ndarray:

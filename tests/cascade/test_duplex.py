@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import closing
 
 import numpy as np
 import pytest
@@ -52,36 +53,36 @@ def until_speaking(session: CascadeDuplex) -> DuplexUnit:
 
 
 def test_listens_then_speaks_then_ends_its_turn(engine: CascadeEngine, say: Say) -> None:
-    session = open_session(engine)
-    question = "What is the capital of France?"
-    heard = [step(session, u) for u in units(np.concatenate([silence(1.0), say(question)]))]
-    assert all(u.is_listen for u in heard)  # never talks over the user
+    # Closed however it ends: a failure here must not leave its thread to fail the next test.
+    with closing(open_session(engine)) as session:
+        question = "What is the capital of France?"
+        heard = [step(session, u) for u in units(np.concatenate([silence(1.0), say(question)]))]
+        assert all(u.is_listen for u in heard)  # never talks over the user
 
-    spoken = [until_speaking(session)]
-    while not spoken[-1].end_of_turn:
-        assert len(spoken) < MAX_UNITS
-        # A unit a second, as a client sends them: stepped faster, a loaded
-        # machine's LLM falls behind and a middle unit is a short gap.
-        started = time.monotonic()
-        spoken.append(step(session, silence(1.0)))
-        time.sleep(max(0.0, started + 1.0 - time.monotonic()))
-    after = [step(session, silence(1.0)) for _ in range(2)]
+        spoken = [until_speaking(session)]
+        while not spoken[-1].end_of_turn:
+            assert len(spoken) < MAX_UNITS
+            # A unit a second, as a client sends them: stepped faster, a loaded
+            # machine's LLM falls behind and a middle unit is a short gap.
+            started = time.monotonic()
+            spoken.append(step(session, silence(1.0)))
+            time.sleep(max(0.0, started + 1.0 - time.monotonic()))
+        after = [step(session, silence(1.0)) for _ in range(2)]
 
-    assert all(not u.is_listen and u.audio is not None for u in spoken)
-    sizes = [u.audio.size for u in spoken if u.audio is not None]
-    assert all(0 < n <= OUTPUT_RATE for n in sizes)
-    assert all(n == OUTPUT_RATE for n in sizes[1:-1])  # middle units are exactly 1 s
-    assert spoken[0].text  # the first unit carries its sentence
-    assert spoken[0].cost_llm_ms > 0 and spoken[0].n_tokens > 0
-    text = " ".join(u.text for u in spoken if u.text)
-    assert all(u.is_listen and not u.end_of_turn for u in after)
+        assert all(not u.is_listen and u.audio is not None for u in spoken)
+        sizes = [u.audio.size for u in spoken if u.audio is not None]
+        assert all(0 < n <= OUTPUT_RATE for n in sizes)
+        assert all(n == OUTPUT_RATE for n in sizes[1:-1])  # middle units are exactly 1 s
+        assert spoken[0].text  # the first unit carries its sentence
+        assert spoken[0].cost_llm_ms > 0 and spoken[0].n_tokens > 0
+        text = " ".join(u.text for u in spoken if u.text)
+        assert all(u.is_listen and not u.end_of_turn for u in after)
 
-    history = session.history
-    assert [m.role for m in history] == ["system", "user", "assistant"]
-    assert overlap(question, history[1].content) >= 0.6
-    assert history[2].content == text
-    assert after[-1].kv_cache_length > spoken[0].kv_cache_length > 0
-    session.close()
+        history = session.history
+        assert [m.role for m in history] == ["system", "user", "assistant"]
+        assert overlap(question, history[1].content) >= 0.6
+        assert history[2].content == text
+        assert after[-1].kv_cache_length > spoken[0].kv_cache_length > 0
 
 
 def test_barge_in_stops_the_speech(engine: CascadeEngine, say: Say) -> None:

@@ -130,6 +130,7 @@ class ChatMessage:
     parts: tuple[Part, ...]
     tool_calls: tuple[ToolCall, ...] = ()  # an assistant's calls
     tool_call_id: str | None = None  # a tool message answers this call
+    item_id: str | None = None  # the client's conversation item, where it has one
 
     @property
     def text(self) -> str:

@@ -211,7 +211,7 @@ class ScriptedHalfDuplex(HalfDuplexSession):
         return self._transcript
 
     def set_history(self, messages: list[ChatMessage]) -> None:
-        self._history = list(messages)
+        self._history = [m for m in messages if m.parts or m.tool_calls]
         system = " ".join(m.text for m in messages if m.role == "system")
         self._knobs = _Knobs.parse(system, self._settings)
 

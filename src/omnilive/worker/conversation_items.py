@@ -103,12 +103,11 @@ class Conversation:
 
 def messages_of(instructions: str, items: list[Item]) -> list[ChatMessage]:
     """Items as the engine's messages, the instructions first; speech as its
-    transcript (speech not transcribed is left out)."""
+    transcript. A message with no text (speech not transcribed) is an empty
+    message with its item id: an engine that keeps the speech itself
+    (MiniCPM-o) knows it by that id; the others skip it."""
     out = [ChatMessage("system", (TextPart(instructions),))]
-    for item in items:
-        message = _message_of(item)
-        if message is not None:
-            out.append(message)
+    out.extend(_message_of(item) for item in items)
     return out
 
 
@@ -121,19 +120,19 @@ def text_of(item: Item) -> str:
     return " ".join(pieces)
 
 
-def _message_of(item: Item) -> ChatMessage | None:
+def _message_of(item: Item) -> ChatMessage:
     kind = item["type"]
     if kind == "function_call":
         call = ToolCall(
             item.get("call_id") or item["id"], item["name"], item.get("arguments") or ""
         )
-        return ChatMessage("assistant", (), tool_calls=(call,))
+        return ChatMessage("assistant", (), tool_calls=(call,), item_id=item["id"])
     if kind == "function_call_output":
-        return ChatMessage("tool", (TextPart(item["output"]),), tool_call_id=item["call_id"])
+        output = (TextPart(item["output"]),)
+        return ChatMessage("tool", output, tool_call_id=item["call_id"], item_id=item["id"])
     text = text_of(item)
-    if not text:
-        return None
-    return ChatMessage(item["role"], (TextPart(text),))
+    parts = (TextPart(text),) if text else ()
+    return ChatMessage(item["role"], parts, item_id=item["id"])
 
 
 def client_item(item: dict[str, Any], new_id: str) -> Item:

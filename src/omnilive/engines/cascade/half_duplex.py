@@ -255,7 +255,7 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
         turns = [
             Message(m.role, m.text, m.tool_calls, m.tool_call_id)
             for m in messages
-            if m.role != "system"
+            if m.role != "system" and (m.text or m.tool_calls)  # untranscribed speech: nothing
         ]
         with self._lock:
             self._conversation = spoken_conversation(system)

@@ -78,6 +78,8 @@ log = logging.getLogger(__name__)
 
 TEXT_CHUNK = 10  # LLM tokens a chunk (the first chunk decides one more)
 SPEECH_PER_CHUNK = 500  # the most speech tokens one text chunk makes (the model code's)
+# A session's turn state: what a snapshot or a crop restores with the cache.
+TURN_STATE = ("first", "new_user_msg", "llm_generated", "audio_chunk_idx", "open")
 # Speech LM attentions whose context handling is owned here.
 SUPPORTED_SPEECH_ATTENTION = ("sliding_recompute", "full_attention")
 
@@ -142,6 +144,10 @@ class SlotSimplex:
         self.new_user_msg = True
         self.llm_generated = False
         self.audio_chunk_idx = 0  # a turn's audio messages so far
+        # What the context ends in: "none" (a closed message, or nothing),
+        # "user" (a user message the answer's opening closes), "answer" (an
+        # answer the next message's opening closes).
+        self.open = "none"
         self.voice: VoiceStream | None = None
         self.fed: list[int] = []  # the answer's text tokens fed so far
         self.stop_requested = False  # set from any thread: see interrupt()
@@ -184,11 +190,11 @@ class SlotSimplex:
                     enable_thinking=enable_thinking,
                 )
         elif self.new_user_msg and user:
-            opening = "<|tts_eos|><|im_end|>\n" if self.llm_generated else ""
-            prompt = opening + "<|im_start|>user\n" + text
+            prompt = self.closing() + "<|im_start|>user\n" + text
             self.new_user_msg = False
         else:
             prompt = text
+        self.open = "user" if user else "none"
         if role != "system" and audios and self.audio_chunk_idx == 0:
             if len(audios) > 1:
                 raise EngineError("one message of a turn carries one recording, not several")
@@ -196,9 +202,46 @@ class SlotSimplex:
             first = first_ms * 16  # samples at 16 kHz
             if len(audios[0]) < first:
                 audios[0] = np.pad(audios[0], (first - len(audios[0]), 0))
-        inputs = await asyncio.to_thread(self._processed, prompt, images, audios, max_slice_nums)
         if audios and role != "system":
             self.audio_chunk_idx += 1
+        return await self._forward(prompt, images, audios, max_slice_nums)
+
+    def closing(self) -> str:
+        """What closes the message the context ends in (the model code's
+        openings: an answer is closed by the next message, a user message
+        by the answer)."""
+        if self.open == "answer":
+            return "<|tts_eos|><|im_end|>\n"
+        return "<|im_end|>\n" if self.open == "user" else ""
+
+    async def append_message(self, role: str, text: str) -> int:
+        """Close what is open and append a whole message of text, as the chat
+        template writes one (an edited conversation's history, a tool's
+        output, instructions for one answer); the context length after it."""
+        if self.first:
+            prompt = f"<|im_start|>{role}\n{text}<|im_end|>\n"
+        else:
+            prompt = self.closing() + f"<|im_start|>{role}\n{text}<|im_end|>\n"
+        self.open, self.new_user_msg, self.llm_generated = "none", True, False
+        self.audio_chunk_idx = 0
+        return await self._forward(prompt, [], [], None)
+
+    async def crop(self, length: int, state: dict[str, Any]) -> None:
+        """Cut the context back to its first ``length`` positions, the turn
+        state as it was there (``state`` from :meth:`turn_state`)."""
+        cache = self.loop.steps.cache
+        await self.loop.call(cache.crop, self.slot, length, slot=self.slot)
+        self.kv_length = length
+        for name, value in state.items():
+            setattr(self, name, value)
+
+    def turn_state(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in TURN_STATE}
+
+    async def _forward(
+        self, prompt: str, images: list[Any], audios: list[np.ndarray], max_slice_nums: int | None
+    ) -> int:
+        inputs = await asyncio.to_thread(self._processed, prompt, images, audios, max_slice_nums)
         embeds = await self.loop.encoder_call(self._embedded, inputs)
         self.first = False
         capacity = self.loop.steps.cache.capacity
@@ -271,20 +314,24 @@ class SlotSimplex:
         audio: bool,
         use_tts_template: bool,
         enable_thinking: bool = False,
+        tools: bool = False,
     ) -> AsyncIterator[TextAudioChunk]:
         """The answer, streamed: with ``audio``, a piece a second of speech
         (the vocoder voicing one while the next is decoded) with the text
         that speech comes from; without, a piece a text chunk. ``n_tokens``
         is what each piece added to the context."""
+        opening = self.closing()
         self.new_user_msg = True
         self.llm_generated = True
+        self.open = "answer"
         self.audio_chunk_idx = 0
         self.trace = AnswerTrace()
         self.stop_requested = False
-        bos = "<|im_end|>\n<|im_start|>assistant\n" + ("" if enable_thinking else self.think)
+        bos = opening + "<|im_start|>assistant\n" + ("" if enable_thinking else self.think)
         bos += "<|tts_bos|>" if use_tts_template else ""
         voice = self.voice if audio and self.loop.speech is not None else None
-        program = self._decode(self.shared.tokenizer.encode(bos), sampling, max_new_tokens, voice)
+        bos_ids = self.shared.tokenizer.encode(bos)
+        program = self._decode(bos_ids, sampling, max_new_tokens, voice, tools)
         pieces = _Pieces(program, lambda: self.stop_requested)
         if voice is not None:
             voice.restart()
@@ -327,6 +374,7 @@ class SlotSimplex:
         sampling: AnswerSampling,
         max_new_tokens: int,
         voice: VoiceStream | None,
+        tools: bool = False,
     ) -> Program[None]:
         """The answer's steps (see the module); yields :class:`Step` s and
         :class:`Piece` s, which :class:`_Pieces` hands out."""
@@ -336,12 +384,15 @@ class SlotSimplex:
         generated: list[int] = []  # every choice but terminators
         last: int | None = None
         finished = False
+        call_at: int | None = None  # where in ``fed`` a function call began
         for index in range(math.ceil(max_new_tokens / TEXT_CHUNK)):
             earlier = generated[-PENALTY_WINDOW:]
             chunk: list[int] = []
             fed: list[tuple[int, torch.Tensor]] = []  # (token, its last hidden state)
+            chunk_start = len(self.fed)
             for _ in range(TEXT_CHUNK + (1 if index == 0 else 0)):
-                choice = _TextChoice(self, earlier + chunk, sampling, suppress)
+                # A call's JSON needs the punctuation an answer may not say.
+                choice = _TextChoice(self, earlier + chunk, sampling, suppress and call_at is None)
                 if last is None:
                     result = yield Step(torch.tensor(bos), pick=Pick(_text_picks, choice))
                     self.kv_length += len(bos)
@@ -354,10 +405,20 @@ class SlotSimplex:
                 if token in self.vocab.terminators:
                     finished = True
                     break
+                if tools and token == self.vocab.tool_call and call_at is None:
+                    call_at = len(self.fed)  # its place once fed, at the next step
                 chunk.append(token)
                 generated.append(token)
                 last = token
-            if speech is not None and fed:
+            if call_at is not None and speech is not None:
+                # What was said before the call is voiced; the call is not.
+                said = fed[: max(0, call_at - chunk_start)]
+                if said:
+                    yield from speech.chunk(said, True)
+                rest = speech.flush()
+                speech = None
+                yield Piece(len(self.fed), rest)
+            elif speech is not None and fed:
                 yield from speech.chunk(fed, finished)
             elif speech is None:
                 yield Piece(len(self.fed))

@@ -23,6 +23,7 @@ from omnilive.engines.minicpmo.sessions.unit_rules import draw, kept_count
 # The punctuation the published code never lets an answer say.
 FORBIDDEN_TEXT = ":：；#“”‘’@*【】「」()（）[]&/$"
 TERMINATORS = ("<|tts_eos|>", "<|im_end|>", "</s>")
+TOOL_CALL = "<tool_call>"  # a token of its own in the model's vocabulary
 # The text repetition penalty sees this many tokens of the previous chunks
 # (and every token of the running chunk).
 PENALTY_WINDOW = 128
@@ -69,6 +70,7 @@ class SimplexVocab:
 
     terminators: tuple[int, ...]
     forbidden: tuple[int, ...]
+    tool_call: int | None = None  # the token that opens a function call, if the model has one
 
     @classmethod
     def of(cls, tokenizer: Any) -> SimplexVocab:
@@ -80,9 +82,12 @@ class SimplexVocab:
         ids = tokenizer.convert_tokens_to_ids
         forbidden = [ids(token) for token in FORBIDDEN_TEXT]
         forbidden += list(getattr(tokenizer, "bad_token_ids", []) or [])
+        call = ids(TOOL_CALL)
+        unknown = getattr(tokenizer, "unk_token_id", None)
         return cls(
             terminators=tuple(dict.fromkeys(int(ids(t)) for t in TERMINATORS)),
             forbidden=tuple(sorted({int(t) for t in forbidden if t is not None})),
+            tool_call=int(call) if call is not None and call != unknown else None,
         )
 
 

@@ -29,12 +29,23 @@ from omnilive.engines.base import (
     HalfDuplexSession,
     Part,
     TextAudioChunk,
+    ToolCall,
+    Tools,
     Voice,
 )
 from omnilive.engines.minicpmo.content import content_of
 from omnilive.engines.minicpmo.reference.host import model_errors
 from omnilive.engines.minicpmo.runtime.batch import SlotError
 from omnilive.engines.minicpmo.sessions.simplex import SlotSimplex
+from omnilive.engines.minicpmo.sessions.simplex_history import (
+    Entry,
+    ToolCallScanner,
+    call_text,
+    first_difference,
+    system_text,
+    tools_block,
+    wanted,
+)
 from omnilive.engines.minicpmo.sessions.simplex_rules import AnswerSampling
 
 if TYPE_CHECKING:
@@ -49,9 +60,7 @@ class _Mark:
 
     kv_length: int
     state: dict[str, Any]
-
-
-_TURN_STATE = ("first", "new_user_msg", "llm_generated", "audio_chunk_idx")
+    ledger: list[Entry]
 
 
 class _SlotSimplexView:
@@ -99,7 +108,9 @@ class _SlotSimplexView:
             self._audio = False
         return reference if self._audio else None
 
-    async def _answer(self, generation: GenerationOptions) -> AsyncIterator[TextAudioChunk]:
+    async def _answer(
+        self, generation: GenerationOptions, tools: bool = False
+    ) -> AsyncIterator[TextAudioChunk]:
         session = self._require()
         answer = session.answer(
             AnswerSampling.of(generation),
@@ -107,6 +118,7 @@ class _SlotSimplexView:
             audio=self._audio,
             use_tts_template=self._audio,
             enable_thinking=generation.enable_thinking,
+            tools=tools,
         )
         async with aclosing(answer) as pieces:  # left early: the answer stops at its next step
             with model_errors("generate"):
@@ -183,34 +195,39 @@ class SlotChat(_SlotSimplexView, ChatSession):
 
 class SlotHalfDuplex(_SlotSimplexView, HalfDuplexSession):
     """System content once, then per turn the user's speech and a streamed
-    answer, the context kept in the session's slot across turns."""
+    answer, the context kept in the session's slot across turns. A client
+    may edit the conversation (the Realtime API's items), offer tools and
+    cut an answer to what was heard: the slot's ledger
+    (:mod:`~omnilive.engines.minicpmo.sessions.simplex_history`) says from
+    where the context has to be written again."""
 
     def __init__(self, model: SlotEngine, default_voice: np.ndarray | None) -> None:
         super().__init__(model, default_voice)
         self._options = HalfDuplexOptions()
         self._mark: _Mark | None = None
         self._pending = False
+        self._instructions = ""  # the system message's text
+        self._system_media: list[Any] = []  # and what else it holds (a voice's audio)
+        self._tools = Tools()
+        self._ledger: list[Entry] = []
 
     async def prepare(self, system: list[Part], options: HalfDuplexOptions) -> int:
         content = content_of(system)
         session = await self._open()
         self._options = options
+        self._instructions = "\n".join(c for c in content if isinstance(c, str))
+        self._system_media = [c for c in content if not isinstance(c, str)]
         reference = self._voice_of(options.voice, options.tts_enabled)
-        work = session.prefill("system", content, use_tts_template=self._audio)
+        entry = Entry("system", system_text(self._instructions, self._tools))
         with model_errors("prefill"):
-            return await _with_voice(session, reference, work)
+            return await _with_voice(session, reference, self._rewrite(session, [entry]))
 
     async def prefill(self, speech: np.ndarray) -> int:
         session = self._require()
         before = session.kv_length
-        work = session.prefill(
-            "user",
-            [np.asarray(speech, dtype=np.float32)],
-            last=True,
-            use_tts_template=self._audio,
-        )
+        entry = Entry("speech", speech=np.asarray(speech, dtype=np.float32))
         with model_errors("prefill"):
-            after = await work
+            after = await self._rewrite(session, [*self._ledger, entry])
         self._pending = True
         return after - before
 
@@ -218,29 +235,130 @@ class SlotHalfDuplex(_SlotSimplexView, HalfDuplexSession):
         if not self._pending:
             raise EngineError("generate before prefill")
         self._pending = False
-        async with aclosing(self._answer(self._options.generation)) as pieces:
+        session = self._require()
+        answer = Entry("assistant", start=session.kv_length, state=session.turn_state())
+        self._ledger.append(answer)
+        # Calls are read only when functions are offered: otherwise what
+        # the model says is passed on as it is, as the model code does.
+        offered = bool(tools_block(self._tools))
+        scanner = ToolCallScanner() if offered else None
+        async with aclosing(self._answer(self._options.generation, offered)) as pieces:
             async for piece in pieces:
-                yield piece
+                said, calls = scanner.feed(piece.text) if scanner else (piece.text, [])
+                if piece.audio is not None or said or piece.n_tokens:
+                    yield TextAudioChunk(text=said, audio=piece.audio, n_tokens=piece.n_tokens)
+                for chunk in self._made(answer, said, calls):
+                    yield chunk
+        said, calls = scanner.finish() if scanner else ("", [])
+        if said:
+            yield TextAudioChunk(text=said)
+        for chunk in self._made(answer, said, calls):
+            yield chunk
+
+    @staticmethod
+    def _made(answer: Entry, said: str, calls: list[ToolCall]) -> list[TextAudioChunk]:
+        """Note what the answer said and called; the calls as chunks."""
+        answer.text += said
+        answer.calls += tuple((call.name, call.arguments) for call in calls)
+        return [TextAudioChunk(tool_call=call) for call in calls]
 
     async def snapshot(self) -> None:
         session = self._require()
-        state = {name: getattr(session, name) for name in _TURN_STATE}
-        self._mark = _Mark(session.kv_length, state)
+        self._mark = _Mark(session.kv_length, session.turn_state(), list(self._ledger))
 
     async def rollback(self) -> None:
         self._pending = False
         session, mark = self._session, self._mark
         if session is None or mark is None:
             return
-        cache = self._model.batch.steps.cache
         with model_errors("rollback"):
-            await self._model.batch.call(
-                cache.crop, session.slot, mark.kv_length, slot=session.slot
-            )
-        session.kv_length = mark.kv_length
-        for name, value in mark.state.items():
-            setattr(session, name, value)
+            await session.crop(mark.kv_length, mark.state)
+        self._ledger = list(mark.ledger)
+
+    # --- conversations a client edits (the Realtime API's items) ------------------------
+
+    async def set_history(self, messages: list[ChatMessage]) -> None:
+        session = self._require()
+        first = messages[0] if messages and messages[0].role == "system" else None
+        if first is not None:
+            self._instructions = first.text
+        entries = wanted(self._ledger, system_text(self._instructions, self._tools), messages)
+        self._pending = False
+        with model_errors("prefill"):
+            await self._rewrite(session, entries)
+
+    async def respond(self, instructions: str | None = None) -> None:
+        session = self._require()
+        if instructions:
+            with model_errors("prefill"):
+                await self._rewrite(session, [*self._ledger, Entry("note", instructions)])
+        self._pending = True
+
+    async def set_tools(self, tools: Tools) -> None:
+        if tools == self._tools:
+            return
+        self._tools = tools
+        if self._session is None or not self._ledger:
+            return  # the system message is written with them at prepare
+        system = Entry("system", system_text(self._instructions, tools))
+        with model_errors("prefill"):
+            await self._rewrite(self._session, [system, *self._ledger[1:]])
+
+    async def set_options(self, options: HalfDuplexOptions) -> None:
+        session = self._require()
+        self._options = options
+        reference = self._voice_of(options.voice, options.tts_enabled)
+        if reference is not None:
+            with model_errors("prefill"):
+                await session.set_voice(reference)
+
+    async def keep_heard(self, text: str) -> bool:
+        """The last answer becomes what the user heard of it (with the calls
+        it made): the context is cut back to its start and that part written
+        again, as text."""
+        session = self._session
+        last = self._ledger[-1] if self._ledger else None
+        if session is None or last is None or last.kind != "assistant":
+            return False
+        heard = text.strip()
+        kept = [Entry("assistant", heard, last.calls)] if heard or last.calls else []
+        with model_errors("prefill"):
+            await self._rewrite(session, [*self._ledger[:-1], *kept])
+        return True
+
+    async def _rewrite(self, session: SlotSimplex, entries: list[Entry]) -> int:
+        """Make the slot hold ``entries``: cut back to the first that is not
+        the ledger's own, write the rest; the context length after."""
+        same = first_difference(self._ledger, entries)
+        if same < len(self._ledger):
+            at = self._ledger[same]
+            await session.crop(at.start, at.state)
+        self._ledger = entries[:same]
+        for entry in entries[same:]:
+            entry.start, entry.state = session.kv_length, session.turn_state()
+            await self._write(session, entry)
+            self._ledger.append(entry)
+        return session.kv_length
+
+    async def _write(self, session: SlotSimplex, entry: Entry) -> None:
+        if entry.kind == "system":  # the tools after the rest, as the chat template has them
+            content = [*([self._instructions] if self._instructions else []), *self._system_media]
+            block = tools_block(self._tools)
+            if block:
+                content.append("\n" + block if content else block)
+            await session.prefill("system", content, use_tts_template=self._audio)
+        elif entry.kind == "speech":
+            speech = [entry.speech]
+            await session.prefill("user", speech, last=True, use_tts_template=self._audio)
+        elif entry.kind == "assistant":
+            said = "\n".join(p for p in (entry.text.strip(), call_text(entry.calls)) if p)
+            await session.append_message("assistant", said)
+        elif entry.kind == "tool":
+            await session.append_message("user", f"<tool_response>\n{entry.text}\n</tool_response>")
+        else:
+            await session.append_message("user" if entry.kind == "user" else "system", entry.text)
 
     def close(self) -> None:
         self._mark = None
+        self._ledger = []
         self._leave()
