@@ -156,6 +156,11 @@ class StreamingVad:
         return self.speaking and self._silence_from is not None
 
     @property
+    def speech_ms(self) -> float:
+        """How long the current speech has gone on (0 when not speaking)."""
+        return 1000 * (self._position - self._start) / self.rate if self.speaking else 0.0
+
+    @property
     def speech_so_far(self) -> np.ndarray:
         """The current segment's audio (with leading pad), while speaking."""
         return np.concatenate(self._speech) if self._speech else np.zeros(0, np.float32)

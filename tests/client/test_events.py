@@ -72,6 +72,7 @@ def test_every_mode_s_messages():
         half_duplex.vad_state_message(True),
         half_duplex.generating_message(1234.0),
         half_duplex.turn_done_message(0, "Hi."),
+        half_duplex.interrupted_message(1),
         half_duplex.timeout_message(180.0),
         half_duplex.STOPPED,
         duplex.prepared_message("adx_1", 20, "adx_rec", "audio_duplex", {"vision": False}),

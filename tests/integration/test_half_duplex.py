@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -209,3 +210,46 @@ async def test_stop_during_a_slow_prepare_is_answered_at_once(server: Server):
     await client.until("stopped", timeout=5)
     assert time.monotonic() - sent < 1.0
     assert "prepared" not in client.types()
+
+
+async def answer_then_speech_over_it(server: Server, barge_in: bool) -> list[dict]:
+    """A question, then, once the (slow) answer has begun, another question
+    spoken over it at microphone pace; the messages until the second
+    question's turn is over (or 4 s of quiet)."""
+    client = await open_client(server)
+    await client.prepare("#latency:0.4 Answer slowly.", {"barge_in": barge_in})
+    await client.speak(utterance())
+    await client.until("chunk")
+    await client.speak(utterance("Wait, tell me about Rome instead."), pace_s=0.5)
+    with contextlib.suppress(TimeoutError):
+        await client.until("turn_done", timeout=20)  # the first answer's, or the second's
+        await client.until("turn_done", timeout=20)
+    await client.ws.close()
+    return client.received
+
+
+async def test_barge_in_speech_over_an_answer_interrupts_it_and_is_the_next_turn(server: Server):
+    received = await answer_then_speech_over_it(server, barge_in=True)
+    types = [m["type"] for m in received]
+    assert "interrupted" in types, types
+    at = types.index("interrupted")
+    assert received[at]["turn_index"] == 0
+    assert "turn_done" not in types[:at]  # the first answer never finished
+    after = types[at + 1 :]
+    # The speech that interrupted is heard to its end and answered as turn 1.
+    assert after[0] == "vad_state" and received[at + 1]["speaking"] is True
+    assert "generating" in after
+    done = [m for m in received[at:] if m["type"] == "turn_done"]
+    assert done and done[0]["turn_index"] == 1
+    assert "earlier turns: none" not in done[0]["text"]  # the first turn is in the context
+
+
+async def test_without_barge_in_speech_over_an_answer_is_not_heard(server: Server):
+    received = await answer_then_speech_over_it(server, barge_in=False)
+    types = [m["type"] for m in received]
+    assert "interrupted" not in types
+    # The first answer runs to its end: what was said over it was not heard
+    # (its tail, spoken after the answer ended, may be a turn of its own).
+    first_done = types.index("turn_done")
+    assert received[first_done]["turn_index"] == 0
+    assert types[: first_done + 1].count("vad_state") == 2  # the first question's only

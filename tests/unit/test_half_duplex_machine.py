@@ -40,6 +40,17 @@ def test_answering_hears_nothing_and_stops_the_clock():
     assert machine.tick(1010.0) == Ended("timeout")
 
 
+def test_with_barge_in_the_answer_is_heard_over_and_an_interruption_listens_again():
+    machine = HalfDuplexMachine(30.0, 0.0)
+    machine.prepare()
+    machine.prepared_with(10.0, 0.0, barge_in=True)
+    machine.speech_ended()
+    assert machine.audio(6.0) is True  # the user may speak over the answer
+    assert machine.deadline()[0] == math.inf  # still answering: no inactivity clock
+    machine.answered(7.0)  # the interrupted answer is over
+    assert machine.phase is Phase.ACTIVE and machine.audio(7.5) is True
+
+
 def test_turn_rules():
     machine = listening()
     with pytest.raises(IllegalTransition):

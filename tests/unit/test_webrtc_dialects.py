@@ -70,6 +70,16 @@ def test_half_duplex_chunks():
     assert listen.audio is None and json.loads(listen.event)["text_delta"] == "x"
 
 
+def test_half_duplex_speech_over_the_answer_flushes_it_and_duplex_never_does():
+    half = MediaDialect(Dialect.HALF_DUPLEX)
+    assert half.outbound('{"type": "interrupted", "turn_index": 0}').flush
+    assert half.outbound('{"type": "vad_state", "speaking": true}').flush
+    assert not half.outbound('{"type": "vad_state", "speaking": false}').flush
+    assert not half.outbound('{"type": "generating", "speech_duration_ms": 900}').flush
+    duplex = MediaDialect(Dialect.DUPLEX)
+    assert not duplex.outbound('{"type": "vad_state", "speaking": true}').flush
+
+
 def test_force_listen_marks_the_next_duplex_chunk():
     dialect = MediaDialect(Dialect.DUPLEX)
     marker = '{"type": "audio_chunk", "audio_base64": "", "force_listen": true}'

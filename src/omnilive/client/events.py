@@ -221,6 +221,15 @@ class TurnDone(Event):
     text: str = ""
 
 
+@_wire("interrupted")
+@_events
+class Interrupted(Event):
+    """Half-duplex with ``config={"barge_in": True}``: the user spoke over
+    answer ``turn_index``, which stops here; that speech is the next turn."""
+
+    turn_index: int
+
+
 @_wire("playback_applied")
 @_events
 class PlaybackApplied(Event):

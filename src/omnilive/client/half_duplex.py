@@ -21,7 +21,7 @@ import numpy as np
 
 from omnilive.client.audio import INPUT_RATE, chunks, encode_pcm
 from omnilive.client.connection import DEFAULT_URL, ws_url
-from omnilive.client.events import Event, Generating, TurnDone
+from omnilive.client.events import Event, Generating, Interrupted, TurnDone
 from omnilive.client.session import ConnectOptions, PreparedSession, Voice, build, voice_fields
 from omnilive.ids import mint
 from omnilive.protocol.half_duplex import (
@@ -42,7 +42,8 @@ MAX_CHUNK_S = 1.0
 class HalfDuplex(PreparedSession):
     """A half-duplex session. Events: the queue's, :class:`Prepared`,
     :class:`VadState`, :class:`Generating`, :class:`Chunk`, :class:`TurnDone`,
-    :class:`ServerError` (a failed turn; the session goes on), and at the end
+    :class:`Interrupted` (barge-in), :class:`ServerError` (a failed turn; the
+    session goes on), and at the end
     :class:`Stopped` or :class:`SessionTimeout`.
 
     ``voice`` is a reference voice (16 kHz float32 samples, a WAV file's
@@ -103,7 +104,7 @@ class HalfDuplex(PreparedSession):
     def _observe(self, event: Event) -> None:
         if isinstance(event, Generating):
             self.answering = True
-        elif isinstance(event, TurnDone):
+        elif isinstance(event, TurnDone | Interrupted):
             self.answering = False
 
     async def report_playback(self, turn_index: int, played_ms: float) -> None:
@@ -115,7 +116,9 @@ class HalfDuplex(PreparedSession):
 
     async def send(self, audio: np.ndarray) -> None:
         """Audio as it comes (16 kHz mono float32, any length). What is sent while
-        the model answers is not heard: a client with a speaker should hold its
-        microphone then (``answering``), or the model hears itself."""
+        the model answers is not heard (unless the session was prepared with
+        ``config={"barge_in": True}``: then speech interrupts the answer): a
+        client with a speaker should hold its microphone then (``answering``),
+        or the model hears itself."""
         for piece in chunks(np.asarray(audio, dtype=np.float32), MAX_CHUNK_S, INPUT_RATE):
             await self._send(build(AudioChunk, type="audio_chunk", audio_base64=encode_pcm(piece)))

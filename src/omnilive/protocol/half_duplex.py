@@ -46,6 +46,10 @@ class HalfDuplexConfig(BaseModel):
     generation: HalfDuplexGeneration = Field(default_factory=HalfDuplexGeneration)
     tts: HalfDuplexTts = Field(default_factory=HalfDuplexTts)
     session: SessionSettings = Field(default_factory=SessionSettings)
+    # omnilive's extension: speech heard while the model answers interrupts
+    # it. For clients whose microphone hears the user, not the answer (echo
+    # cancellation, as over WebRTC, or headphones).
+    barge_in: bool = False
 
 
 class SystemText(BaseModel):
@@ -123,6 +127,12 @@ def vad_state_message(speaking: bool) -> dict[str, Any]:
 
 def generating_message(speech_duration_ms: float) -> dict[str, Any]:
     return {"type": "generating", "speech_duration_ms": round(speech_duration_ms)}
+
+
+def interrupted_message(turn_index: int) -> dict[str, Any]:
+    """The user spoke over the answer (``barge_in``): it stops here; what
+    was sent of it stays in the context until a ``playback`` report cuts it."""
+    return {"type": "interrupted", "turn_index": turn_index}
 
 
 def turn_done_message(turn_index: int, text: str) -> dict[str, Any]:

@@ -127,10 +127,18 @@ class MediaDialect:
         self._follow(kind, message)
         audio_field = "audio_data" if kind in ("result", "chunk") else None
         if audio_field is None or not message.get(audio_field):
-            return Outbound(payload)
+            # The user speaks (a half-duplex barge-in, or the answer still
+            # playing out when the next turn starts): what is queued of the
+            # answer is not played over them.
+            return Outbound(payload, flush=self._barged_in(kind, message))
         audio = _f32(message[audio_field])
         message[audio_field] = None  # the answer plays on the track
         return Outbound(json.dumps(message), audio)
+
+    def _barged_in(self, kind: Any, message: dict[str, Any]) -> bool:
+        if self.dialect is not Dialect.HALF_DUPLEX:
+            return False
+        return kind == "interrupted" or (kind == "vad_state" and message.get("speaking") is True)
 
     def _follow(self, kind: Any, message: dict[str, Any]) -> None:
         if kind == "prepared":

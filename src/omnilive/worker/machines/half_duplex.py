@@ -3,9 +3,10 @@
 WAITING_PREPARE → PREPARING → ACTIVE (listening) ⇄ ANSWERING → ENDED. The VAD
 hears the end of the user's speech (the runner says so with
 :meth:`HalfDuplexMachine.speech_ended`); while the model answers, audio is not
-heard (the client should be silent then: echo) and the inactivity timeout
-does not run. As in every streaming session, ``stop`` ends it in any phase
-and messages sent during a prepare wait for it.
+heard (the client should be silent then: echo) unless the client asked for
+barge-in, and the inactivity timeout does not run. As in every streaming
+session, ``stop`` ends it in any phase and messages sent during a prepare wait
+for it.
 """
 
 from __future__ import annotations
@@ -19,20 +20,24 @@ class HalfDuplexMachine(SessionMachine):
     def __init__(self, first_message_s: float, now: float) -> None:
         super().__init__(first_message_s, now)
         self.timeout_s = math.inf  # set by the prepare
+        self.barge_in = False
         self.last_activity = now
 
-    def prepared_with(self, timeout_s: float, now: float) -> list:
-        """The session is prepared with its inactivity timeout; returns held messages."""
+    def prepared_with(self, timeout_s: float, now: float, barge_in: bool = False) -> list:
+        """The session is prepared with its inactivity timeout (and whether
+        speech may interrupt an answer); returns held messages."""
         held = self.prepared(now)
         self.timeout_s = timeout_s
+        self.barge_in = barge_in
         self.last_activity = now
         return held
 
     def audio(self, now: float) -> bool:
-        """A chunk came: whether the VAD hears it (not while answering)."""
+        """A chunk came: whether the VAD hears it (while answering, only
+        when the client asked for barge-in)."""
         self.require_prepared("audio_chunk")
         self.last_activity = now
-        return self.phase is Phase.ACTIVE
+        return self.phase is Phase.ACTIVE or (self.barge_in and self.phase is Phase.ANSWERING)
 
     def speech_ended(self) -> None:
         """The VAD heard the user stop: the model answers."""

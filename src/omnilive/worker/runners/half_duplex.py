@@ -41,6 +41,7 @@ from omnilive.protocol.half_duplex import (
     Stop,
     client_message,
     generating_message,
+    interrupted_message,
     playback_applied_message,
     prepared_message,
     timeout_message,
@@ -66,7 +67,7 @@ from omnilive.vad import (
 from omnilive.worker.decode import DecodeError, load_stored_voice
 from omnilive.worker.heard import SpokenAnswer, heard_text
 from omnilive.worker.machines.half_duplex import HalfDuplexMachine
-from omnilive.worker.machines.session import Ended
+from omnilive.worker.machines.session import Ended, Phase
 from omnilive.worker.runners.hearing import EarlyHearing, judged_end, with_turn_checks
 from omnilive.worker.runners.streaming import StreamingRunner, Work
 
@@ -74,6 +75,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant. Reply briefly and naturally."
 COLD_START_MS = 500
+# Speech this long over an answer interrupts it (barge_in): long enough that a
+# cough or a burst of echo does not, short enough to feel immediate.
+BARGE_IN_MS = 300
 
 
 def system_parts(
@@ -181,7 +185,7 @@ class HalfDuplexRunner(StreamingRunner):
         if timeout_s is None:
             held = self.machine.prepare_failed()
         else:
-            held = self.machine.prepared_with(timeout_s, now)
+            held = self.machine.prepared_with(timeout_s, now, message.config.barge_in)
         for later in held:
             await self._handle(later)
 
@@ -269,6 +273,9 @@ class HalfDuplexRunner(StreamingRunner):
             return
         vad = self.vad
         assert vad is not None  # made by the prepare
+        if self.machine.phase is Phase.ANSWERING:
+            await self._hear_over_answer(vad, samples)
+            return
         for event in vad.feed(samples):  # ~3 ms per 0.5 s of audio: fine on the loop
             if isinstance(event, SpeechStarted):
                 await self.send(vad_state_message(True))
@@ -306,6 +313,10 @@ class HalfDuplexRunner(StreamingRunner):
         await self.send(vad_state_message(False))
         await self.send(generating_message(event.speech_ms))
         self.machine.speech_ended()
+        if self.vad is not None:
+            # Now, not when the answer ends: with barge-in, what the VAD hears
+            # during the answer is the next turn's start.
+            self.vad.reset()
         self._turn = self.spawn("turn", self._answer(event, time.time()))
 
     # --- turn-taking by meaning ------------------------------------------------------
@@ -355,9 +366,11 @@ class HalfDuplexRunner(StreamingRunner):
             log.warning("turn %d of %s failed: %s", self.turns, self.record.session_id, exc)
             await self.runtime.step(record, self.session.rollback)
             await self.send(error_message(f"turn failed: {exc}", ErrorCode.INFERENCE_ERROR))
+        except asyncio.CancelledError:
+            self.last_answer = spoken  # what was sent of it, for a playback report
+            self.turns += 1
+            raise
         finally:
-            if self.vad is not None:
-                self.vad.reset()  # cheap; must happen before audio is fed again
             self.machine.answered(time.monotonic())
             if self.recorder is not None:
                 timing.setdefault("total_ms", round((time.perf_counter() - started) * 1000, 1))
@@ -383,6 +396,24 @@ class HalfDuplexRunner(StreamingRunner):
             timing["first_chunk_ms"] = round(timing["first_chunk_ms"], 1)
         source = TurnInput(speech=speech, speech_ts=speech_ts)
         await self.recorder.turn(ended_ts, source, output, timing, status, failure)
+
+    # --- barge-in ------------------------------------------------------------------
+
+    async def _hear_over_answer(self, vad: StreamingVad, samples: np.ndarray) -> None:
+        """Speech that goes on for :data:`BARGE_IN_MS` while the model answers
+        (the client asked for ``barge_in``) interrupts the answer and is the
+        next turn's start; shorter sounds (a cough, echo the client's
+        canceller let through) are forgotten."""
+        vad.feed(samples)  # ends of short sounds, pauses: nothing to answer yet
+        if vad.speaking and vad.speech_ms >= BARGE_IN_MS:
+            turn, self._turn = self._turn, None
+            index = self.turns
+            if turn is not None and not turn.done():
+                self.outbox.drop(lambda m: m.get("type") == "chunk")  # unsent answer audio
+                turn.cancel()
+                await asyncio.wait([turn])
+                await self.send(interrupted_message(index))
+            await self.send(vad_state_message(True))
 
     async def _end_turn(self) -> None:
         """Interrupt the answer: queued chunks are dropped, the step in flight

@@ -31,7 +31,7 @@ const INDICATOR_KEYS = {
 let socket = null;
 let persona;
 let state = 'idle';
-let session = null; // {timeoutS, lastSentAt, prepared, hold, turnDone, turns, current}
+let session = null; // {timeoutS, lastSentAt, prepared, hold, bargeIn, turnDone, turns, current}
 let countdown = null;
 let resumeTimer = null;
 
@@ -92,6 +92,10 @@ function holdMic(hold) {
 /** Listen again once the answer is complete, has finished playing, and the echo guard has passed. */
 function maybeListen() {
   if (!session || !session.turnDone || player.playing) return;
+  if (session.bargeIn) {
+    setState('listening'); // the microphone was never held: nothing to drop
+    return;
+  }
   clearTimeout(resumeTimer);
   resumeTimer = setTimeout(() => {
     if (!session) return;
@@ -124,7 +128,9 @@ function receive(message) {
       if (!session.hold) setState(message.speaking ? 'user' : 'listening');
       break;
     case 'generating': {
-      holdMic(true);
+      // Over WebRTC the browser cancels the answer's echo: the microphone stays
+      // open and the user can speak over the answer (barge-in).
+      if (!session.bargeIn) holdMic(true);
       session.turnDone = false;
       clearTimeout(resumeTimer);
       const seconds = (message.speech_duration_ms / 1000).toFixed(1);
@@ -153,6 +159,20 @@ function receive(message) {
       $('#turns').textContent = String(session.turns);
       session.turnDone = true;
       maybeListen();
+      break;
+    case 'interrupted':
+      // The user spoke over the answer: it stops here (over WebRTC the server
+      // drops what was queued on the track; here the player's queue goes).
+      player.flush();
+      if (session.current) {
+        session.current.node.classList.remove('streaming');
+        session.current.node.dataset.interrupted = 'true';
+      }
+      session.current = null;
+      session.turns += 1;
+      $('#turns').textContent = String(session.turns);
+      session.turnDone = true;
+      setState('user');
       break;
     case 'error':
       // A failed turn is rolled back and the session goes on; fatal errors close the socket.
@@ -187,6 +207,7 @@ async function start() {
     lastSentAt: Date.now(),
     prepared: false,
     hold: false,
+    bargeIn: false,
     turnDone: true,
     turns: 0,
     current: null,
@@ -203,7 +224,10 @@ async function start() {
   const rtcPath = `/api/webrtc/half_duplex/${newSessionId('hd_')}`;
   const wsPath = `/ws/half_duplex/${newSessionId('hd_')}`;
   const options = { queue, onMessage: receive, onClose: closed, tracks: mic.stream.getAudioTracks() };
-  const live = await openAndPrepare({ rtcPath, wsPath, ...options }, prepare);
+  const live = await openAndPrepare({ rtcPath, wsPath, ...options }, (connection) => {
+    session.bargeIn = connection.transport === 'webrtc';
+    return { ...prepare, config: { ...prepare.config, barge_in: session.bargeIn } };
+  });
   if (!live || !session) {
     live?.close();
     finish();

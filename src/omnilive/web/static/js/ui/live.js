@@ -17,7 +17,8 @@ import { notify } from './nav.js';
 export async function openAndPrepare(options, prepare) {
   try {
     const live = await connectLive({ ...options, onFallback: (text) => notify(text, 'info') });
-    live.send(prepare);
+    // A function of the connection: what the session asks for may depend on the transport.
+    live.send(typeof prepare === 'function' ? prepare(live) : prepare);
     return live;
   } catch (error) {
     notify(t('error.connect', { error: error.message }), 'error');
