@@ -105,6 +105,18 @@ function maybeListen() {
   }, ECHO_GUARD_MS);
 }
 
+/** The current answer is over (`how`: done or interrupted, marked on its turn). */
+function endAnswer(how) {
+  if (session.current) {
+    session.current.node.classList.remove('streaming');
+    session.current.node.dataset[how] = 'true';
+  }
+  session.current = null;
+  session.turns += 1;
+  $('#turns').textContent = String(session.turns);
+  session.turnDone = true;
+}
+
 function receive(message) {
   switch (message.type) {
     case 'queued':
@@ -151,27 +163,15 @@ function receive(message) {
     case 'turn_done':
       if (session.current) {
         session.current.textNode.textContent = message.text || session.current.text;
-        session.current.node.classList.remove('streaming');
-        session.current.node.dataset.done = 'true';
       }
-      session.current = null;
-      session.turns += 1;
-      $('#turns').textContent = String(session.turns);
-      session.turnDone = true;
+      endAnswer('done');
       maybeListen();
       break;
     case 'interrupted':
       // The user spoke over the answer: it stops here (over WebRTC the server
       // drops what was queued on the track; here the player's queue goes).
       player.flush();
-      if (session.current) {
-        session.current.node.classList.remove('streaming');
-        session.current.node.dataset.interrupted = 'true';
-      }
-      session.current = null;
-      session.turns += 1;
-      $('#turns').textContent = String(session.turns);
-      session.turnDone = true;
+      endAnswer('interrupted');
       setState('user');
       break;
     case 'error':
