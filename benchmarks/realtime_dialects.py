@@ -141,9 +141,10 @@ async def openai_turn(ws: Any, speech: np.ndarray, lead_s: float = 0.8) -> dict[
     }
 
 
-async def run(args: argparse.Namespace) -> dict[str, Any]:
+async def run(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
+    """Ask the questions through both dialects; each pair of turns goes into
+    ``rows`` as it is measured (a run cut short keeps what it measured)."""
     questions = [q for q in QUESTIONS if 2.0 <= speak(q).size / RATE <= 5.0][: args.questions]
-    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         # Both dialects end turns by the same silence rule: the end-of-turn
         # model (half-duplex's default; the GA dialect's semantic_vad) is off.
@@ -179,14 +180,21 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 rows.append(row)
                 print(
                     f"minicpmo e2e {row['minicpmo_e2e_ms']:6.0f} ms   openai e2e "
-                    f"{row['openai_e2e_ms']:6.0f} ms   {question}"
+                    f"{row['openai_e2e_ms']:6.0f} ms   {question}",
+                    flush=True,
                 )
                 await asyncio.sleep(0.5)
         finally:
             server.stop()
 
+
+def summarised(args: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str, Any]:
     def column(name: str) -> list[float]:
         return [r[name] for r in rows]
+
+    # Each pair is one question through both dialects: its difference is
+    # the dialect's cost plus the two answers' own variation.
+    pairs = sorted(r["openai_e2e_ms"] - r["minicpmo_e2e_ms"] for r in rows)
 
     after_vad = {
         d: [r[f"{d}_e2e_ms"] - r[f"{d}_vad_ms"] for r in rows] for d in ("minicpmo", "openai")
@@ -212,6 +220,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 - statistics.median(column("minicpmo_e2e_ms")),
                 1,
             ),
+            "openai_minus_minicpmo_paired": {
+                "median": round(statistics.median(pairs), 1),
+                "min": round(pairs[0], 1),
+                "max": round(pairs[-1], 1),
+                "openai_later": sum(d > 0 for d in pairs),
+                "n": len(pairs),
+            },
         },
         "rows": rows,
     }
@@ -225,12 +240,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="times each question is asked")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    result = asyncio.run(run(args))
-    print(json.dumps(result["summary_ms"], indent=2))
-    out = args.out or RESULTS / f"realtime_dialects_{args.engine}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"saved {out}")
+    rows: list[dict[str, Any]] = []
+    try:
+        asyncio.run(run(args, rows))
+    finally:  # a run stopped early (a time limit) saves the pairs it measured
+        if rows:
+            result = summarised(args, rows)
+            print(json.dumps(result["summary_ms"], indent=2))
+            out = args.out or RESULTS / f"realtime_dialects_{args.engine}.json"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(result, indent=2) + "\n")
+            print(f"saved {out}", flush=True)
 
 
 if __name__ == "__main__":

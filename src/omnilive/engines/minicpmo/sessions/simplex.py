@@ -218,10 +218,7 @@ class SlotSimplex:
         """Close what is open and append a whole message of text, as the chat
         template writes one (an edited conversation's history, a tool's
         output, instructions for one answer); the context length after it."""
-        if self.first:
-            prompt = f"<|im_start|>{role}\n{text}<|im_end|>\n"
-        else:
-            prompt = self.closing() + f"<|im_start|>{role}\n{text}<|im_end|>\n"
+        prompt = self.closing() + f"<|im_start|>{role}\n{text}<|im_end|>\n"  # "" first
         self.open, self.new_user_msg, self.llm_generated = "none", True, False
         self.audio_chunk_idx = 0
         return await self._forward(prompt, [], [], None)
