@@ -226,6 +226,11 @@ class Tools:
     functions: tuple[dict, ...] = ()
     choice: str = "auto"
 
+    @property
+    def offered(self) -> bool:
+        """Whether the model may call any of them."""
+        return bool(self.functions) and self.choice != "none"
+
 
 @dataclass
 class PrefillStats:

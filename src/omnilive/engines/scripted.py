@@ -233,7 +233,7 @@ class ScriptedHalfDuplex(HalfDuplexSession):
     def _tool_call(self) -> ToolCall | None:
         last = self._history[-1] if self._history else None
         functions = self._tools.functions
-        if not functions or self._tools.choice == "none" or last is None or last.role != "user":
+        if not self._tools.offered or last is None or last.role != "user":
             return None
         forced = self._tools.choice.removeprefix("function:")
         named = [f["name"] for f in functions if f["name"] in last.text or f["name"] == forced]

@@ -97,7 +97,7 @@ class RemoteChat:
             "top_p": options.top_p,
             "stream": True,
         }
-        if prompt.tools.functions and prompt.tools.choice != "none":
+        if prompt.tools.offered:
             body["tools"] = [_tool(f) for f in prompt.tools.functions]
             body["tool_choice"] = tool_choice(prompt.tools)
         calls: dict[int, dict[str, str]] = {}

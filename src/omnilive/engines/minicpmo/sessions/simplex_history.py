@@ -70,7 +70,7 @@ class Entry:
 def tools_block(tools: Tools) -> str:
     """What the system message gains for ``tools`` ("" for none), as the
     chat template renders OpenAI's function tools."""
-    if not tools.functions or tools.choice == "none":
+    if not tools.offered:
         return ""
     lines = [json.dumps(_chat_tool(f), ensure_ascii=False) for f in tools.functions]
     block = _TOOLS_HEAD + "".join("\n" + line for line in lines) + _TOOLS_TAIL

@@ -240,7 +240,7 @@ class SlotHalfDuplex(_SlotSimplexView, HalfDuplexSession):
         self._ledger.append(answer)
         # Calls are read only when functions are offered: otherwise what
         # the model says is passed on as it is, as the model code does.
-        offered = bool(tools_block(self._tools))
+        offered = self._tools.offered
         scanner = ToolCallScanner() if offered else None
         async with aclosing(self._answer(self._options.generation, offered)) as pieces:
             async for piece in pieces:
