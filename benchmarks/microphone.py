@@ -44,6 +44,7 @@ class SpokenTurn:
     vad_ms: float  # the server said the user stopped (vad_state speaking=false)
     first_audio_ms: float  # the answer's first audio arrived
     done: dict[str, Any]  # the turn_done message (text, the engine's timings)
+    first_text: str = ""  # the answer's text up to its first audio
 
     @property
     def after_vad_ms(self) -> float:
@@ -60,6 +61,7 @@ async def spoken_turn(
                             np.zeros(round(tail_s * RATE), np.float32)])  # fmt: skip
     events: dict[str, float] = {}
     done: dict[str, Any] = {}
+    said: list[str] = []  # the answer's text before its first audio
     generating = asyncio.Event()
 
     async def listen() -> None:
@@ -70,8 +72,11 @@ async def spoken_turn(
                 events.setdefault("vad_end", now)
             elif kind == "generating":
                 generating.set()  # a real client stops sending now (echo)
-            elif kind == "chunk" and message.get("audio_data"):
-                events.setdefault("first_audio", now)
+            elif kind == "chunk":
+                if "first_audio" not in events:
+                    said.append(message.get("text_delta") or "")
+                if message.get("audio_data"):
+                    events.setdefault("first_audio", now)
             elif kind == "turn_done":
                 done.update(message)
                 return
@@ -86,4 +91,5 @@ async def spoken_turn(
         vad_ms=round((events["vad_end"] - speech_end) * 1000, 1),
         first_audio_ms=round((events["first_audio"] - speech_end) * 1000, 1),
         done=done,
+        first_text="".join(said),
     )

@@ -5,7 +5,12 @@ Starts ``omnilive serve`` (cascade by default), opens one session of each
 dialect with the same turn detection (threshold 0.5, 500 ms of silence, 30 ms
 padding) and a prompt no earlier session began with (no cached prefix), and
 plays the same spoken questions (espeak-ng) to both, alternating which goes
-first, at microphone pace (100 ms pieces sent in real time). For each it records,
+first, at microphone pace (100 ms pieces sent in real time). Both servers'
+VADs hear the very same samples: the OpenAI dialect's audio is 24 kHz pcm16,
+which the server turns back into 16 kHz piece by piece, and the half-duplex
+session is sent that result, not the original (else the two VADs, hearing
+slightly different audio, find pauses at different moments, and the cascade's
+early answer starts at a different time). For each it records,
 from the moment the speech ended, when the server said the speech stopped
 and when the answer's first audio arrived. Prints medians and saves every
 figure under benchmarks/results/.
@@ -35,11 +40,13 @@ from benchmarks.cascade_latency import QUESTIONS, RESULTS, summary
 from benchmarks.gpu_duplex import server_env
 from benchmarks.load import this_machine
 from benchmarks.microphone import RATE, Microphone, spoken_turn
+from omnilive.audio_codecs import decode_input
 
 SILENCE_MS, THRESHOLD, PAD_MS, CHUNK_S = 500, 0.5, 30, 0.1
 # Answers are timed to their first audio; a short one keeps a run short on a
 # random-weights checkpoint, whose answers seldom end by themselves.
 MAX_TOKENS = 40
+COLD_START_S = 0.6  # silence played first on both sessions (the VAD's cold-start guard)
 INSTRUCTIONS = "You are a helpful assistant. Answer in one short sentence."
 
 
@@ -60,13 +67,16 @@ async def half_duplex_session(server: Server, serial: int) -> Any:
             {
                 "type": "prepare",
                 "system_prompt": instructions(serial),
-                "config": {"vad": vad, "generation": {"max_new_tokens": MAX_TOKENS}},
+                "config": {
+                    "vad": vad,
+                    "generation": {"max_new_tokens": MAX_TOKENS, "do_sample": False},
+                },
             }
         )
     )
     while json.loads(await ws.recv())["type"] != "prepared":
         pass
-    await Microphone(ws, CHUNK_S).play(np.zeros(round(0.6 * RATE), np.float32))  # cold-start guard
+    await Microphone(ws, CHUNK_S).play(np.zeros(round(COLD_START_S * RATE), np.float32))
     return ws
 
 
@@ -83,10 +93,15 @@ async def openai_session(server: Server, serial: int) -> Any:
         "instructions": instructions(serial),
         "audio": {"input": {"turn_detection": detection}},
         "max_output_tokens": MAX_TOKENS,  # as the half-duplex session's answers
+        "temperature": 0,  # greedy, as theirs: the same question gets the same answer
     }
     await ws.send(json.dumps({"type": "session.update", "session": session}))
     while json.loads(await ws.recv())["type"] != "session.updated":
         pass
+    silence = pcm24(np.zeros(round(CHUNK_S * RATE), np.float32))
+    for _ in range(round(COLD_START_S / CHUNK_S)):  # the half-duplex session's cold-start guard
+        await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": silence}))
+        await asyncio.sleep(CHUNK_S)
     return ws
 
 
@@ -95,7 +110,22 @@ def pcm24(audio: np.ndarray) -> str:
     return base64.b64encode((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes()).decode()
 
 
-async def openai_turn(ws: Any, speech: np.ndarray, lead_s: float = 0.8) -> dict[str, float]:
+def whole_pieces(speech: np.ndarray) -> np.ndarray:
+    """Speech padded with silence to whole 100 ms pieces, so both dialects'
+    pieces hold the same samples."""
+    chunk = round(CHUNK_S * RATE)
+    return np.pad(speech, (0, -speech.size % chunk))
+
+
+def as_received(speech: np.ndarray) -> np.ndarray:
+    """What a GA session's server hears of ``speech`` (16 kHz, whole
+    pieces): each piece sent as 24 kHz pcm16 and decoded back."""
+    chunk = round(CHUNK_S * RATE)
+    pieces = [speech[i : i + chunk] for i in range(0, speech.size, chunk)]
+    return np.concatenate([decode_input(pcm24(p), "audio/pcm") for p in pieces])
+
+
+async def openai_turn(ws: Any, speech: np.ndarray, lead_s: float = 0.8) -> dict[str, Any]:
     """Speak at microphone pace on a GA session; times from the end of speech."""
     audio = np.concatenate(
         [
@@ -105,6 +135,7 @@ async def openai_turn(ws: Any, speech: np.ndarray, lead_s: float = 0.8) -> dict[
         ]
     )
     events: dict[str, float] = {}
+    said: list[str] = []  # the answer's text before its first audio
     answering = asyncio.Event()
 
     async def listen() -> None:
@@ -114,6 +145,8 @@ async def openai_turn(ws: Any, speech: np.ndarray, lead_s: float = 0.8) -> dict[
             if kind == "input_audio_buffer.speech_stopped":
                 events.setdefault("vad_end", now)
                 answering.set()  # as the half-duplex client does, stop sending (echo)
+            elif kind == "response.output_audio_transcript.delta" and "first_audio" not in events:
+                said.append(message["delta"])
             elif kind == "response.output_audio.delta" and "first_audio" not in events:
                 events["first_audio"] = now  # timed: the rest of the answer is not needed
                 await ws.send(json.dumps({"type": "response.cancel"}))
@@ -138,6 +171,7 @@ async def openai_turn(ws: Any, speech: np.ndarray, lead_s: float = 0.8) -> dict[
     return {
         "vad_ms": round((events["vad_end"] - end) * 1000, 1),
         "e2e_ms": round((events["first_audio"] - end) * 1000, 1),
+        "first_text": "".join(said),
     }
 
 
@@ -157,12 +191,13 @@ async def run(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
             await server.wait_ready(timeout=300, workers=1)
             # One session at a time (the engine has one slot), in alternating order.
             for index, question in enumerate(questions * args.rounds):
-                speech = speak(question)
+                speech = whole_pieces(speak(question))
+                heard = as_received(speech)
                 measured: dict[str, Any] = {}
                 for dialect in ("minicpmo", "openai")[:: 1 if index % 2 == 0 else -1]:
                     if dialect == "minicpmo":
                         hd = await half_duplex_session(server, 2 * index)
-                        measured[dialect] = await spoken_turn(hd, Microphone(hd, CHUNK_S), speech)
+                        measured[dialect] = await spoken_turn(hd, Microphone(hd, CHUNK_S), heard)
                         await hd.close()
                     else:
                         ga = await openai_session(server, 2 * index + 1)
@@ -176,6 +211,10 @@ async def run(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
                     "minicpmo_e2e_ms": turn.first_audio_ms,
                     "openai_vad_ms": openai["vad_ms"],
                     "openai_e2e_ms": openai["e2e_ms"],
+                    # Greedy answers: the two should begin alike, or the pair
+                    # also compares two different answers.
+                    "minicpmo_first_text": turn.first_text,
+                    "openai_first_text": openai["first_text"],
                 }
                 rows.append(row)
                 print(
@@ -226,6 +265,9 @@ def summarised(args: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str
                 "max": round(pairs[-1], 1),
                 "openai_later": sum(d > 0 for d in pairs),
                 "n": len(pairs),
+                "same_first_text": sum(
+                    r["minicpmo_first_text"].strip() == r["openai_first_text"].strip() for r in rows
+                ),
             },
         },
         "rows": rows,

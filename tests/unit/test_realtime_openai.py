@@ -20,6 +20,7 @@ from omnilive.gateway.realtime_machine import Close, IllegalTransition, ToClient
 from omnilive.protocol.common import ErrorCode
 from omnilive.protocol.openai_realtime import (
     OpenAIError,
+    ResponseParams,
     SessionConfig,
     error_event,
     parse_client_event,
@@ -28,6 +29,7 @@ from omnilive.protocol.openai_realtime import (
 )
 from omnilive.protocol.realtime import CloseReason
 from omnilive.worker.conversation_items import Conversation, client_item
+from omnilive.worker.machines.conversation import options
 from omnilive.worker.presenter_openai import ResponsePresenter, usage
 
 SERVER_EVENTS = TypeAdapter(RealtimeServerEvent)
@@ -347,3 +349,25 @@ def test_error_params_name_fields_as_openai_does():
         with pytest.raises(OpenAIError) as exc:
             parse_client_event(json.loads(raw))
         assert exc.value.param == param
+
+
+def test_the_beta_temperature_is_honoured_and_shown_only_when_set():
+    """Clients written for the beta API send ``temperature``; 0 is greedy.
+    A session that never set it looks as OpenAI's GA one (no such field)."""
+    plain = SessionConfig()
+    assert "temperature" not in session_object("s", plain, "m")
+    assert options(plain).generation.do_sample  # the engine's own sampling
+    greedy = plain.updated(SessionConfig.model_validate({"temperature": 0}))
+    shown = server_event("session.updated", session=session_object("s", greedy, "m"))
+    conforms(shown)
+    assert shown["session"]["temperature"] == 0
+    assert options(greedy).generation.greedy
+    warmer = options(greedy, ResponseParams(temperature=0.9)).generation
+    assert warmer.do_sample and warmer.temperature == 0.9  # one response's own
+    m = machine()
+    m.attach_worker()
+    too_hot = {"type": "session.update", "session": {"temperature": 7}}
+    [error] = client(m.client_frame(json.dumps(too_hot)))
+    conforms(error)
+    assert error["error"]["code"] == "invalid_value"
+    assert error["error"]["param"] == "session.temperature"

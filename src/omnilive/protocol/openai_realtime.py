@@ -117,6 +117,9 @@ class SessionConfig(BaseModel):
     tools: list[FunctionTool] = Field(default_factory=list, max_length=128)
     tool_choice: ToolChoice = "auto"
     max_output_tokens: int | Literal["inf"] = "inf"
+    # The beta API's sampling temperature, which clients written for it still
+    # send; omnilive honours it (0: greedy, the same answer every time).
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
 
     def updated(self, change: SessionConfig) -> SessionConfig:
         """This session with the fields ``change`` was given replaced; the
@@ -194,6 +197,7 @@ class ResponseParams(BaseModel):
     tools: list[FunctionTool] | None = None
     tool_choice: ToolChoice | None = None
     max_output_tokens: int | Literal["inf"] | None = None
+    temperature: float | None = Field(None, ge=0.0, le=2.0)  # as the session's
     conversation: Literal["auto", "none"] = "auto"
     input: list[InputItem] | None = Field(None, max_length=4096)
     metadata: dict[str, Any] | None = None
@@ -387,6 +391,8 @@ def error_event(
 def session_object(session_id: str, config: SessionConfig, model: str) -> dict[str, Any]:
     """The session as ``session.created`` / ``session.updated`` show it."""
     body = config.model_dump(mode="json")
+    if body["temperature"] is None:  # not set: the session looks as OpenAI's GA one
+        del body["temperature"]
     body["audio"]["input"]["noise_reduction"] = None
     for direction in ("input", "output"):
         fmt = body["audio"][direction]["format"]

@@ -5,6 +5,7 @@ the engine."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from omnilive.engines.base import GenerationOptions, HalfDuplexOptions, Tools
@@ -52,10 +53,14 @@ def options(config: SessionConfig, params: ResponseParams | None = None) -> Half
     modalities = (params and params.output_modalities) or config.output_modalities
     limit = (params and params.max_output_tokens) or config.max_output_tokens
     tokens = UNBOUNDED_TOKENS if limit == "inf" else int(limit)
-    return HalfDuplexOptions(
-        generation=GenerationOptions(max_new_tokens=tokens, length_penalty=1.1),
-        tts_enabled="audio" in modalities,
-    )
+    generation = GenerationOptions(max_new_tokens=tokens, length_penalty=1.1)
+    own = params.temperature if params is not None else None
+    temperature = own if own is not None else config.temperature
+    if temperature is not None:
+        generation = dataclasses.replace(
+            generation, temperature=temperature, do_sample=temperature > 0
+        )
+    return HalfDuplexOptions(generation=generation, tts_enabled="audio" in modalities)
 
 
 def tools(config: SessionConfig, params: ResponseParams | None = None) -> Tools:
@@ -69,4 +74,5 @@ def tools(config: SessionConfig, params: ResponseParams | None = None) -> Tools:
 def overrides(params: ResponseParams) -> tuple[bool, bool]:
     """Whether a response changes the session's (tools, options) for itself."""
     changes_tools = params.tools is not None or params.tool_choice is not None
-    return changes_tools, bool(params.output_modalities or params.max_output_tokens)
+    changes_options = params.output_modalities or params.max_output_tokens
+    return changes_tools, bool(changes_options) or params.temperature is not None

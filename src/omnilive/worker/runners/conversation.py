@@ -213,14 +213,10 @@ class ConversationRunner(Responses, StreamingRunner):
     ) -> None:
         """An update's engine part; what the engine refuses (tools, options)
         is an error and keeps its former value, the rest stands."""
-        if self.config.output_modalities != before.output_modalities or (
-            self.config.max_output_tokens != before.max_output_tokens
-        ):
+        option_fields = ("output_modalities", "max_output_tokens", "temperature")
+        kept = {name: getattr(before, name) for name in option_fields}
+        if any(getattr(self.config, name) != kept[name] for name in option_fields):
             options = rules.options(self.config)
-            kept = {
-                "output_modalities": before.output_modalities,
-                "max_output_tokens": before.max_output_tokens,
-            }
             await self._applied(self.session.set_options, options, kept, event.event_id)
         tools = self.config.tools, self.config.tool_choice
         if prepared or tools != (before.tools, before.tool_choice):
