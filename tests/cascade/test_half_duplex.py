@@ -130,6 +130,22 @@ def test_an_answer_started_during_the_pause_is_used(engine: CascadeEngine, say: 
     session.close()
 
 
+def test_without_early_answers_the_turn_waits_for_prefill(engine: CascadeEngine, say: Say) -> None:
+    """cascade.early_answer off: hearing starts nothing (no transcript, no
+    answer); the turn is transcribed and answered from prefill."""
+    session = CascadeHalfDuplex(engine.stack, engine.require, early=False)
+    session.prepare([TextPart("You are helpful.")], OPTIONS)
+    question = "Why is the sky blue during the day?"
+    heard = listen_like_a_runner(session, say(question))
+    session.settle()
+    assert session.partial_transcript == ""
+    text, audio = turn(session, heard)
+    assert not session.stats.speculative
+    assert overlap(question, session.stats.transcript) >= 0.8
+    assert text.strip() and audio
+    session.close()
+
+
 def test_a_transcript_made_in_a_quiet_moment_is_reused(engine: CascadeEngine, say: Say) -> None:
     session = open_session(engine)
     question = "How far away is the moon?"

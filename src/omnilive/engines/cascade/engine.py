@@ -148,7 +148,7 @@ class CascadeEngine(Engine):
         return CascadeChat(self._loaded(), self.require)
 
     def open_half_duplex(self) -> HalfDuplexSession:
-        return CascadeHalfDuplex(self._loaded(), self.require)
+        return CascadeHalfDuplex(self._loaded(), self.require, self._settings.early_answer)
 
     def open_duplex(self) -> DuplexSession:
         return CascadeDuplex(self._loaded())

@@ -107,9 +107,12 @@ class _Turn:
 class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
     """A voice conversation whose history persists across turns, within the context."""
 
-    def __init__(self, stack: ModelStack, require: Callable[[set[Modality]], None]) -> None:
+    def __init__(
+        self, stack: ModelStack, require: Callable[[set[Modality]], None], early: bool = True
+    ) -> None:
         self._stack = stack
         self._require = require
+        self._early_work = early  # settings: cascade.early_answer
         self._notices = Notices()
         self._options = HalfDuplexOptions()
         self._voice = stack.tts.resolve_voice(None).espeak
@@ -157,6 +160,8 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
         return fit.tokens
 
     def hear(self, speech_so_far: np.ndarray, paused: bool) -> None:
+        if not self._early_work:
+            return  # all the work waits for prefill
         if self._closed or self._turn is not None or self._speaking is not None:
             return  # a turn is under way: nothing heard now starts another yet
         early = self._early
