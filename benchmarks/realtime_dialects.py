@@ -243,6 +243,7 @@ def summarised(args: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str
     # Each pair is one question through both dialects: its difference is
     # the dialect's cost plus the two answers' own variation.
     pairs = sorted(r["openai_e2e_ms"] - r["minicpmo_e2e_ms"] for r in rows)
+    margin = 1.96 * statistics.stdev(pairs) / len(pairs) ** 0.5 if len(pairs) > 1 else 0.0
 
     after_vad = {
         d: [r[f"{d}_e2e_ms"] - r[f"{d}_vad_ms"] for r in rows] for d in ("minicpmo", "openai")
@@ -271,6 +272,10 @@ def summarised(args: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str
             ),
             "openai_minus_minicpmo_paired": {
                 "median": round(statistics.median(pairs), 1),
+                "mean": round(statistics.fmean(pairs), 1),
+                # the mean's 95% interval (normal approximation): what the
+                # pairs say the dialect costs, its noise included
+                "mean_95ci": [round(statistics.fmean(pairs) + s * margin, 1) for s in (-1, 1)],
                 "min": round(pairs[0], 1),
                 "max": round(pairs[-1], 1),
                 "openai_later": sum(d > 0 for d in pairs),
@@ -305,7 +310,8 @@ def main() -> None:
         if rows:
             result = summarised(args, rows)
             print(json.dumps(result["summary_ms"], indent=2))
-            out = args.out or RESULTS / f"realtime_dialects_{args.engine}.json"
+            suffix = "" if args.early_answer else "_no_early_answer"
+            out = args.out or RESULTS / f"realtime_dialects_{args.engine}{suffix}.json"
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(result, indent=2) + "\n")
             print(f"saved {out}", flush=True)
