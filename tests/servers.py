@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -11,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +149,17 @@ class Server:
                 self.process.wait()
         if hasattr(self, "_log"):
             self._log.close()
+
+
+@contextlib.contextmanager
+def running(tmp: Path, ready_timeout: float = 60.0, **options: Any) -> Iterator[Server]:
+    """``omnilive serve`` until the block ends (a module's server fixture)."""
+    server = Server(tmp, **options).start()
+    try:
+        asyncio.run(server.wait_ready(timeout=ready_timeout, workers=1))
+        yield server
+    finally:
+        server.stop()
 
 
 async def chat_once(server: Server, payload: dict[str, Any], timeout: float = 30) -> list[dict]:

@@ -139,7 +139,9 @@ class EndOfTurnSettings(_Section):
     ``check_after_ms`` of silence a semantic end-of-turn model (Smart Turn v3)
     judges whether the speaker has finished; a turn judged finished
     ``confirmations`` times in a row is answered at once, any other waits for
-    the session's silence rule (its ``min_silence_duration_ms``)."""
+    the session's silence rule (its ``min_silence_duration_ms``). An engine
+    that understands the words (the cascade) judges them too, and its
+    verdict leads (``words_threshold``, ``audio_veto``)."""
 
     enabled: bool = Field(True, description="Judge turns by meaning (off: silence alone).")
     check_after_ms: int = Field(
@@ -163,6 +165,22 @@ class EndOfTurnSettings(_Section):
         "check_after_ms).",
     )
     threads: int = Field(1, ge=1, description="CPU threads of one judgement.")
+    words_threshold: float = Field(
+        0.2,
+        gt=0,
+        lt=1,
+        description="Where the engine also judges the words it heard (the cascade: its "
+        "language model's chance that a sentence ends there), the turn is finished "
+        "when that chance reaches this, once (the words do not change with more silence), "
+        "unless the audio model vetoes it.",
+    )
+    audio_veto: float = Field(
+        0.05,
+        ge=0,
+        lt=1,
+        description="With the words judged, the audio model's probability below which it "
+        "still holds the turn open (a voice that plainly goes on).",
+    )
 
 
 class DuplexSettings(_Section):

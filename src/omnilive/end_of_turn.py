@@ -20,6 +20,7 @@ import asyncio
 import importlib.util
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
@@ -122,18 +123,43 @@ class SmartTurn:
         return float(np.asarray(logits).reshape(-1)[0])
 
 
-def finished_judge(settings: EndOfTurnSettings, using: str) -> Callable[[np.ndarray], bool] | None:
-    """The model as a blocking yes/no (probability ≥ ``settings.threshold``),
-    or None when switched off or not to be had (logged once: ``using`` names
-    what decides instead)."""
+def loaded_model(settings: EndOfTurnSettings, using: str) -> SmartTurn | None:
+    """The model, or None when switched off or not to be had (logged once:
+    ``using`` names what decides instead)."""
     if not settings.enabled:
         return None
     try:
-        model = SmartTurn.load(settings.model_path, settings.threads)
+        return SmartTurn.load(settings.model_path, settings.threads)
     except EndOfTurnUnavailable as exc:
         log.warning("%s; %s", exc, using)
         return None
+
+
+def finished_judge(settings: EndOfTurnSettings, using: str) -> Callable[[np.ndarray], bool] | None:
+    """The model as a blocking yes/no (probability ≥ ``settings.threshold``),
+    or None (see :func:`loaded_model`)."""
+    model = loaded_model(settings, using)
+    if model is None:
+        return None
     return lambda audio: model.probability(audio) >= settings.threshold
+
+
+@dataclass(frozen=True)
+class Verdict:
+    finished: bool
+    settled: bool  # from the words: a later check of the same silence would repeat it
+
+
+def verdict(settings: EndOfTurnSettings, audio_p: float, words_p: float | None) -> Verdict:
+    """The turn's verdict from the audio model's probability and, where the
+    engine gives one, its words' (see ``EndOfTurnSettings``). The words lead:
+    on the voices we can test offline (Piper, espeak-ng) Smart Turn finds most
+    turns cut off at a pause finished, while the language model's chance of
+    the message ending separates them (docs/benchmarks/notes.md)."""
+    if words_p is None:
+        return Verdict(audio_p >= settings.threshold, settled=False)
+    finished = words_p >= settings.words_threshold and audio_p >= settings.audio_veto
+    return Verdict(finished, settled=True)
 
 
 class TurnJudge:
@@ -144,7 +170,7 @@ class TurnJudge:
 
     def __init__(self, settings: EndOfTurnSettings) -> None:
         self.settings = settings
-        self._finished: Callable[[np.ndarray], bool] | None = None
+        self._model: SmartTurn | None = None
         self._tried = False
         self._lock = asyncio.Lock()
 
@@ -155,13 +181,17 @@ class TurnJudge:
         async with self._lock:
             if not self._tried:
                 self._tried = True
-                self._finished = await asyncio.to_thread(
-                    finished_judge, self.settings, "turns end by silence alone"
+                self._model = await asyncio.to_thread(
+                    loaded_model, self.settings, "turns end by silence alone"
                 )
-        return self._finished is not None
+        return self._model is not None
 
-    async def complete(self, audio: np.ndarray) -> bool:
-        """Whether the turn in ``audio`` (16 kHz) sounds finished."""
-        if self._finished is None:
-            return False
-        return await asyncio.to_thread(self._finished, audio)
+    async def complete(self, audio: np.ndarray, words_p: float | None = None) -> Verdict:
+        """Whether the turn in ``audio`` (16 kHz) is finished, by its sound
+        and the engine's judgement of its words (``words_p``, if any)."""
+        if self._model is None:
+            return Verdict(False, settled=False)
+        audio_p = await asyncio.to_thread(self._model.probability, audio)
+        judged = verdict(self.settings, audio_p, words_p)
+        log.debug("turn check: sound %.2f, words %s: %s", audio_p, words_p, judged)
+        return judged

@@ -232,15 +232,19 @@ class StreamingVad:
             events.append(self._finish(end))
         return events
 
-    def judged(self, check: TurnCheck, complete: bool) -> SpeechEnded | SpeechDiscarded | None:
+    def judged(
+        self, check: TurnCheck, complete: bool, settled: bool = False
+    ) -> SpeechEnded | SpeechDiscarded | None:
         """A verdict on ``check``: the end of the turn at its silence when the
         last ``end_confirmations`` checks of that silence found it complete
-        (verdicts may arrive in any order); None while they have not, or when
-        that silence is over (speech resumed, or the turn ended meanwhile)."""
+        (verdicts may arrive in any order; a ``settled`` verdict, which a
+        later check of the same words would only repeat, needs no other);
+        None while they have not, or when that silence is over (speech
+        resumed, or the turn ended meanwhile)."""
         if not self.speaking or self._silence_from != check.pause:
             return None
         self._verdicts[check.round] = complete
-        needed = self.config.end_confirmations
+        needed = 1 if settled else self.config.end_confirmations
         firsts = range(max(1, check.round - needed + 1), check.round + 1)
         if not any(all(self._verdicts.get(r) for r in range(f, f + needed)) for f in firsts):
             return None

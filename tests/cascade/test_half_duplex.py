@@ -17,6 +17,7 @@ from omnilive.engines.base import (
 from omnilive.engines.cascade import CascadeEngine
 from omnilive.engines.cascade.half_duplex import CascadeHalfDuplex
 from tests.cascade.speech import Say, overlap, silence
+from tests.speech import longest_pause, speak_piper
 
 pytestmark = pytest.mark.cascade
 
@@ -144,6 +145,26 @@ def test_without_early_answers_the_turn_waits_for_prefill(engine: CascadeEngine,
     assert overlap(question, session.stats.transcript) >= 0.8
     assert text.strip() and audio
     session.close()
+
+
+def test_the_words_heard_at_a_pause_say_whether_the_turn_is_over(engine: CascadeEngine) -> None:
+    """The early answer started at a pause judges its words on the way: a
+    finished question scores high, a sentence cut off at a comma near 0
+    (Smart Turn finds this one finished by its sound)."""
+    cut_off = speak_piper("Can you tell me about the, history of Rome?")
+    verdicts = []
+    for speech in (speak_piper("Which animal is the largest on our planet?"), cut_off):
+        session = open_session(engine)
+        if speech is cut_off:
+            speech = speech[: longest_pause(speech)[0]]
+        heard = listen_like_a_runner(session, speech)
+        session.settle()  # a runner's check comes 200 ms into the pause; here at once
+        verdicts.append(session.end_of_turn(heard))
+        assert session.end_of_turn(np.concatenate([heard, speech])) is None  # other speech
+        session.close()
+    finished, unfinished = verdicts
+    assert finished is not None and unfinished is not None
+    assert finished > 0.15 > 0.05 > unfinished, verdicts
 
 
 def test_a_transcript_made_in_a_quiet_moment_is_reused(engine: CascadeEngine, say: Say) -> None:

@@ -57,3 +57,34 @@ def test_prompts_that_cannot_fit_are_refused(engine: CascadeEngine) -> None:
     llm = engine.stack.llm
     with pytest.raises(EngineError, match="exceeds the context"):
         next(llm.stream([1] * 2000, GREEDY, 100))
+
+
+# As Whisper writes them: a finished question without its "?", a speaker
+# cut off at a pause with a "." added.
+FINISHED = ["What is a good name for a small black cat", "Tell me something about the ocean."]
+CUT_OFF = ["I would like to book a table for", "I need to buy some."]
+
+
+def test_the_model_hears_whether_a_message_is_finished(engine: CascadeEngine) -> None:
+    """Its chance of a sentence ending right after the words (their own
+    closing punctuation left out): high for a finished question, near
+    nothing for one cut off mid-sentence."""
+    llm = engine.stack.llm
+    system = Message("system", "You are a helpful assistant. Reply briefly and naturally.")
+    finished = [llm.end_probability([system, Message("user", t)]) for t in FINISHED]
+    cut_off = [llm.end_probability([system, Message("user", t)]) for t in CUT_OFF]
+    assert min(finished) > 0.15 > 0.05 > max(cut_off), (finished, cut_off)
+
+
+def test_judging_the_words_leaves_them_cached_for_the_answer(engine: CascadeEngine) -> None:
+    llm = engine.stack.llm
+    messages = [SYSTEM, Message("user", "Name a colour")]
+    prompt = llm.tokens(messages)
+    llm.clear_cache()
+    llm.end_probability(messages)
+    judged_then_answered = "".join(llm.stream(prompt, GREEDY, 12))
+    assert llm.last_reused >= len(prompt) - 6  # only the assistant's opener is new
+    llm.clear_cache()
+    assert "".join(llm.stream(prompt, GREEDY, 12)) == judged_then_answered
+    with pytest.raises(EngineError, match="not the user's"):
+        llm.end_probability([SYSTEM])

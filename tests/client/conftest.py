@@ -3,26 +3,11 @@ about a second), scripted unless a module asks for the cascade engine."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.servers import Server
-
-
-@contextlib.contextmanager
-def running(tmp: Path, ready_timeout: float = 60.0, **options: Any) -> Iterator[Server]:
-    """``omnilive serve`` until the block ends."""
-    server = Server(tmp, **options).start()
-    try:
-        asyncio.run(server.wait_ready(timeout=ready_timeout, workers=1))
-        yield server
-    finally:
-        server.stop()
+from tests.servers import Server, running
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,7 @@ from omnilive.client.errors import (
     TooManySessionsError,
     UnauthorizedError,
 )
-from tests.client.conftest import running
-from tests.servers import Server, free_port
+from tests.servers import Server, free_port, running
 
 ADMIN = "admin-key-0123456789abcdef"
 ALICE = "alice-key-0123456789abcdef"

@@ -21,8 +21,7 @@ from omnilive.client import (
 )
 from omnilive.client.errors import QueueFullError, RequestCancelledError
 from omnilive.client.session import Session
-from tests.client.conftest import running
-from tests.servers import Server
+from tests.servers import Server, running
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,8 @@ import pytest
 from omnilive.client.audio import load_wav, write_wav
 from omnilive.engines.cascade.asr import WhisperASR
 from tests.cascade.speech import overlap
-from tests.client.conftest import running
 from tests.client.helpers import talk
-from tests.servers import Server
+from tests.servers import Server, running
 from tests.speech import speak
 
 pytestmark = pytest.mark.cascade

@@ -8,12 +8,14 @@ a sentence spoken with a comma where the speaker stops, cut at that pause.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 
 import numpy as np
+import pytest
 
 from omnilive.end_of_turn import SmartTurn
 from tests.clients import open_client
-from tests.servers import Server
+from tests.servers import Server, running
 from tests.speech import chunks_b64, longest_pause, silence, speak_piper
 
 COMPLETE = "Which animal is the largest on our planet?"
@@ -34,16 +36,18 @@ def test_the_model_tells_a_finished_turn_from_a_paused_one():
     assert finished > 0.8 > 0.3 > paused, (finished, paused)
 
 
-async def turn_ends(server: Server, speech: np.ndarray, wait_s: float = 4.0) -> bool:
+async def turn_ends(
+    server: Server, speech: np.ndarray, wait_s: float = 4.0, pace_s: float = 0.01
+) -> bool:
     """Whether a half-duplex turn of ``speech`` followed by 0.5 s of silence
     ends; no audio comes after it, so the 800 ms silence rule alone never
-    ends it."""
+    ends it. Pieces of 0.1 s go ``pace_s`` apart (0.1: as a microphone)."""
     client = await open_client(server)
     await client.prepare("Be brief.", config={"vad": {"min_silence_duration_ms": 800}})
     audio = np.concatenate([silence(0.6), speech, silence(0.5)])
     for chunk in chunks_b64(audio, seconds=0.1):
         await client.send({"type": "audio_chunk", "audio_base64": chunk})
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(pace_s)
     try:
         await client.until("generating", timeout=wait_s)
     except TimeoutError:
@@ -57,3 +61,25 @@ async def test_a_finished_turn_is_answered_before_the_silence_rule(server):
 
 async def test_a_paused_turn_waits_for_the_silence_rule(server):
     assert not await turn_ends(server, up_to_the_pause(speak_piper(PAUSED)))
+
+
+@pytest.fixture(scope="module")
+def cascade(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with running(tmp_path_factory.mktemp("turns"), engine="cascade", ready_timeout=240) as server:
+        yield server
+
+
+@pytest.mark.cascade
+async def test_on_the_cascade_words_cut_off_hold_a_turn_that_sounds_finished(cascade: Server):
+    """Smart Turn finds this cut-off turn finished by its sound (0.93 at 200
+    and 400 ms of silence: two agreeing verdicts); the cascade's language
+    model, reading "Can you tell me about the", does not."""
+    cut_off = up_to_the_pause(speak_piper("Can you tell me about the, history of Rome?"))
+    # At a microphone's pace: the words are judged by the answer begun at the pause.
+    assert not await turn_ends(cascade, cut_off, pace_s=0.1)
+
+
+@pytest.mark.cascade
+async def test_on_the_cascade_a_finished_question_is_answered_before_the_rule(cascade: Server):
+    question = speak_piper("What is the tallest mountain in the whole world?")
+    assert await turn_ends(cascade, question, pace_s=0.1)

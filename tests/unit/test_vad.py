@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from omnilive.config import EndOfTurnSettings
+from omnilive.end_of_turn import Verdict, verdict
 from omnilive.vad import (
     SileroModel,
     SpeechDiscarded,
@@ -176,6 +178,19 @@ def test_a_turn_ends_when_its_last_checks_all_find_it_complete():
     assert isinstance(v.judged(first, True), SpeechEnded)
     v, (first, second) = two_checks(2)
     assert v.judged(first, False) is None and v.judged(second, True) is None and v.speaking
+    v, (first, _) = two_checks(2)
+    assert isinstance(v.judged(first, True, settled=True), SpeechEnded)  # words need no second
+
+
+def test_the_words_lead_the_verdict_and_a_plainly_going_voice_vetoes_it():
+    settings = EndOfTurnSettings(threshold=0.9, words_threshold=0.3, audio_veto=0.05)
+    assert verdict(settings, audio_p=0.95, words_p=None) == Verdict(True, settled=False)
+    assert verdict(settings, audio_p=0.5, words_p=None) == Verdict(False, settled=False)
+    # "Can you tell me about the" sounded finished (0.93) but its words are not
+    assert verdict(settings, audio_p=0.93, words_p=0.001) == Verdict(False, settled=True)
+    # a finished question in a voice the audio model misreads (0.06)
+    assert verdict(settings, audio_p=0.06, words_p=0.72) == Verdict(True, settled=True)
+    assert verdict(settings, audio_p=0.01, words_p=0.72) == Verdict(False, settled=True)
 
 
 def test_a_turn_check_is_void_once_speech_resumes_and_the_rule_still_ends_it():

@@ -339,6 +339,14 @@ class HalfDuplexSession(abc.ABC):
         work; otherwise the engine must discard it.
         """
 
+    def end_of_turn(self, speech: np.ndarray) -> float | None:
+        """The engine's own estimate (0–1), from the words it understood in
+        ``speech`` (the turn so far, its silence included), that the user has
+        finished; None: no opinion, the worker's audio model judges alone.
+        Called off the event loop at each of the VAD's turn checks; it may
+        wait briefly for the early work of :meth:`hear`."""
+        return None
+
     def keep_heard(self, text: str) -> bool:
         """Cut the last answer in the context to ``text``, the part the user
         heard (docs/resume.md); False when the engine cannot roll its context

@@ -45,7 +45,7 @@ from omnilive.engines.cascade._vad import FRAME, RATE, FrameVAD
 from omnilive.engines.cascade.answer import AnswerStream, SpokenSentence
 from omnilive.engines.cascade.asr import Transcript
 from omnilive.engines.cascade.conversation import ConversationView, Fit
-from omnilive.engines.cascade.llm import Message
+from omnilive.engines.cascade.llm import LlamaChat, Message
 from omnilive.engines.cascade.stack import (
     ModelStack,
     Notices,
@@ -60,6 +60,9 @@ QUIET_MIN_NEW_S = 0.3  # ...if at least this much speech came since the last one
 TAIL_SPEECH_THRESHOLD = 0.5  # VAD probability that makes extra samples "speech"
 TAIL_SPEECH_FRAMES = 3  # ~100 ms of it means the user said more
 INAUDIBLE = "[inaudible]"
+# A turn check waits this long for the early answer's judgement (it is
+# usually there: Whisper and ~15 tokens of the LLM, from the pause on).
+JUDGE_WAIT_S = 0.4
 
 
 @dataclass(eq=False)
@@ -75,6 +78,8 @@ class _Early:
     answer: AnswerStream | None = None
     head: list[TextAudioChunk] = field(default_factory=list)  # chunks already made
     heard: _Early | None = None  # an earlier transcript of the same speech to reuse
+    end_p: float | None = None  # the LLM's chance the user's words end the turn
+    judged: threading.Event = field(default_factory=threading.Event)  # end_p is known (or never)
     _closing: threading.Lock = field(default_factory=threading.Lock)
 
     def discard(self) -> None:
@@ -112,7 +117,7 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
     ) -> None:
         self._stack = stack
         self._require = require
-        self._early_work = early  # settings: cascade.early_answer
+        self._answers_early = early  # settings: cascade.early_answer
         self._notices = Notices()
         self._options = HalfDuplexOptions()
         self._voice = stack.tts.resolve_voice(None).espeak
@@ -160,7 +165,7 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
         return fit.tokens
 
     def hear(self, speech_so_far: np.ndarray, paused: bool) -> None:
-        if not self._early_work:
+        if not self._answers_early:
             return  # all the work waits for prefill
         if self._closed or self._turn is not None or self._speaking is not None:
             return  # a turn is under way: nothing heard now starts another yet
@@ -186,6 +191,17 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
         if quiet or new >= PARTIAL_STEP_S * RATE:
             self._partial_samples = speech.size
             self._start_early(speech, speculative=False)
+
+    def end_of_turn(self, speech: np.ndarray) -> float | None:
+        """The language model's chance that the words heard at the pause end
+        the user's message (``LlamaChat.end_probability``): read by the early
+        answer started at that pause, for this same speech (only silence
+        added); None when there is none, or the model is a remote one."""
+        early = self._early
+        if early is None or not early.speculative or not self._same_speech(early.speech, speech):
+            return None
+        early.judged.wait(JUDGE_WAIT_S)
+        return early.end_p
 
     def prefill(self, speech: np.ndarray) -> int:
         if self._speaking is not None:
@@ -354,6 +370,12 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
 
     def _work(self, early: _Early) -> None:
         """Runs on the session's thread: transcribe, and maybe start the answer."""
+        try:
+            self._early_work(early)
+        finally:
+            early.judged.set()  # a turn check waiting for end_p goes on without it
+
+    def _early_work(self, early: _Early) -> None:
         if early.cancel.is_set():
             return
         # A reusable transcript ran before this job on the same thread: it is done.
@@ -368,6 +390,12 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
             return
         with self._lock:
             fit = self._fit(transcript)
+        if isinstance(self._stack.llm, LlamaChat) and transcript.text:
+            # Next to free for the answer: the words it judges stay in the cache.
+            early.end_p = self._stack.llm.end_probability(fit.messages)
+        early.judged.set()
+        if early.cancel.is_set():
+            return
         answer = self._stack.answer(
             self._stack.llm.tokens(fit.messages, self._tools),
             self._options.generation,

@@ -21,6 +21,7 @@ abandoned (a cancelled speculation, a closed session) must not block the next.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -37,6 +38,10 @@ log = logging.getLogger(__name__)
 N_CTX = 2048
 REPEAT_PENALTY = 1.1  # a 135M model loops without it
 SEED = 0x5EED
+# What may follow a finished sentence (end_probability); the text's own
+# closing punctuation is taken off before it is judged.
+SENTENCE_ENDS = (".", "?", "!", "…", "...", "<|im_end|>")
+_TRAILING_PUNCTUATION = re.compile(r"[\s.?!…,;:]+$")
 SHIFT_MIN_MATCH = 16  # cached tokens that must line up after a gap to shift them
 
 
@@ -87,6 +92,8 @@ class LlamaChat:
         self._llm: Any = None
         self._formatter: Any = None
         self._stop: list[str] = []
+        self._message_end = -1  # the token that closes a ChatML message
+        self._sentence_ends: list[int] = []  # tokens that end a sentence or the message
         # Serialises every call into llama.cpp; ``_generation`` names the one
         # stream allowed to advance (see module docstring).
         self._lock = threading.Lock()
@@ -121,6 +128,10 @@ class LlamaChat:
         self._formatter = Jinja2ChatFormatter(template, eos_token=eos, bos_token=bos)
         # ChatML: a new "<|im_start|>" means the model began another turn itself.
         self._stop = sorted({eos, "<|im_start|>", "<|im_end|>"})
+        [self._message_end] = llm.tokenize(b"<|im_end|>", add_bos=False, special=True)
+        self._sentence_ends = sorted(
+            {llm.tokenize(end.encode(), add_bos=False, special=True)[0] for end in SENTENCE_ENDS}
+        )
         self._llm = llm
 
     def close(self) -> None:
@@ -151,6 +162,43 @@ class LlamaChat:
 
     def count(self, messages: list[Message]) -> int:
         return len(self.tokens(messages))
+
+    def end_probability(self, messages: list[Message]) -> float:
+        """How sure the model is that the user's message (the last of
+        ``messages``) is finished where its words stop: its probability that
+        the next token ends a sentence (. ? ! …) or the message. The message's
+        own closing punctuation is left out first: Whisper adds it to a
+        speaker cut off mid-sentence ("I need to buy some.") and leaves it
+        off finished questions, so the words must speak for themselves. A
+        sentence cut off at a pause ("book a table for") scores near 0.
+
+        Ends a stream in flight, as a new one would. The words stay in the
+        cache, so the answer to the same messages evaluates only what follows
+        them: the judgement costs the answer next to nothing.
+        """
+        if self._llm is None:
+            raise EngineError("the language model is not loaded")
+        if not messages or messages[-1].role != "user":
+            raise EngineError("the last message is not the user's")
+        import llama_cpp
+
+        last = messages[-1]
+        words = Message("user", _TRAILING_PUNCTUATION.sub("", last.content))
+        prompt = self.tokens([*messages[:-1], words])
+        closing = [i for i, token in enumerate(prompt) if token == self._message_end]
+        prompt = prompt[: closing[-1]]  # up to the words' end
+        llm = self._llm
+        with self._lock:
+            self._generation += 1
+            self._close_current()
+            # One token at least is evaluated again: its logits are the answer.
+            llm.n_tokens = min(self._reuse_cache(prompt), len(prompt) - 1)
+            llm.eval(prompt[llm.n_tokens :])
+            logits = np.ctypeslib.as_array(
+                llama_cpp.llama_get_logits(llm.ctx), shape=(llm.n_vocab(),)
+            ).astype(np.float64)
+        odds = np.exp(logits - logits.max())
+        return float(odds[self._sentence_ends].sum() / odds.sum())
 
     def stream(
         self, prompt: list[int], options: GenerationOptions, max_tokens: int

@@ -282,7 +282,7 @@ class ConversationRunner(Responses, StreamingRunner):
 
     async def _judge_turn(self, check: TurnCheck) -> None:
         """``semantic_vad``: a turn the model finds finished ends now."""
-        ended = await judged_end(self.runtime, self.vad, check)
+        ended = await judged_end(self.runtime, self.record, self.session, self.vad, check)
         if isinstance(ended, SpeechEnded):
             await self._speech_ended(ended.segment)
 

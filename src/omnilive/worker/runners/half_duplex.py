@@ -324,7 +324,7 @@ class HalfDuplexRunner(StreamingRunner):
     async def _judge_turn(self, check: TurnCheck) -> None:
         """A finished turn is answered now; an unfinished one waits for the
         silence rule."""
-        ended = await judged_end(self.runtime, self.vad, check)
+        ended = await judged_end(self.runtime, self.record, self.session, self.vad, check)
         if isinstance(ended, SpeechEnded):
             await self._speech_ended(ended)
         elif isinstance(ended, SpeechDiscarded):

@@ -78,12 +78,23 @@ async def with_turn_checks(runtime: WorkerRuntime, config: VadConfig) -> VadConf
 
 
 async def judged_end(
-    runtime: WorkerRuntime, vad: StreamingVad | None, check: TurnCheck
+    runtime: WorkerRuntime,
+    record: SessionRecord,
+    session: HalfDuplexSession,
+    vad: StreamingVad | None,
+    check: TurnCheck,
 ) -> VadEvent | None:
-    """The end of a turn the model finds finished (``SpeechEnded``, or
+    """The end of a turn the models find finished (``SpeechEnded``, or
     ``SpeechDiscarded`` if too short); None while it is not (or not yet
-    confirmed), or when the user has gone on speaking meanwhile."""
+    confirmed), or when the user has gone on speaking meanwhile. The engine
+    judges the words it heard, where it can (``end_of_turn``)."""
     judge = runtime.turn_judge
     if judge is None or vad is None:
         return None
-    return vad.judged(check, await judge.complete(check.speech))
+    try:
+        words_p = await runtime.step(record, session.end_of_turn, check.speech)
+    except EngineError as exc:  # optional: the audio model judges alone
+        log.warning("judging the words of %s failed: %s", record.session_id, exc)
+        words_p = None
+    verdict = await judge.complete(check.speech, words_p)
+    return vad.judged(check, verdict.finished, verdict.settled)
