@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from omnilive.engines.cascade import CascadeEngine
@@ -15,6 +16,8 @@ from omnilive.engines.cascade.models import (
     package_dir,
     prepare_whisper,
 )
+from tests.cascade.speech import overlap, silence
+from tests.speech import speak_piper
 
 pytestmark = pytest.mark.cascade
 
@@ -65,3 +68,18 @@ def test_capabilities(engine: CascadeEngine) -> None:
     assert caps.audio_output and not caps.voice_cloning and not caps.vision
     assert caps.context_length == engine.stack.llm.n_ctx == 2048
     assert caps.slots == 1
+
+
+def test_a_question_heard_right_as_it_ends_is_transcribed_whole(engine: CascadeEngine) -> None:
+    """The answer begun at a pause transcribes speech that ends ~50 ms after
+    its last word; with too little room after it in its shortened window,
+    Whisper gave back the first word alone ("What", "Did", "Why")."""
+    questions = (
+        "What is the best way to learn a new language?",
+        "Could you recommend a good book to read this weekend?",
+        "Why do cats like to sleep so much during the day?",
+    )
+    for question in questions:
+        clip = np.concatenate([silence(0.03), speak_piper(question), silence(0.05)])
+        heard = engine.stack.asr.transcribe(clip).text
+        assert overlap(question, heard) >= 0.8, heard

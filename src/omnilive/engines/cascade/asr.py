@@ -24,7 +24,10 @@ from omnilive.engines.base import EngineError
 
 FRAMES_PER_SECOND = 100  # mel frames (10 ms hop)
 FULL_WINDOW_FRAMES = 3000  # Whisper's native 30 s
-WINDOW_MARGIN_FRAMES = 50  # room after the speech so the last word is not clipped
+# Room after the speech. With 0.5 s, a clip that ends 50 ms after its last
+# word (an early transcript at a pause) often came back as its first word
+# alone ("What", "Why"): 8 of 42 Piper questions, none with 1 s (+28 ms).
+WINDOW_MARGIN_FRAMES = 100
 WINDOW_STEP_FRAMES = 100  # round windows up to whole seconds
 TOKENS_PER_SECOND_CAP = 10  # fast speech is ~7 tokens/s; more than this is a loop
 NO_SPEECH_THRESHOLD = 0.6
