@@ -60,9 +60,11 @@ QUIET_MIN_NEW_S = 0.3  # ...if at least this much speech came since the last one
 TAIL_SPEECH_THRESHOLD = 0.5  # VAD probability that makes extra samples "speech"
 TAIL_SPEECH_FRAMES = 3  # ~100 ms of it means the user said more
 INAUDIBLE = "[inaudible]"
-# A turn check waits this long for the early answer's judgement (it is
-# usually there: Whisper and ~15 tokens of the LLM, from the pause on).
-JUDGE_WAIT_S = 0.4
+# A turn check waits at most this long for the early answer's judgement:
+# Whisper and ~15 tokens of the LLM from the pause on, usually there within
+# 100 ms of the first check; on a loaded machine a short wait would leave
+# the turn to Smart Turn alone, which ends many a cut-off turn.
+JUDGE_WAIT_S = 1.0
 
 
 @dataclass(eq=False)
