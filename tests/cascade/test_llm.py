@@ -88,3 +88,4 @@ def test_judging_the_words_leaves_them_cached_for_the_answer(engine: CascadeEngi
     assert "".join(llm.stream(prompt, GREEDY, 12)) == judged_then_answered
     with pytest.raises(EngineError, match="not the user's"):
         llm.end_probability([SYSTEM])
+    assert llm.end_probability([SYSTEM, Message("user", " ... ")]) == 0.0

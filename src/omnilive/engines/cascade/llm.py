@@ -182,8 +182,9 @@ class LlamaChat:
             raise EngineError("the last message is not the user's")
         import llama_cpp
 
-        last = messages[-1]
-        words = Message("user", _TRAILING_PUNCTUATION.sub("", last.content))
+        words = Message("user", _TRAILING_PUNCTUATION.sub("", messages[-1].content))
+        if not words.content:
+            return 0.0  # nothing said: nothing finished
         prompt = self.tokens([*messages[:-1], words])
         closing = [i for i, token in enumerate(prompt) if token == self._message_end]
         prompt = prompt[: closing[-1]]  # up to the words' end
