@@ -11,10 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from omnilive.serving import ExitCode
-from tests.servers import Server, free_port, free_port_run
+from tests.servers import Server, chat_once, free_port, free_port_run, user
 
 TIMEOUT_S = 90
 
@@ -188,3 +189,30 @@ def test_sigterm_is_a_clean_exit(tmp_path: Path, command: str) -> None:
     process.terminate()
     _, rest = process.communicate(timeout=TIMEOUT_S)
     assert process.returncode == 0, rest
+
+
+async def test_a_gateway_without_aiortc_serves_and_refuses_webrtc_calls(tmp_path: Path) -> None:
+    """A GPU machine set up without aiortc or PyAV: one line in the log, the
+    WebSocket serves, a WebRTC offer is refused with its own code, and the
+    pages are told WebRTC is off (they use the WebSocket)."""
+    hidden = tmp_path / "hidden"
+    (hidden / "aiortc").mkdir(parents=True)
+    (hidden / "aiortc" / "__init__.py").write_text('raise ImportError("not installed here")\n')
+    path = os.pathsep.join(p for p in (str(hidden), os.environ.get("PYTHONPATH")) if p)
+    server = Server(tmp_path, env={"PYTHONPATH": path}).start()
+    try:
+        await server.wait_ready(timeout=60, workers=1)
+        assert (await server.get("/api/webrtc/config"))["enabled"] is False
+        async with httpx.AsyncClient(base_url=server.http) as http:
+            offer = "v=0\r\no=- 1 1 IN IP4 127.0.0.1\r\ns=-\r\nt=0 0\r\n"
+            refused = await http.post(
+                "/v1/realtime/calls", content=offer, headers={"content-type": "application/sdp"}
+            )
+        assert refused.status_code == 503
+        assert refused.json()["error"]["code"] == "webrtc_unavailable"
+        answer = await chat_once(server, user("Say hello."))
+        assert answer[-1]["type"] == "done"
+    finally:
+        server.stop()
+    log = server.log_path.read_text()
+    assert "WebRTC is off: aiortc cannot be imported" in log and "Traceback" not in log

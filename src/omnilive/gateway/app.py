@@ -39,13 +39,14 @@ from omnilive.gateway.routes import (
 )
 from omnilive.gateway.state import Gateway
 from omnilive.gateway.supervisor import GaveUp, Supervisor, worker_url
-from omnilive.gateway.webrtc.calls import Calls
+from omnilive.gateway.webrtc import missing as webrtc_missing
 from omnilive.recording.cleanup import cleanup_periodically
 from omnilive.serving import ProcessExit
 from omnilive.tasks import TaskSet
 
 if TYPE_CHECKING:
     from omnilive.cluster.deploy import Deployment
+    from omnilive.gateway.webrtc.calls import Calls
 
 log = logging.getLogger(__name__)
 # On shutdown, how long workers may take to finish the sessions the gateway
@@ -60,6 +61,18 @@ async def _workers_settled(gateway: Gateway, timeout_s: float) -> None:
             await asyncio.gather(*settling)
     except TimeoutError:
         log.warning("workers still hold sessions after %.0f s; stopping them anyway", timeout_s)
+
+
+def _webrtc_calls(settings: Settings) -> Calls | None:
+    """The registry of WebRTC calls, or None where aiortc or PyAV cannot be
+    imported: the gateway still serves every mode over the WebSocket."""
+    reason = webrtc_missing()
+    if reason is not None:
+        log.warning("WebRTC is off: %s; calls are refused, the WebSocket serves", reason)
+        return None
+    from omnilive.gateway.webrtc.calls import Calls  # imports aiortc
+
+    return Calls(settings.webrtc)
 
 
 def _start_workers(
@@ -128,11 +141,12 @@ def create_app(
         registry: GatewayMetrics = app.state.metrics
         tasks.spawn("live-stats", sample_periodically(registry.live, lambda: live_reading(gateway)))
         app.state.gateway = gateway
-        app.state.webrtc = calls = Calls(settings.webrtc)
+        app.state.webrtc = calls = _webrtc_calls(settings)
         try:
             yield
         finally:
-            await calls.close()
+            if calls is not None:
+                await calls.close()
             # On a cluster the registry waits for its workers, when it stops them.
             if cluster is None:
                 await _workers_settled(gateway, WORKER_SETTLE_S)

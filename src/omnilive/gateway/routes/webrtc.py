@@ -12,15 +12,16 @@
 
 Refusals are JSON with a documented code: 400 ``invalid_sdp``,
 ``offer_without_audio``, ``offer_without_data_channel``; 415
-``unsupported_media_type``; 503 ``too_many_peer_connections`` or
-``webrtc_disabled``; the session's own refusals (401, 403, 429, 503) as the
-WebSocket path would make them.
+``unsupported_media_type``; 503 ``too_many_peer_connections``,
+``webrtc_disabled`` or ``webrtc_unavailable`` (aiortc or PyAV not installed);
+the session's own refusals (401, 403, 429, 503) as the WebSocket path would
+make them.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Request, Response
@@ -28,12 +29,13 @@ from fastapi.responses import JSONResponse
 
 from omnilive.gateway.auth import principal_of
 from omnilive.gateway.http_errors import error_body
-from omnilive.gateway.webrtc.call import Call, Refused
-from omnilive.gateway.webrtc.calls import Calls, TooManyCalls
 from omnilive.gateway.webrtc.dialects import Dialect, MediaDialect
 from omnilive.gateway.webrtc.offer import MAX_OFFER_BYTES, Offer, OfferError, parse_offer
 from omnilive.ids import mint
 from omnilive.protocol.openai_realtime import DEFAULT_MODEL
+
+if TYPE_CHECKING:
+    from omnilive.gateway.webrtc.calls import Calls
 
 router = APIRouter()
 # The headers a session's scope keeps from its signalling request: what the
@@ -50,7 +52,12 @@ class CallRefused(Exception):
 
 
 def calls_of(request: Request) -> Calls:
-    return request.app.state.webrtc
+    calls = request.app.state.webrtc
+    if calls is None:  # aiortc or PyAV cannot be imported here (the log said so)
+        raise CallRefused(
+            503, "webrtc_unavailable", "WebRTC is not installed on this server; use the WebSocket"
+        )
+    return calls
 
 
 @router.get("/api/webrtc/config")
@@ -58,7 +65,10 @@ async def webrtc_config(request: Request) -> dict[str, Any]:
     """What a page needs to open a call: whether WebRTC is on, and the ICE servers."""
     settings = request.app.state.gateway.settings.webrtc
     servers = [s.model_dump(exclude_none=True) for s in settings.ice_servers]
-    return {"enabled": settings.enabled, "ice_servers": servers, **calls_of(request).stats()}
+    calls = request.app.state.webrtc
+    if calls is None:  # not installed: the pages use the WebSocket
+        return {"enabled": False, "ice_servers": servers, "unavailable": True}
+    return {"enabled": settings.enabled, "ice_servers": servers, **calls.stats()}
 
 
 @router.post("/v1/realtime/calls")
@@ -81,7 +91,8 @@ async def realtime_call(request: Request, model: str | None = None) -> Response:
 @router.post("/v1/realtime/calls/{call_id}/hangup")
 async def hang_up(request: Request, call_id: str) -> Response:
     caller = principal_of(request)
-    call = calls_of(request).get(call_id, caller.key_id, caller.is_admin)
+    calls = request.app.state.webrtc
+    call = calls.get(call_id, caller.key_id, caller.is_admin) if calls is not None else None
     if call is None:
         body = {"error": {"type": "invalid_request_error", "code": "call_not_found",
                           "message": f"no open call {call_id}", "param": None}}  # fmt: skip
@@ -112,6 +123,7 @@ async def _own_mode(request: Request, dialect: Dialect, path: str, query: str) -
 async def _offer(request: Request) -> Offer:
     if not request.app.state.gateway.settings.webrtc.enabled:
         raise CallRefused(503, "webrtc_disabled", "WebRTC is switched off; use the WebSocket")
+    calls_of(request)  # installed, or refused before the offer is read
     content_type = request.headers.get("content-type", "")
     form: dict[str, str] | None = None
     try:
@@ -137,6 +149,9 @@ async def _open(
     query: str,
     first_events: list[str] | None = None,
 ) -> Response:
+    from omnilive.gateway.webrtc.call import Call, Refused  # imports aiortc
+    from omnilive.gateway.webrtc.calls import TooManyCalls
+
     calls = calls_of(request)
     call_id = mint("rtc", 12)
     caller = principal_of(request)
