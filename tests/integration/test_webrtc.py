@@ -311,3 +311,35 @@ async def test_whisper_hears_the_question_through_opus(tmp_path: Path):
     finally:
         await peer.close()
         server.stop()
+
+
+async def test_a_lost_call_is_continued_by_a_new_offer(server: Server):
+    """A page whose network changed offers again with its session's resume
+    token (docs/resume.md): the new call takes the session over (the old
+    one is closed), the events it missed are replayed, and the conversation
+    goes on over the new connection."""
+    first, second = Peer(channel="events"), Peer(channel="events")
+    try:
+        response = await first.call(f"{server.http}/api/webrtc/half_duplex/hd_rtc_resume")
+        assert response.status_code == 201, response.text
+        await first.opened.wait()
+        first.send({"type": "prepare", "system_prompt": "Be brief."})
+        await first.until("prepared")
+        token = next(e["resume_token"] for e in first.events if "resume_token" in e)
+        resume = f"resume_token={token}&last_seq={len(first.events) - 1}"  # one event missed
+        url = f"{server.http}/api/webrtc/half_duplex/hd_rtc_resume?{resume}"
+        response = await second.call(url)
+        assert response.status_code == 201, response.text
+        resumed = await second.until("session.resumed")
+        assert resumed["replayed"] == 1 and resumed["events_lost"] == 0
+        await second.until("prepared", timeout=5)  # the missed event, replayed
+        async with asyncio.timeout(10):
+            await first.closed.wait()
+        second.mic.play(np.concatenate([speak("Tell me something nice."), silence(2.0)]))
+        await second.until("turn_done", timeout=30)
+        second.send({"type": "stop"})
+        await second.until("stopped")
+    finally:
+        await first.close()
+        await second.close()
+    await until_idle(server)

@@ -29,6 +29,7 @@ from fastapi.responses import JSONResponse
 
 from omnilive.gateway.auth import principal_of
 from omnilive.gateway.http_errors import error_body
+from omnilive.gateway.resume import LAST_SEQ_PARAM, SEQ_PARAM, TOKEN_PARAM
 from omnilive.gateway.webrtc.dialects import Dialect, MediaDialect
 from omnilive.gateway.webrtc.offer import MAX_OFFER_BYTES, Offer, OfferError, parse_offer
 from omnilive.ids import mint
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from omnilive.gateway.webrtc.calls import Calls
 
 router = APIRouter()
+RESUME_PARAMS = (TOKEN_PARAM, LAST_SEQ_PARAM, SEQ_PARAM)
 # The headers a session's scope keeps from its signalling request: what the
 # WebSocket path's auth and origin checks read.
 _KEPT_HEADERS = frozenset({b"authorization", b"origin", b"host", b"user-agent", b"cookie"})
@@ -80,7 +82,8 @@ async def realtime_call(request: Request, model: str | None = None) -> Response:
         if offer.session:
             session = {k: v for k, v in offer.session.items() if k != "model"}
             first.append(json.dumps({"type": "session.update", "session": session}))
-        query = urlencode({"model": model})  # escaped: a model name cannot add a mode=
+        # Escaped: a model name cannot add a mode=.
+        query = urlencode({"model": model, **_resuming(request)})
         return await _open(request, offer, Dialect.OPENAI, "/v1/realtime", query, first)
     except CallRefused as refused:
         body = {"error": {"type": "invalid_request_error", "code": refused.code,
@@ -103,13 +106,21 @@ async def hang_up(request: Request, call_id: str) -> Response:
 
 @router.post("/api/webrtc/half_duplex/{session_id}")
 async def half_duplex_call(request: Request, session_id: str) -> Response:
-    return await _own_mode(request, Dialect.HALF_DUPLEX, f"/ws/half_duplex/{session_id}", "")
+    query = urlencode(_resuming(request))
+    return await _own_mode(request, Dialect.HALF_DUPLEX, f"/ws/half_duplex/{session_id}", query)
 
 
 @router.post("/api/webrtc/duplex/{session_id}")
 async def duplex_call(request: Request, session_id: str, mode: str | None = None) -> Response:
-    query = urlencode({"mode": mode}) if mode else ""
+    query = urlencode({**({"mode": mode} if mode else {}), **_resuming(request)})
     return await _own_mode(request, Dialect.DUPLEX, f"/ws/duplex/{session_id}", query)
+
+
+def _resuming(request: Request) -> dict[str, str]:
+    """The resume parameters of a call's offer (docs/resume.md), passed on to
+    its session's route: a call whose connection was lost continues its
+    session from a new offer, as a dropped WebSocket does from a new socket."""
+    return {k: v[:256] for k, v in request.query_params.items() if k in RESUME_PARAMS}
 
 
 async def _own_mode(request: Request, dialect: Dialect, path: str, query: str) -> Response:

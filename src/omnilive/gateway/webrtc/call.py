@@ -55,6 +55,8 @@ log = logging.getLogger(__name__)
 ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 MAX_ANSWER_AUDIO_S = 120.0  # queued answer audio; a longer backlog loses its oldest
 INBOX_SIZE = 256  # data-channel events not yet read by the session
+# What the session hears when the call ends: a hang-up, or the connection lost.
+CLOSE_NORMAL, CLOSE_ABNORMAL = 1000, 1006
 # Microphone audio resampled per thread hop: one Opus packet. Waiting to fill
 # a batch delays the end of speech reaching the VAD (40 ms batches cost ~55 ms).
 READ_BATCH_S = 0.02
@@ -117,6 +119,7 @@ class Call:
         self._remote: list[MediaStreamTrack] = []
         self._latest_frame: Any = None
         self._connect_sent = False
+        self._close_code = CLOSE_NORMAL  # what the session hears when the call ends
         self.dropped_audio_chunks = 0
         self.bytes_to_channel = 0
         self.bytes_from_channel = 0
@@ -153,7 +156,7 @@ class Call:
             return {"type": "websocket.connect"}
         while True:
             if self.closed.is_set():
-                return {"type": "websocket.disconnect", "code": 1000}
+                return {"type": "websocket.disconnect", "code": self._close_code}
             if self._inbox:
                 return {"type": "websocket.receive", "text": self._inbox.popleft()}
             if self._audio:
@@ -250,11 +253,17 @@ class Call:
         if state == "connected" and self.state is CallState.CONNECTING:  # never after CLOSED
             self.state = CallState.CONNECTED
             self.connected.set()
-        elif state in ("failed", "closed"):
+        elif state == "failed":  # the network, not the peer: the session may resume
+            self.close(CLOSE_ABNORMAL)
+        elif state == "closed":
             self.close()
 
-    def close(self) -> None:
-        """End the call: its session hears a disconnect; ``run`` closes the peer."""
+    def close(self, code: int = CLOSE_NORMAL) -> None:
+        """End the call: its session hears a disconnect (``code`` 1006, a
+        connection lost, suspends a resumable session for its grace period,
+        as a dropped WebSocket does); ``run`` closes the peer."""
+        if not self.closed.is_set():
+            self._close_code = code
         self.state = CallState.CLOSED
         self.closed.set()
         self._wake.set()
@@ -268,6 +277,7 @@ class Call:
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._watch(), name=f"call-{self.call_id}-watch")
+                group.create_task(self._hang_up(), name=f"call-{self.call_id}-hang-up")
                 readers = [
                     group.create_task(self._reader(track), name=f"call-{self.call_id}-{track.kind}")
                     for track in self._remote
@@ -286,6 +296,14 @@ class Call:
             for track in self._remote:
                 track.stop()
             await self.pc.close()
+
+    async def _hang_up(self) -> None:
+        """Close the peer connection once the call ends, even while its app
+        still runs: a session resumed on another call lives on in the app of
+        the call it began in, which no longer has a peer."""
+        await self.closed.wait()
+        self.track.stop()
+        await self.pc.close()
 
     def _reader(self, track: MediaStreamTrack) -> Coroutine[Any, Any, None]:
         return self._read_audio(track) if track.kind == "audio" else self._read_video(track)
