@@ -118,14 +118,19 @@ async def test_the_openai_sdk_opens_and_hangs_up_a_call(server: Server):
         await client.close()
 
 
+async def prepared_call(peer: Peer, url: str) -> None:
+    """A half-duplex call at ``url``, its session prepared."""
+    response = await peer.call(url)
+    assert response.status_code == 201, response.text
+    await peer.opened.wait()
+    peer.send({"type": "prepare", "system_prompt": "Be brief."})
+    await peer.until("prepared")
+
+
 async def test_a_half_duplex_call(server: Server):
     peer = Peer(channel="events")
     try:
-        response = await peer.call(f"{server.http}/api/webrtc/half_duplex/hd_rtc_test")
-        assert response.status_code == 201, response.text
-        await peer.opened.wait()
-        peer.send({"type": "prepare", "system_prompt": "Be brief."})
-        await peer.until("prepared")
+        await prepared_call(peer, f"{server.http}/api/webrtc/half_duplex/hd_rtc_test")
         peer.mic.play(np.concatenate([speak("Tell me something nice."), silence(2.0)]))
         await peer.until("generating", timeout=30)
         await peer.until("turn_done", timeout=30)
@@ -320,11 +325,7 @@ async def test_a_lost_call_is_continued_by_a_new_offer(server: Server):
     goes on over the new connection."""
     first, second = Peer(channel="events"), Peer(channel="events")
     try:
-        response = await first.call(f"{server.http}/api/webrtc/half_duplex/hd_rtc_resume")
-        assert response.status_code == 201, response.text
-        await first.opened.wait()
-        first.send({"type": "prepare", "system_prompt": "Be brief."})
-        await first.until("prepared")
+        await prepared_call(first, f"{server.http}/api/webrtc/half_duplex/hd_rtc_resume")
         token = next(e["resume_token"] for e in first.events if "resume_token" in e)
         resume = f"resume_token={token}&last_seq={len(first.events) - 1}"  # one event missed
         url = f"{server.http}/api/webrtc/half_duplex/hd_rtc_resume?{resume}"
