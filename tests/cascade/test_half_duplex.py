@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from omnilive.audio import INPUT_RATE
+from omnilive.config import EndOfTurnSettings
 from omnilive.engines.base import (
     AudioPart,
     CapabilityError,
@@ -164,7 +165,8 @@ def test_the_words_heard_at_a_pause_say_whether_the_turn_is_over(engine: Cascade
         session.close()
     finished, unfinished = verdicts
     assert finished is not None and unfinished is not None
-    assert finished > 0.15 > 0.05 > unfinished, verdicts
+    threshold = EndOfTurnSettings().words_threshold  # what the worker's verdict asks
+    assert finished > threshold > unfinished, verdicts
 
 
 def test_a_transcript_made_in_a_quiet_moment_is_reused(engine: CascadeEngine, say: Say) -> None:
