@@ -191,6 +191,8 @@ class TurnJudge:
         and the engine's judgement of its words (``words_p``, if any)."""
         if self._model is None:
             return Verdict(False, settled=False)
+        if words_p is not None and words_p < self.settings.words_threshold:
+            return Verdict(False, settled=True)  # as verdict() says, whatever the sound
         audio_p = await asyncio.to_thread(self._model.probability, audio)
         judged = verdict(self.settings, audio_p, words_p)
         log.debug("turn check: sound %.2f, words %s: %s", audio_p, words_p, judged)
