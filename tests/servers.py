@@ -136,6 +136,17 @@ class Server:
                     return worker
                 await asyncio.sleep(0.05)
 
+    async def wait_idle(self, timeout: float = 10.0) -> dict[str, Any]:
+        """``/status`` once no session holds a slot, waits in the queue or is
+        held suspended for a resume."""
+        async with asyncio.timeout(timeout):
+            while True:
+                status = await self.get("/status")
+                busy = status["workers"]["slots_busy"]
+                if not busy and not status["queue_length"] and not status["suspended_sessions"]:
+                    return status
+                await asyncio.sleep(0.1)
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-6000:] if self.log_path.exists() else ""
 

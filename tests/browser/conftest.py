@@ -40,3 +40,14 @@ def scripted_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server
 @pytest.fixture(scope="module")
 def cascade_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     yield from _serve(tmp_path_factory, "cascade")
+
+
+@pytest.fixture(autouse=True)
+def _shared_server_left_idle(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After a test on the shared scripted server, wait until it has no
+    session: closing a page ends its session, but not before the test returns.
+    A dropped session is held for the 30 s resume grace, hence the timeout."""
+    yield
+    if "scripted_server" in request.fixturenames:
+        server: Server = request.getfixturevalue("scripted_server")
+        run_async(server.wait_idle(timeout=45))

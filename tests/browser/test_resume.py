@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.browser.harness import chromium, start_session
+from tests.browser.harness import chromium, run_async, start_session
 from tests.servers import Server
 from tests.tcp_proxy import ProxyThread
 
@@ -43,5 +43,10 @@ def test_the_duplex_page_resumes_after_a_cut(browser, scripted_server: Server) -
             assert len(kinds) == 2, kinds  # the session's socket, then the resumed one
             assert kinds[1][0] == "session.resumed" and "result" in kinds[1]
             assert page.get_attribute("#stage", "data-ai") in ("speaking", "listening")
+            # Ended from the page, not by closing it: a close that the proxy's
+            # teardown cuts short is a drop, and a dropped session is held
+            # (suspended) for 30 s on the server the next tests share.
+            page.click("#stop")
+            run_async(scripted_server.wait_idle())
         finally:
             page.close()
