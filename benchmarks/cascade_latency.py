@@ -133,7 +133,12 @@ async def run(args: argparse.Namespace, end_of_turn: bool) -> dict[str, Any]:
             async with connect(url, max_size=None) as ws:
                 while json.loads(await ws.recv())["type"] != "queue_done":
                     pass
-                vad = {"min_silence_duration_ms": args.min_silence_ms}
+                # Unset, the rule is the server's (end_of_turn.unfinished_wait_ms).
+                vad = (
+                    {}
+                    if args.min_silence_ms is None
+                    else {"min_silence_duration_ms": args.min_silence_ms}
+                )
                 prepare = {
                     "type": "prepare",
                     "system_prompt": "You are a helpful assistant. Answer in one short sentence.",
@@ -199,7 +204,12 @@ async def run(args: argparse.Namespace, end_of_turn: bool) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--chunk-s", type=float, default=0.1, help="client chunk length")
-    parser.add_argument("--min-silence-ms", type=int, default=800, help="VAD end-of-speech rule")
+    parser.add_argument(
+        "--min-silence-ms",
+        type=int,
+        help="the client's VAD end-of-speech rule (default: none set, the server's: 800 ms, "
+        "up to end_of_turn.unfinished_wait_ms for words judged unfinished)",
+    )
     parser.add_argument("--questions", type=int, default=len(QUESTIONS))
     parser.add_argument("--paused", type=int, default=len(PAUSED_TURNS))
     parser.add_argument("--end-of-turn", choices=["both", "on", "off"], default="both")
@@ -212,9 +222,9 @@ def main() -> None:
     for name, result in runs.items():
         print(name, json.dumps(result["summary_ms"]["end_to_end"]),
               json.dumps(result["premature_cut_ins"]))  # fmt: skip
+    rule = "-server" if args.min_silence_ms is None else f"{args.min_silence_ms}ms"
     out = args.out or RESULTS / (
-        f"cascade_latency_chunk{args.chunk_s:g}s_silence{args.min_silence_ms}ms"
-        f"_{args.end_of_turn}_{args.speaker}.json"
+        f"cascade_latency_chunk{args.chunk_s:g}s_silence{rule}_{args.end_of_turn}_{args.speaker}.json"
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(runs, indent=2) + "\n")

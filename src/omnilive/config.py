@@ -154,7 +154,9 @@ class EndOfTurnSettings(Section):
     ``confirmations`` times in a row is answered at once, any other waits for
     the session's silence rule (its ``min_silence_duration_ms``). An engine
     that understands the words (the cascade) judges them too, and its
-    verdict leads (``words_threshold``, ``audio_veto``)."""
+    verdict leads (``words_threshold``, ``audio_veto``); a turn whose words
+    are plainly unfinished may wait longer than the rule
+    (``unfinished_wait_ms``) where the client left the rule to the server."""
 
     enabled: bool = Field(True, description="Judge turns by meaning (off: silence alone).")
     check_after_ms: int = Field(
@@ -193,6 +195,15 @@ class EndOfTurnSettings(Section):
         lt=1,
         description="With the words judged, the audio model's probability below which it "
         "still holds the turn open (a voice that plainly goes on).",
+    )
+    unfinished_wait_ms: int = Field(
+        1600,
+        ge=0,
+        le=10_000,
+        description="The longest silence a turn whose words are judged unfinished is waited "
+        "for, in sessions whose client does not set min_silence_duration_ms (a client's own "
+        "rule is always the longest wait). A turn no words were judged for still ends at the "
+        "session's silence rule. 0: the silence rule for every turn.",
     )
 
 

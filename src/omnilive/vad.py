@@ -67,6 +67,9 @@ class VadConfig:
     max_speech_duration_s: float = 30.0  # Whisper's window; longer speech is cut here
     end_check_ms: int | None = None  # silence after which a TurnCheck is offered, and again
     end_confirmations: int = 1  # consecutive "complete" verdicts that end the turn
+    # Where min_silence_duration_ms was lengthened for turns whose words sound
+    # unfinished: the silence after which any other turn ends (see judged_end).
+    rule_silence_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,7 @@ class TurnCheck:
     speech: np.ndarray  # the turn's audio so far, the silence included
     pause: int
     round: int = 1
+    silence_ms: float = 0.0  # how long the silence has lasted
 
 
 @dataclass(frozen=True)
@@ -227,7 +231,10 @@ class StreamingVad:
             and silence >= self._end_check * (self._checks + 1)
         ):
             self._checks += 1
-            events.append(TurnCheck(self.speech_so_far, self._silence_from, self._checks))
+            silence_ms = 1000 * silence / self.rate
+            events.append(
+                TurnCheck(self.speech_so_far, self._silence_from, self._checks, silence_ms)
+            )
         elif end - self._start >= self._max_speech:
             events.append(self._finish(end))
         return events

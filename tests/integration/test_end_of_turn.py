@@ -36,15 +36,24 @@ def test_the_model_tells_a_finished_turn_from_a_paused_one():
     assert finished > 0.8 > 0.3 > paused, (finished, paused)
 
 
+RULE = {"vad": {"min_silence_duration_ms": 800}}
+
+
 async def turn_ends(
-    server: Server, speech: np.ndarray, wait_s: float = 4.0, pace_s: float = 0.01
+    server: Server,
+    speech: np.ndarray,
+    wait_s: float = 4.0,
+    pace_s: float = 0.01,
+    silence_s: float = 0.5,
+    config: dict | None = RULE,
 ) -> bool:
-    """Whether a half-duplex turn of ``speech`` followed by 0.5 s of silence
-    ends; no audio comes after it, so the 800 ms silence rule alone never
-    ends it. Pieces of 0.1 s go ``pace_s`` apart (0.1: as a microphone)."""
+    """Whether a half-duplex turn of ``speech`` followed by ``silence_s`` of
+    silence ends; no audio comes after it, so with 0.5 s the 800 ms silence
+    rule alone never ends it. Pieces of 0.1 s go ``pace_s`` apart (0.1: as a
+    microphone). ``config`` is the prepare's (None: the server's defaults)."""
     client = await open_client(server)
-    await client.prepare("Be brief.", config={"vad": {"min_silence_duration_ms": 800}})
-    audio = np.concatenate([silence(0.6), speech, silence(0.5)])
+    await client.prepare("Be brief.", config=config)
+    audio = np.concatenate([silence(0.6), speech, silence(silence_s)])
     for chunk in chunks_b64(audio, seconds=0.1):
         await client.send({"type": "audio_chunk", "audio_base64": chunk})
         await asyncio.sleep(pace_s)
@@ -83,3 +92,23 @@ async def test_on_the_cascade_words_cut_off_hold_a_turn_that_sounds_finished(cas
 async def test_on_the_cascade_a_finished_question_is_answered_before_the_rule(cascade: Server):
     question = speak_piper("What is the tallest mountain in the whole world?")
     assert await turn_ends(cascade, question, pace_s=0.1)
+
+
+async def test_without_words_a_turn_left_to_the_server_ends_at_the_silence_rule(server):
+    """The scripted engine judges no words: a client that sets no silence
+    rule still has its paused turn ended at the spec's 800 ms, as before."""
+    paused = up_to_the_pause(speak_piper(PAUSED))
+    assert await turn_ends(server, paused, silence_s=1.0, config=None)
+
+
+@pytest.mark.cascade
+async def test_on_the_cascade_unfinished_words_wait_past_the_rule_the_client_left_open(
+    cascade: Server,
+):
+    """A mid-sentence pause of 1.1 s: a client that set 800 ms has the turn
+    cut there (its own rule is the longest wait); one that left the rule to
+    the server is waited for, up to end_of_turn.unfinished_wait_ms (1.6 s)."""
+    cut_off = up_to_the_pause(speak_piper("The weather today is, really nice for a walk."))
+    assert await turn_ends(cascade, cut_off, pace_s=0.1, silence_s=1.1)
+    assert not await turn_ends(cascade, cut_off, pace_s=0.1, silence_s=1.1, config=None)
+    assert await turn_ends(cascade, cut_off, pace_s=0.1, silence_s=1.8, config=None)

@@ -223,7 +223,9 @@ class HalfDuplexRunner(StreamingRunner):
             speech_pad_ms=config.vad.speech_pad_ms,
             ignore_initial_ms=COLD_START_MS,
         )
-        vad_config = await with_turn_checks(self.runtime, vad_config)
+        # A client that sets no silence rule leaves it to the server (the end-of-turn settings).
+        rule_is_servers = "min_silence_duration_ms" not in config.vad.model_fields_set
+        vad_config = await with_turn_checks(self.runtime, vad_config, rule_is_servers)
         self.vad = StreamingVad(await asyncio.to_thread(SileroModel), vad_config)
         try:
             await self.runtime.step(self.record, self.session.prepare, parts, options)

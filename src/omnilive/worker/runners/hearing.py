@@ -63,18 +63,31 @@ class EarlyHearing:
 # --- turn-taking by meaning (the worker's end-of-turn model) -----------------------------
 
 
-async def with_turn_checks(runtime: WorkerRuntime, config: VadConfig) -> VadConfig:
+async def with_turn_checks(
+    runtime: WorkerRuntime, config: VadConfig, rule_is_servers: bool = False
+) -> VadConfig:
     """``config`` with the end-of-turn model's checks, if the worker has one
-    (and the session's silence rule is not already that short)."""
+    (and the session's silence rule is not already that short). Where the
+    client left the silence rule to the server (``rule_is_servers``), a turn
+    whose words sound unfinished may wait up to ``unfinished_wait_ms``: the
+    VAD's rule becomes that, and ``rule_silence_ms`` keeps the session's
+    rule for the turns no words were judged for."""
     judge = runtime.turn_judge
     if judge is None or not await judge.ready():
         return config
     settings = judge.settings
     if settings.check_after_ms >= config.min_silence_duration_ms:
         return config
-    return dataclasses.replace(
+    config = dataclasses.replace(
         config, end_check_ms=settings.check_after_ms, end_confirmations=settings.confirmations
     )
+    if rule_is_servers and settings.unfinished_wait_ms > config.min_silence_duration_ms:
+        config = dataclasses.replace(
+            config,
+            min_silence_duration_ms=settings.unfinished_wait_ms,
+            rule_silence_ms=config.min_silence_duration_ms,
+        )
+    return config
 
 
 async def judged_end(
@@ -96,5 +109,8 @@ async def judged_end(
     except EngineError as exc:  # optional: the audio model judges alone
         log.warning("judging the words of %s failed: %s", record.session_id, exc)
         words_p = None
+    rule_ms = vad.config.rule_silence_ms
+    if words_p is None and rule_ms is not None and check.silence_ms >= rule_ms:
+        return vad.judged(check, True, settled=True)  # the session's rule, as without words
     verdict = await judge.complete(check.speech, words_p)
     return vad.judged(check, verdict.finished, verdict.settled)

@@ -114,7 +114,7 @@ export default {
   'hd.timed_out': 'The session ended after {seconds} s without speech.',
   'hd.vad': 'Voice detection',
   'hd.threshold': 'Sensitivity threshold',
-  'hd.min_silence': 'Pause that ends your turn (ms)',
+  'hd.min_silence': 'Longest pause before I answer (ms; empty: by meaning)',
   'hd.min_speech': 'Shortest speech (ms)',
   'hd.pad': 'Padding (ms)',
   'hd.timeout': 'Session timeout (s)',

@@ -110,7 +110,7 @@ export default {
   'hd.timed_out': '{seconds} 秒没有说话，会话已结束。',
   'hd.vad': '语音检测',
   'hd.threshold': '灵敏度阈值',
-  'hd.min_silence': '结束发言的停顿（毫秒）',
+  'hd.min_silence': '回答前最长停顿（毫秒；留空：按语义）',
   'hd.min_speech': '最短语音（毫秒）',
   'hd.pad': '前后留白（毫秒）',
   'hd.timeout': '会话超时（秒）',

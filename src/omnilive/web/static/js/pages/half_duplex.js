@@ -239,12 +239,15 @@ async function start() {
 
 async function buildPrepare() {
   const { prompt, systemAudio, voice } = await persona.resolve();
+  // Left empty, the server ends the turn by meaning, waiting longer for words
+  // that sound unfinished; a number is the longest pause, whatever the words.
+  const silence = $('#vad-silence').value;
   const message = {
     type: 'prepare',
     config: {
       vad: {
         threshold: Number($('#vad-threshold').value),
-        min_silence_duration_ms: Number($('#vad-silence').value),
+        ...(silence ? { min_silence_duration_ms: Number(silence) } : {}),
         min_speech_duration_ms: Number($('#vad-speech').value),
         speech_pad_ms: Number($('#vad-pad').value),
       },
