@@ -72,7 +72,9 @@ def this_machine() -> dict[str, Any]:
 
 
 def save_result(name: str, result: dict[str, Any]) -> Path:
-    """``result`` as benchmarks/results/<name>.json (said on stdout)."""
+    """``result`` as benchmarks/results/<name>.json (said on stdout), dated
+    (a ``when`` field) unless it carries a date of its own."""
+    result = {"when": time.strftime("%Y-%m-%dT%H:%M:%S"), **result}
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")

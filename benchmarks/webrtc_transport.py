@@ -5,8 +5,10 @@ session, and how many WebRTC calls at once keep the added delay small.
 
 Starts ``omnilive serve`` (scripted engine by default), speaks the same
 question (espeak-ng) to OpenAI's Realtime dialect over ``/v1/realtime``
-(a WebSocket client sending 100 ms of 24 kHz pcm16 in real time, as a page
-does) and over ``POST /v1/realtime/calls`` (an aiortc peer, Opus), turns
+(a WebSocket client sending 24 kHz pcm16 in pieces of ``--ws-chunk-s``, 20 ms
+by default as an Opus packet, each once its audio has been "captured", as a
+microphone can) and over ``POST /v1/realtime/calls`` (an aiortc peer, Opus,
+its 20 ms packets paced the same way), turns
 alternating, the microphone open for a fixed window in both (silence after
 the question, as a live page sends). Bytes are what each transport carries
 above UDP/TCP: WebSocket frame payloads, DTLS records of the peer connection.
@@ -68,7 +70,7 @@ def pcm24(audio: np.ndarray) -> bytes:
     return (np.clip(resample(audio, INPUT_RATE, 24_000), -1, 1) * 32767).astype("<i2").tobytes()
 
 
-async def websocket_turn(server: Server, speech: np.ndarray) -> dict[str, Any]:
+async def websocket_turn(server: Server, speech: np.ndarray, chunk_s: float) -> dict[str, Any]:
     sent = received = 0
     first_audio: float | None = None
     stopped: float | None = None
@@ -95,12 +97,13 @@ async def websocket_turn(server: Server, speech: np.ndarray) -> dict[str, Any]:
         await recv_until("session.updated")
         audio = np.concatenate([speech, silence(WINDOW_S - speech.size / 16_000)])
         pcm = pcm24(audio)
-        step = 24_000 * 2 // 10  # 100 ms
+        step = round(24_000 * chunk_s) * 2
         cpu0, t0 = cpu_s(server.process.pid), time.monotonic()
         speech_end = t0 + speech.size / 16_000
         reader = asyncio.ensure_future(recv_until("response.done"))
         for k, start in enumerate(range(0, len(pcm), step)):
-            delay = t0 + k * 0.1 - time.monotonic()
+            # A piece can go once its last sample is captured, not before.
+            delay = t0 + (k + 1) * chunk_s - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
             text = json.dumps(
@@ -141,7 +144,6 @@ async def webrtc_turn(server: Server, speech: np.ndarray) -> dict[str, Any]:
         up0, down0 = await transport_bytes(peer)
         cpu0, t0 = cpu_s(server.process.pid), time.monotonic()
         peer.mic.play(speech)
-        speech_end = t0 + speech.size / 16_000
         await peer.until("input_audio_buffer.speech_stopped", timeout=60)
         stopped = time.monotonic()
         await peer.until("response.done", timeout=60)
@@ -150,6 +152,9 @@ async def webrtc_turn(server: Server, speech: np.ndarray) -> dict[str, Any]:
         cpu = cpu_s(server.process.pid) - cpu0
         up1, down1 = await transport_bytes(peer)
         first = peer.first_sound_at
+        # The clip starts at the microphone's next packet, up to 20 ms after play().
+        assert peer.mic.clip_started_at is not None
+        speech_end = peer.mic.clip_started_at + speech.size / 16_000
     finally:
         await peer.close()
     return {
@@ -217,11 +222,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             await server.wait_ready(timeout=300, workers=1)
             turns: list[dict[str, Any]] = []
             for k in range(args.turns):
-                order = (
-                    (websocket_turn, webrtc_turn) if k % 2 == 0 else (webrtc_turn, websocket_turn)
-                )
-                for turn in order:
-                    turns.append(await turn(server, speech))
+                ws_turn = websocket_turn(server, speech, args.ws_chunk_s)
+                rtc_turn = webrtc_turn(server, speech)
+                for turn in (ws_turn, rtc_turn) if k % 2 == 0 else (rtc_turn, ws_turn):
+                    turns.append(await turn)
                     print(turns[-1])
             levels = []
             for n in args.concurrency:
@@ -237,6 +241,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "question": QUESTION,
         "window_s": WINDOW_S,
+        "ws_chunk_s": args.ws_chunk_s,
         "summary": summary,
         "turns": turns,
         "concurrency": levels,
@@ -248,6 +253,9 @@ def main() -> None:
     parser.add_argument("--engine", default="scripted")
     parser.add_argument("--turns", type=int, default=3, help="turns per transport")
     parser.add_argument("--concurrency", default="1,2,4", help="WebRTC calls at once")
+    parser.add_argument(
+        "--ws-chunk-s", type=float, default=0.02, help="the WebSocket client's piece of audio"
+    )
     args = parser.parse_args()
     args.concurrency = [int(n) for n in args.concurrency.split(",") if n]
     result = asyncio.run(run(args))

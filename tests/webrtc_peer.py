@@ -24,7 +24,8 @@ PACKET = 960  # 20 ms
 
 
 class ClipTrack(MediaStreamTrack):
-    """A 16 kHz clip, then silence, paced at real time as a microphone is."""
+    """A 16 kHz clip, then silence, paced at real time as a microphone is:
+    each 20 ms packet goes out once its last sample has been "captured"."""
 
     kind = "audio"
 
@@ -33,11 +34,18 @@ class ClipTrack(MediaStreamTrack):
         self._samples = np.zeros(0, np.int16)
         self._pts = 0
         self._start: float | None = None
+        self._clip_waiting = False
+        # When the first sample of the last clip played was captured (its
+        # end is that plus its length): the clock a speaker's words run on.
+        self.clip_started_at: float | None = None
         if clip is not None:
             self.play(clip)
 
     def play(self, clip: np.ndarray) -> None:
+        """Queue ``clip``; played from the next packet when nothing else is queued."""
         pcm = (np.clip(resample(clip, INPUT_RATE, RATE), -1, 1) * 32767).astype(np.int16)
+        self._clip_waiting = self._samples.size == 0
+        self.clip_started_at = None
         self._samples = np.concatenate([self._samples, pcm])
 
     @property
@@ -49,12 +57,15 @@ class ClipTrack(MediaStreamTrack):
             raise MediaStreamError
         if self._start is None:
             self._start = time.monotonic()
-        wait = self._start + self._pts / RATE - time.monotonic()
+        wait = self._start + (self._pts + PACKET) / RATE - time.monotonic()
         if wait > 0:
             await asyncio.sleep(wait)
         out = np.zeros(PACKET, np.int16)
         take = min(PACKET, self._samples.size)
         out[:take], self._samples = self._samples[:take], self._samples[take:]
+        if take and self._clip_waiting:
+            self._clip_waiting = False
+            self.clip_started_at = self._start + self._pts / RATE
         frame = av.AudioFrame.from_ndarray(out.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate, frame.pts = RATE, self._pts
         frame.time_base = fractions.Fraction(1, RATE)

@@ -101,6 +101,16 @@ def watch(page: Page, allowed: tuple[str, ...] = ()) -> Problems:
 
 
 @contextmanager
+def watched_page(context: BrowserContext) -> Iterator[tuple[Page, Problems]]:
+    """A new page of ``context`` and the problems it meets, closed at the end."""
+    page = context.new_page()
+    try:
+        yield page, watch(page)
+    finally:
+        page.close()
+
+
+@contextmanager
 def chromium(tmp: Path, extra_args: list[str] | None = None) -> Iterator[BrowserContext]:
     """A persistent Chromium context with a fresh profile under ``tmp``."""
     from playwright.sync_api import sync_playwright

@@ -11,7 +11,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.browser.harness import chromium, run_async, screenshot, spoken_wav, watch
+from tests.browser.harness import (
+    chromium,
+    run_async,
+    screenshot,
+    spoken_wav,
+    watch,
+    watched_page,
+)
 from tests.servers import Server
 
 # A browser with no network path for WebRTC: relay candidates only, and no
@@ -106,9 +113,7 @@ def test_half_duplex_over_webrtc(browser, engine: str, request: pytest.FixtureRe
 
 
 def test_omni_over_webrtc(browser, scripted_server: Server) -> None:
-    page = browser.new_page()
-    problems = watch(page)
-    try:
+    with watched_page(browser) as (page, problems):
         start(page, scripted_server.http + "/omni")
         page.wait_for_selector("#subtitle.visible", timeout=25_000)
         # The engine counts the frames it saw: the camera track was sampled.
@@ -121,8 +126,38 @@ def test_omni_over_webrtc(browser, scripted_server: Server) -> None:
         page.locator("#transcript a[href^='/s/']").wait_for()
         wait_no_calls(page, scripted_server)
         assert problems.items == []
-    finally:
-        page.close()
+
+
+# The browser says the call's connection failed (as it does when the network
+# goes), while the connection itself still stands: the page must offer again
+# with the session's token, and the server must give the session to the new call.
+FAIL_CALL = """() => {
+    const pc = window.omniliveRtc.pc;
+    Object.defineProperty(pc, 'connectionState', {get: () => 'failed'});
+    pc.onconnectionstatechange();
+}"""
+
+
+def test_a_failed_call_is_resumed_on_a_new_one(browser, scripted_server: Server) -> None:
+    with watched_page(browser) as (page, problems):
+        start(page, scripted_server.http + "/audio_duplex")
+        page.wait_for_function("window.omniliveDuplex.results.length >= 2", timeout=20_000)
+        first = page.evaluate("window.peers.length")
+        page.evaluate(FAIL_CALL)
+        page.wait_for_function("window.omniliveRtc.resumes === 1", timeout=15_000)
+        assert page.evaluate("window.peers.length") == first + 1
+        assert "Reconnected" in page.inner_text("body")
+        before = page.evaluate("window.omniliveDuplex.results.length")
+        # The same session goes on, heard and answered over the new call only.
+        page.wait_for_function(
+            f"window.omniliveDuplex.results.length >= {before + 2}", timeout=20_000
+        )
+        assert calls_open(scripted_server) == 1
+        assert page.is_visible("#stop")
+        page.click("#stop")
+        page.locator("#transcript a[href^='/s/']").wait_for()
+        wait_no_calls(page, scripted_server)
+        assert problems.items == []
 
 
 def test_failed_ice_falls_back_to_the_websocket(browser, scripted_server: Server) -> None:

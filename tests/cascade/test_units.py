@@ -9,7 +9,7 @@ import pytest
 
 from omnilive.engines.base import EngineError
 from omnilive.engines.cascade.answer import SentenceSplitter, SpokenSentence
-from omnilive.engines.cascade.asr import collapse_repeats, window_frames
+from omnilive.engines.cascade.asr import collapse_repeats, drop_echo, window_frames
 from omnilive.engines.cascade.conversation import Conversation
 from omnilive.engines.cascade.llm import Message
 from omnilive.engines.cascade.models import JOIN_STAGE, ProgressBar
@@ -56,8 +56,8 @@ def test_long_sentences_are_cut_after_a_clause() -> None:
 def test_the_first_piece_is_cut_early() -> None:
     text = "The moon is about 384,400 kilometers away from the earth on average and it is bright."
     assert split(word_pieces(text)) == [
-        "The moon is about 384,400 kilometers away from the earth on average",
-        "and it is bright.",
+        "The moon is about 384,400 kilometers",  # six words, no punctuation yet
+        "away from the earth on average and it is bright.",
     ]
     assert split(word_pieces("When sunlight reaches us, it scatters. Short.")) == [
         "When sunlight reaches us,",
@@ -71,6 +71,17 @@ def test_collapse_repeats_keeps_one_copy_of_a_loop() -> None:
     assert collapse_repeats(loop) == [1, 2, 3, 4]
     assert collapse_repeats([5, 6, 7, 8, 9]) == [5, 6, 7, 8, 9]
     assert collapse_repeats([1, 1, 1, 1]) == [1, 1, 1, 1]  # shorter than min_period
+
+
+def test_drop_echo_cuts_a_sentence_begun_again() -> None:
+    # Seen from Whisper on a Piper question transcribed at its pause.
+    echo = "which animal is the largest on our planet? Which animal is the largest on"
+    assert drop_echo(echo) == "which animal is the largest on our planet?"
+    assert drop_echo("Hello there. Hello there, how are you?") == (
+        "Hello there. Hello there, how are you?"  # more than the start again
+    )
+    assert drop_echo("Yes. Yes.") == "Yes. Yes."  # one word is no echo
+    assert drop_echo("I said it. It is done.") == "I said it. It is done."
 
 
 def test_window_grows_with_speech_and_caps_at_30_s() -> None:

@@ -51,6 +51,15 @@ def test_duplex_waits_for_prepared_and_pauses():
     assert dialect.takes_audio
 
 
+def test_a_call_that_resumes_a_session_takes_audio_at_once():
+    """Its session was prepared on the call it lost: no "prepared" comes again."""
+    for kind in (Dialect.DUPLEX, Dialect.HALF_DUPLEX):
+        dialect = MediaDialect(kind)
+        assert not dialect.takes_audio
+        dialect.outbound(json.dumps({"type": "session.resumed", "session_id": "x"}))
+        assert dialect.takes_audio
+
+
 def test_duplex_results_lose_their_audio_and_chunks_carry_a_frame():
     dialect = MediaDialect(Dialect.DUPLEX)
     samples = np.linspace(-1, 1, 240, dtype=np.float32)

@@ -12,6 +12,7 @@ standard way (30 s window, faster-whisper's own decoding loop).
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -33,6 +34,8 @@ TOKENS_PER_SECOND_CAP = 10  # fast speech is ~7 tokens/s; more than this is a lo
 NO_SPEECH_THRESHOLD = 0.6
 LOGPROB_THRESHOLD = -1.0  # mean log-probability per token
 DEFAULT_LANGUAGE = "en"
+_SENTENCE_END = re.compile(r"(?<=[.?!])\s+")
+_WORD = re.compile(r"[\w']+")
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,27 @@ def collapse_repeats(tokens: list[int], min_period: int = 3) -> list[int]:
         if all(tokens[i] == tokens[i - period] for i in range(period, n)):
             return tokens[:period]
     return tokens
+
+
+def drop_echo(text: str) -> str:
+    """Cut a tail that only starts the text over again.
+
+    On a short window Whisper sometimes finishes the sentence and begins it
+    a second time ("Which animal is the largest on our planet? Which animal
+    is the largest on"): not a loop of token ids (the case differs), yet it
+    makes a finished question read as cut off. A tail after a sentence end
+    whose words (two or more) are the text's first words is dropped.
+    """
+    for end in _SENTENCE_END.finditer(text):
+        head, tail = text[: end.start()].strip(), text[end.end() :]
+        first, again = _words(head), _words(tail)
+        if len(again) >= 2 and first[: len(again)] == again:
+            return head
+    return text
+
+
+def _words(text: str) -> list[str]:
+    return _WORD.findall(text.lower())
 
 
 def window_frames(n_samples: int) -> int:
@@ -160,7 +184,7 @@ class WhisperASR:
         tokens = collapse_repeats(tokens)
         if len(tokens) >= budget:
             return None, frames
-        return tokenizer.decode(tokens).strip(), frames
+        return drop_echo(tokenizer.decode(tokens).strip()), frames
 
     def _full_window(self, samples: np.ndarray, language: str) -> str:
         segments, _ = self._loaded().transcribe(

@@ -56,7 +56,15 @@ class Calls:
             finally:
                 self.discard(call.call_id)
 
+        async def forgotten_once_closed() -> None:
+            # A call whose session was resumed on a newer call still runs
+            # that session (it began there) after its peer connection is
+            # closed: it no longer counts against the limit.
+            await call.closed.wait()
+            self.discard(call.call_id)
+
         self._tasks.spawn(call.call_id, running())
+        self._tasks.spawn(f"{call.call_id}-closed", forgotten_once_closed())
         try:
             async with asyncio.timeout(ACCEPT_TIMEOUT_S):
                 return await call.accepted

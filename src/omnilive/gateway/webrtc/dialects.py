@@ -141,7 +141,9 @@ class MediaDialect:
         return kind == "interrupted" or (kind == "vad_state" and message.get("speaking") is True)
 
     def _follow(self, kind: Any, message: dict[str, Any]) -> None:
-        if kind == "prepared":
+        # A call that resumed a session (docs/resume.md) takes over one that
+        # is prepared already: its "prepared" went to the lost call.
+        if kind in ("prepared", "session.resumed"):
             self.ready = True
         elif kind == "paused":
             self.paused = True

@@ -3,15 +3,21 @@
 // its audio track, the protocol's JSON messages on a data channel. With the
 // answer on the same connection the browser cancels its echo, so the
 // microphone can stay open while the model speaks. LiveRtc has LiveSocket's
-// face; connectLive() tries it first and falls back to the WebSocket, saying so.
+// face, resuming included (a failed connection is offered again with the
+// session's token); connectLive() tries it first and falls back to the
+// WebSocket, saying so.
 
 import { getOptional, request } from './api.js';
 import { t } from './i18n.js';
-import { deliver, LiveSocket } from './socket.js';
+import { notify } from '../ui/nav.js';
+import { deliver, keepResumeFields, LiveSocket, parsed, retryWithin } from './socket.js';
 
 const CONNECT_TIMEOUT_MS = 8000; // ICE and DTLS on a LAN take well under a second
 const GATHER_TIMEOUT_MS = 2000; // host candidates come at once; STUN may take longer
 const CHANNEL = 'oai-events'; // OpenAI's name; the server takes any
+// A connection that stays 'disconnected' this long is treated as failed: a
+// browser takes up to ~30 s to call it so, the server's whole resume grace.
+const STALL_MS = 3000;
 // Browsers send data-channel messages of at most 256 KiB; larger ones (a
 // prepare with a voice) go as binary fragments: [1 = more follow | 0 = last] + UTF-8.
 const FRAGMENT_BYTES = 64 * 1024;
@@ -50,11 +56,20 @@ export class LiveRtc {
     this.pc = null;
     this.channel = null;
     this.callId = null;
+    this.iceServers = [];
     this.wasOpen = false;
+    this.closing = false; // the page closed it: no resume
     this.sent = 0;
     this.transport = 'webrtc';
+    // As LiveSocket: the session's token and the last event's number, for a
+    // new offer that continues the session when this connection is lost.
+    this.resumeToken = null;
+    this.graceMs = 0;
+    this.lastSeq = 0;
+    this.resumes = 0;
     this.audio = new Audio();
     this.audio.autoplay = true;
+    window.omniliveRtc = this; // for tests: the live connection
   }
 
   get open() {
@@ -69,8 +84,16 @@ export class LiveRtc {
   async connect() {
     const config = await getOptional('/api/webrtc/config', { enabled: false });
     if (!config.enabled) throw new Error(t('rtc.off'));
-    const pc = new RTCPeerConnection({ iceServers: config.ice_servers || [] });
-    this.pc = pc;
+    this.iceServers = config.ice_servers || [];
+    await this.call({ ...this.params, seq: '1' });
+    this.wasOpen = true;
+    return this;
+  }
+
+  /** One peer connection: offer, answer, the channel open; then it is this call's. */
+  async call(params) {
+    const pc = new RTCPeerConnection({ iceServers: this.iceServers });
+    const channel = pc.createDataChannel(CHANNEL);
     for (const track of this.tracks) pc.addTrack(track, new MediaStream([track]));
     if (!this.tracks.some((track) => track.kind === 'audio')) pc.addTransceiver('audio');
     pc.ontrack = (event) => {
@@ -78,45 +101,81 @@ export class LiveRtc {
       this.audio.srcObject = new MediaStream([event.track]);
       this.audio.play().catch(() => {}); // started from the page's click
     };
-    const channel = pc.createDataChannel(CHANNEL);
+    channel.onmessage = (event) => this.received(event.data);
+    this.pc = pc;
     this.channel = channel;
-    channel.onmessage = (event) => deliver(event.data, this.queue, this.onMessage);
     await pc.setLocalDescription(await pc.createOffer());
     await gathered(pc);
-    const query = new URLSearchParams(this.params).toString();
-    const target = query ? `${this.path}?${query}` : this.path;
-    const response = await request('POST', target, { body: pc.localDescription.sdp });
+    const query = new URLSearchParams(params).toString();
+    const response = await request('POST', query ? `${this.path}?${query}` : this.path, {
+      body: pc.localDescription.sdp,
+    });
     this.callId = (response.headers.get('Location') || '').split('/').pop() || null;
     await pc.setRemoteDescription({ type: 'answer', sdp: await response.text() });
-    await this.opened();
-    this.wasOpen = true;
-    channel.onclose = () => this.closed();
+    await opened(pc, channel);
+    // A channel that closes with the connection failing went with the network.
+    const failing = () => ['failed', 'disconnected'].includes(pc.connectionState);
+    channel.onclose = () => this.lost(pc, failing() ? 'failed' : 'closed');
+    let stalled = null; // ICE 'disconnected' may mend by itself; failing to, it is lost
     pc.onconnectionstatechange = () => {
-      if (pc.connectionState === 'failed' || pc.connectionState === 'closed') this.closed();
+      clearTimeout(stalled);
+      const state = pc.connectionState;
+      if (state === 'failed' || state === 'closed') this.lost(pc, state);
+      else if (state === 'disconnected') stalled = setTimeout(() => this.lost(pc, 'failed'), STALL_MS);
     };
-    return this;
   }
 
-  opened() {
-    return new Promise((resolve, reject) => {
-      const fail = (why) => {
-        clearTimeout(timer);
-        reject(new Error(why));
-      };
-      const timer = setTimeout(() => fail(t('rtc.timeout')), CONNECT_TIMEOUT_MS);
-      this.channel.onopen = () => {
-        clearTimeout(timer);
-        resolve();
-      };
-      this.pc.oniceconnectionstatechange = () => {
-        if (this.pc.iceConnectionState === 'failed') fail(t('rtc.ice_failed'));
-      };
+  received(data) {
+    const message = parsed(data);
+    if (message !== null && !keepResumeFields(this, message)) {
+      deliver(message, this.queue, this.onMessage);
+    }
+  }
+
+  /**
+   * The peer connection ``pc`` ended. Closed by the page or the server (the
+   * session is over), the page hears of it; failed (the network went), the
+   * session is offered again with its token (docs/resume.md), as LiveSocket
+   * resumes a dropped socket.
+   */
+  lost(pc, how = 'failed') {
+    if (pc !== this.pc) return; // an old call, taken over by a resume
+    if (how === 'failed' && !this.closing && this.resumeToken !== null) {
+      this.resume();
+      return;
+    }
+    this.closed();
+  }
+
+  async resume() {
+    notify(t('live.reconnecting'), 'info');
+    // Left open until a new call has the session: closed from here, a call
+    // that still reaches the server would end the session, not suspend it.
+    const lost = this.pc;
+    this.pc = null; // what it still says is no longer heard
+    const resumed = await retryWithin(this.graceMs, () => this.closing, async () => {
+      this.pc?.close(); // an earlier try that did not connect
+      const params = { seq: '1', resume_token: this.resumeToken, last_seq: this.lastSeq };
+      await this.call({ ...this.params, ...params });
     });
+    lost.close();
+    if (resumed) {
+      this.resumes += 1;
+      notify(t('live.resumed'), 'ok');
+      return;
+    }
+    this.pc?.close();
+    this.pc = null;
+    this.ended();
   }
 
   closed() {
     if (!this.pc) return;
     this.pc = null;
+    this.ended();
+  }
+
+  ended() {
     this.queue?.done();
     this.onClose({ code: 1000, reason: '' });
   }
@@ -157,6 +216,7 @@ export class LiveRtc {
 
   /** Close; as with a WebSocket, onClose follows (once it was open). */
   close() {
+    this.closing = true;
     const pc = this.pc;
     if (!pc) return;
     if (this.callId && !this.wasOpen) {
@@ -169,6 +229,24 @@ export class LiveRtc {
     if (this.wasOpen) setTimeout(() => this.closed(), 0);
     else this.pc = null;
   }
+}
+
+/** Resolves once ``channel`` opens; rejects on a timeout or when ICE fails. */
+function opened(pc, channel) {
+  return new Promise((resolve, reject) => {
+    const fail = (why) => {
+      clearTimeout(timer);
+      reject(new Error(why));
+    };
+    const timer = setTimeout(() => fail(t('rtc.timeout')), CONNECT_TIMEOUT_MS);
+    channel.onopen = () => {
+      clearTimeout(timer);
+      resolve();
+    };
+    pc.oniceconnectionstatechange = () => {
+      if (pc.iceConnectionState === 'failed') fail(t('rtc.ice_failed'));
+    };
+  });
 }
 
 /**

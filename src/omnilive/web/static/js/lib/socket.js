@@ -8,17 +8,22 @@ import { notify } from '../ui/nav.js';
 import { recheckAccess, socketTarget } from './api.js';
 import { t } from './i18n.js';
 
+/** A server message as an object (JSON text parsed); null if it is not JSON,
+ * which the protocols never send. */
+export function parsed(data) {
+  if (typeof data !== 'string') return data;
+  try {
+    return JSON.parse(data);
+  } catch {
+    return null;
+  }
+}
+
 /** A server message (JSON text, or already parsed) to the page: queue
  * messages also to its QueueView. */
 export function deliver(data, queue, onMessage) {
-  let message = data;
-  if (typeof data === 'string') {
-    try {
-      message = JSON.parse(data);
-    } catch {
-      return; // the protocols only send JSON text
-    }
-  }
+  const message = parsed(data);
+  if (message === null) return;
   if (message.type === 'queued' || message.type === 'queue_update') queue?.update(message);
   else if (message.type === 'queue_done') queue?.done();
   onMessage(message);
@@ -27,6 +32,44 @@ export function deliver(data, queue, onMessage) {
 const ABNORMAL_CLOSE = 1006;
 const FIRST_RETRY_MS = 200;
 const MAX_RETRY_MS = 4000;
+
+/**
+ * Keep a server message's resume fields on ``live`` (a LiveSocket or LiveRtc:
+ * its resumeToken, graceMs, lastSeq). True for the resume's own notice,
+ * `session.resumed`, which is not the page's.
+ */
+export function keepResumeFields(live, message) {
+  if (message.type === 'session.resumed') {
+    live.resumeToken = message.resume_token;
+    return true;
+  }
+  if (typeof message.seq === 'number') live.lastSeq = message.seq;
+  if (message.resume_token && message.seq === 1) {
+    live.resumeToken = message.resume_token;
+    live.graceMs = (message.resume_grace_s || 0) * 1000;
+  }
+  return false;
+}
+
+/**
+ * Try ``attempt`` again, backing off, until it succeeds (true), ``graceMs``
+ * has passed or ``stop()`` says so (false): the server holds a dropped
+ * session that long.
+ */
+export async function retryWithin(graceMs, stop, attempt) {
+  const deadline = Date.now() + graceMs;
+  let delay = FIRST_RETRY_MS;
+  while (!stop() && Date.now() < deadline) {
+    try {
+      await attempt();
+      return true;
+    } catch {
+      await new Promise((done) => setTimeout(done, delay));
+      delay = Math.min(2 * delay, MAX_RETRY_MS);
+    }
+  }
+  return false;
+}
 
 export class LiveSocket {
   /**
@@ -88,22 +131,10 @@ export class LiveSocket {
         resolve(this);
       };
       ws.onmessage = (event) => {
-        let message;
-        try {
-          message = JSON.parse(event.data);
-        } catch {
-          return; // the protocols only send JSON text
+        const message = parsed(event.data);
+        if (message !== null && !keepResumeFields(this, message)) {
+          deliver(message, this.queue, this.onMessage);
         }
-        if (message.type === 'session.resumed') {
-          this.resumeToken = message.resume_token;
-          return;
-        }
-        if (typeof message.seq === 'number') this.lastSeq = message.seq;
-        if (message.resume_token && message.seq === 1) {
-          this.resumeToken = message.resume_token;
-          this.graceMs = (message.resume_grace_s || 0) * 1000;
-        }
-        deliver(message, this.queue, this.onMessage);
       };
       ws.onclose = (event) => {
         if (!opened) {
@@ -128,18 +159,10 @@ export class LiveSocket {
   /** Reconnect with the token until the grace period is over; else the page hears the close. */
   async resume(lostEvent) {
     notify(t('live.reconnecting'), 'info');
-    const deadline = Date.now() + this.graceMs;
-    let delay = FIRST_RETRY_MS;
-    while (!this.closing && Date.now() < deadline) {
-      try {
-        await this.attempt(true);
-        this.resumes += 1;
-        notify(t('live.resumed'), 'ok');
-        return;
-      } catch {
-        await new Promise((done) => setTimeout(done, delay));
-        delay = Math.min(2 * delay, MAX_RETRY_MS);
-      }
+    if (await retryWithin(this.graceMs, () => this.closing, () => this.attempt(true))) {
+      this.resumes += 1;
+      notify(t('live.resumed'), 'ok');
+      return;
     }
     this.queue?.done();
     this.onClose(lostEvent);
