@@ -193,6 +193,8 @@ class TurnJudge:
             return Verdict(False, settled=False)
         if words_p is not None and words_p < self.settings.words_threshold:
             return Verdict(False, settled=True)  # as verdict() says, whatever the sound
+        if words_p is not None and self.settings.audio_veto == 0:
+            return Verdict(True, settled=True)  # the sound has no say: not worth its run
         audio_p = await asyncio.to_thread(self._model.probability, audio)
         judged = verdict(self.settings, audio_p, words_p)
         log.debug("turn check: sound %.2f, words %s: %s", audio_p, words_p, judged)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from omnilive.config import EndOfTurnSettings
-from omnilive.end_of_turn import Verdict, verdict
+from omnilive.end_of_turn import TurnJudge, Verdict, verdict
 from omnilive.vad import (
     SileroModel,
     SpeechDiscarded,
@@ -191,6 +191,23 @@ def test_the_words_lead_the_verdict_and_a_plainly_going_voice_vetoes_it():
     # a finished question in a voice the audio model misreads (0.06)
     assert verdict(settings, audio_p=0.06, words_p=0.72) == Verdict(True, settled=True)
     assert verdict(settings, audio_p=0.01, words_p=0.72) == Verdict(False, settled=True)
+
+
+class _Unheard:
+    """An audio model that must not be run."""
+
+    def probability(self, audio: np.ndarray) -> float:
+        raise AssertionError("the audio model ran")
+
+
+async def test_without_a_veto_judged_words_decide_and_the_audio_model_is_not_run():
+    judge = TurnJudge(EndOfTurnSettings(words_threshold=0.2, audio_veto=0.0))
+    judge._model = _Unheard()  # loaded, as ready() leaves it
+    audio = silence(1.0)
+    assert await judge.complete(audio, words_p=0.72) == Verdict(True, settled=True)
+    assert await judge.complete(audio, words_p=0.01) == Verdict(False, settled=True)
+    with pytest.raises(AssertionError, match="ran"):
+        await judge.complete(audio, words_p=None)  # no words: the sound alone judges
 
 
 def test_a_turn_check_is_void_once_speech_resumes_and_the_rule_still_ends_it():

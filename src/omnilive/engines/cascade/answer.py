@@ -23,16 +23,18 @@ from omnilive.engines.cascade.tts import Speech
 # whitespace: "3.5" and "e.g.," do not end one, "Paris. It" does.
 _SENTENCE_END = re.compile(r"[.!?…]+[\"')\]]*\s|\n")
 # Long sentences are cut after a clause, so speech starts sooner; the first
-# piece of an answer is cut harder still, since the user is waiting for it.
+# piece of an answer is cut harder still (a few words), since the user is
+# waiting for it.
 _CLAUSE_END = re.compile(r"[,;:]\s")
 _WORD_END = re.compile(r"\S\s")
 CLAUSE_MIN_WORDS = 8
-FIRST_CLAUSE_MIN_WORDS = 4
-# No punctuation yet: cut at a word boundary. Six words are ~8 tokens of
-# SmolLM2 and ~80 ms of Piper on 2 cores, where twelve took ~250 + 170 ms of
-# the time the user waits for the first sound; the seam costs little, since
-# the rest of the sentence is ready long before six words have been heard.
-FIRST_MAX_WORDS = 6
+# No punctuation yet: cut at a word boundary. Four words are ~5 tokens of
+# SmolLM2 and ~70 ms of Piper on 2 cores; twelve took ~250 + 170 ms of the
+# time the user waits for the first sound (end of speech to first audio, p50:
+# 945 ms with twelve, ~915 with six, ~700 with four; benchmarks/notes.md).
+# The seam costs little: the rest of the sentence is ready long before four
+# words have been heard.
+FIRST_MAX_WORDS = 4
 
 
 class SentenceSplitter:
@@ -64,15 +66,13 @@ class SentenceSplitter:
         end = _SENTENCE_END.search(self._pending)
         if end is not None:
             return end.end()
-        min_words = FIRST_CLAUSE_MIN_WORDS if self._first else CLAUSE_MIN_WORDS
-        for clause in _CLAUSE_END.finditer(self._pending):
-            if len(self._pending[: clause.start()].split()) >= min_words:
-                return clause.end()
         if self._first:
             # Only completed words count: the last one may still be growing.
             words = list(_WORD_END.finditer(self._pending))
-            if len(words) >= FIRST_MAX_WORDS:
-                return words[FIRST_MAX_WORDS - 1].end()
+            return words[FIRST_MAX_WORDS - 1].end() if len(words) >= FIRST_MAX_WORDS else None
+        for clause in _CLAUSE_END.finditer(self._pending):
+            if len(self._pending[: clause.start()].split()) >= CLAUSE_MIN_WORDS:
+                return clause.end()
         return None
 
 
