@@ -105,7 +105,12 @@ class StepGraph:
         # the first plan's positions past each slot's length: never visible,
         # and the replay that follows writes them again.
         # (The model's device, whatever the calling thread's current one is.)
-        with torch.cuda.device(steps.device):
+        # The warm-up holds CAPTURE_LOCK too: its stream comes from torch's
+        # pool, handed out in turn, and may be the one another thread is
+        # capturing on (torch.cuda.graph's shared default capture stream, the
+        # vocoder's estimator on the side lane): a wait queued there fails
+        # that capture and this step (cudaErrorStreamCaptureIsolation).
+        with torch.cuda.device(steps.device), CAPTURE_LOCK:
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
@@ -113,10 +118,7 @@ class StepGraph:
             torch.cuda.current_stream().wait_stream(stream)
             self.graph = torch.cuda.CUDAGraph()
             # thread_local: sessions' threads may use the GPU while the loop captures.
-            with (
-                CAPTURE_LOCK,
-                torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"),
-            ):
+            with torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
                 self.hidden, self.logits = steps.run(self.embeds, self.plan)
 
     def replay(self, plan: StepPlan, embeds: torch.Tensor) -> tuple[torch.Tensor, Any]:

@@ -101,10 +101,17 @@ def vision_pieces(shared: SharedModel, batch: list[Frames]) -> list[list[torch.T
     tgt_sizes: list[Any] = []
     counts: list[int] = []
     for item in batch:
-        processed = item.processed.to(shared.device)
-        pixel_values += processed["pixel_values"]
-        tgt_sizes += processed["tgt_sizes"]
-        counts.append(len(processed["pixel_values"]))
+        # Only the pixels go to the GPU. The slices' sizes stay on the CPU:
+        # the model code reads them a slice at a time (position ids, masks,
+        # the resampler's positions), and on the GPU each read waits for the
+        # lane's stream. The same integers either way; the model code's own
+        # duplex path keeps them on the CPU where it merges frames.
+        pixels = [
+            [piece.to(shared.device) for piece in image] for image in item.processed["pixel_values"]
+        ]
+        pixel_values += pixels
+        tgt_sizes += item.processed["tgt_sizes"]
+        counts.append(len(pixels))
     with torch.no_grad():
         hidden = model.get_vision_embedding({"pixel_values": pixel_values, "tgt_sizes": tgt_sizes})
     results, start = [], 0
