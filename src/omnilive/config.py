@@ -262,11 +262,12 @@ class WebRTCSettings(Section):
         256, ge=8, description="Server events held until the data channel opens; more end it."
     )
     jitter_packets: int = Field(
-        1,
+        0,
         ge=0,
         le=16,
         description="Microphone Opus packets (20 ms each) held against network jitter and "
-        "reordering before decoding; raise it for lossy networks (aiortc's own default: 4).",
+        "reordering before decoding (0: none, each packet decoded as it comes and a "
+        "reordered one dropped); raise it for lossy networks (aiortc's own default: 4).",
     )
     max_audio_backlog_s: float = Field(
         2.0, gt=0, description="Microphone audio the session may fall behind; older is dropped."

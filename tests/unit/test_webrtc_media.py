@@ -7,12 +7,14 @@ import fractions
 
 import av
 import numpy as np
+from aiortc.rtp import RtpPacket
 
 from omnilive.gateway.webrtc.media import (
     OPUS_RATE,
     PACKET_SAMPLES,
     AnswerAudio,
     AnswerTrack,
+    InOrderAudio,
     InputAudio,
 )
 
@@ -55,3 +57,19 @@ def test_the_answer_track_is_bounded_and_flushes():
     track.flush()
     assert track.queued_s == 0 and track._take(PACKET_SAMPLES).max() == 0
     assert playing == [True, False]
+
+
+def test_each_audio_packet_is_decoded_as_it_comes_and_a_late_one_is_dropped():
+    buffer = InOrderAudio(16)
+
+    def arrives(seq: int) -> bytes | None:
+        packet = RtpPacket(payload=bytes([seq % 256]), sequence_number=seq, timestamp=960 * seq)
+        packet._data = packet.payload  # as the receiver depayloads it
+        _, frame = buffer.add(packet)
+        return frame.data if frame is not None else None
+
+    assert arrives(65534) == bytes([254])  # at once: no waiting for the next packet
+    assert arrives(65535) == bytes([255])
+    assert arrives(1) == bytes([1])  # across the wrap; 0 was lost: a gap
+    assert arrives(0) is None  # it came after 1: too late
+    assert arrives(2) == bytes([2])

@@ -17,8 +17,9 @@ from collections.abc import Callable
 import av
 import numpy as np
 from aiortc import RTCRtpReceiver
-from aiortc.jitterbuffer import JitterBuffer
+from aiortc.jitterbuffer import JitterBuffer, JitterFrame, uint16_add
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+from aiortc.rtp import RtpPacket
 
 OPUS_RATE = 48_000
 PACKET_S = 0.02  # what a browser's Opus encoder packs, and what the track sends
@@ -27,16 +28,43 @@ JPEG_QUALITY = 80
 FRAME_MAX_SIDE = 640  # what the duplex page sends unless asked for HD
 
 
+class InOrderAudio(JitterBuffer):
+    """An audio jitter buffer that holds nothing: each Opus packet is a whole
+    frame, handed on as it arrives. aiortc's own (built for video frames of
+    many packets) releases a frame only once the next one's first packet has
+    come, which adds a packet (20 ms) to every end of speech even with no
+    prefetch. A packet older than one already handed on is dropped (reordered
+    on the network); a lost one is a gap, which the VAD and the ASR take as it
+    is."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity=capacity)
+        self._next: int | None = None
+
+    def add(self, packet: RtpPacket) -> tuple[bool, JitterFrame | None]:
+        if self._next is not None and uint16_add(packet.sequence_number, -self._next) >= 0x8000:
+            return False, None  # late: its successors were decoded already
+        self._next = uint16_add(packet.sequence_number, 1)
+        data = getattr(packet, "_data", packet.payload)  # depayloaded by the receiver
+        return False, JitterFrame(data=data, timestamp=packet.timestamp)
+
+
 def set_jitter_packets(receiver: RTCRtpReceiver, packets: int) -> bool:
-    """Hold ``packets`` Opus packets (20 ms each) against network jitter
-    instead of aiortc's fixed 4 (80 ms, all of it added to every turn's end
-    of speech). aiortc has no option for it: its private buffer is replaced
-    before the first packet; False (and aiortc's own kept) if that changed."""
+    """Hold ``packets`` Opus packets (20 ms each) against network jitter and
+    reordering instead of aiortc's fixed 4 (80 ms, all of it added to every
+    turn's end of speech); 0: none (:class:`InOrderAudio`). aiortc has no
+    option for it: its private buffer is replaced before the first packet;
+    False (and aiortc's own kept) if that changed."""
     name = "_RTCRtpReceiver__jitter_buffer"
     current = getattr(receiver, name, None)
     if not isinstance(current, JitterBuffer) or receiver.track.kind != "audio":
         return False
-    setattr(receiver, name, JitterBuffer(capacity=current.capacity, prefetch=packets))
+    buffer = (
+        InOrderAudio(current.capacity)
+        if packets == 0
+        else JitterBuffer(capacity=current.capacity, prefetch=packets)
+    )
+    setattr(receiver, name, buffer)
     return True
 
 
