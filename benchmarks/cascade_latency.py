@@ -124,7 +124,10 @@ async def run(args: argparse.Namespace, end_of_turn: bool) -> dict[str, Any]:
     questions = [(q, s) for q, s in questions if 2.0 <= s.size / RATE <= 5.0][: args.questions]
     span = max(1, len(PAUSED_TURNS) - 1)
     paused = [(t, with_pause(say(t), 0.5 + 0.5 * i / span)) for i, t in enumerate(PAUSED_TURNS)]
-    env = {"OMNILIVE_END_OF_TURN__ENABLED": "true" if end_of_turn else "false"}
+    env = {
+        "OMNILIVE_END_OF_TURN__ENABLED": "true" if end_of_turn else "false",
+        "OMNILIVE_END_OF_TURN__UNFINISHED_WAIT_MS": str(args.unfinished_wait_ms),
+    }
     with tempfile.TemporaryDirectory() as tmp:
         server = Server(Path(tmp), engine="cascade", env=env).start()
         try:
@@ -181,6 +184,7 @@ async def run(args: argparse.Namespace, end_of_turn: bool) -> dict[str, Any]:
             "chunk_s": args.chunk_s,
             "min_silence_duration_ms": args.min_silence_ms,
             "end_of_turn": end_of_turn,
+            "unfinished_wait_ms": args.unfinished_wait_ms,
             "speaker": args.speaker,
         },
         "summary_ms": {
@@ -214,6 +218,12 @@ def main() -> None:
     parser.add_argument("--paused", type=int, default=len(PAUSED_TURNS))
     parser.add_argument("--end-of-turn", choices=["both", "on", "off"], default="both")
     parser.add_argument("--speaker", choices=["piper", "espeak"], default="piper")
+    parser.add_argument(
+        "--unfinished-wait-ms",
+        type=int,
+        default=1600,
+        help="the server's end_of_turn.unfinished_wait_ms (0: off, the server's default)",
+    )
     parser.add_argument("--out", type=Path, help="result file (default: benchmarks/results/...)")
     args = parser.parse_args()
     modes = {"both": [True, False], "on": [True], "off": [False]}[args.end_of_turn]

@@ -8,7 +8,12 @@ import numpy as np
 import pytest
 
 from omnilive.engines.base import EngineError
-from omnilive.engines.cascade.answer import SentenceSplitter, SpokenSentence
+from omnilive.engines.cascade.answer import (
+    DUPLEX_FIRST_WORDS,
+    FIRST_MAX_WORDS,
+    SentenceSplitter,
+    SpokenSentence,
+)
 from omnilive.engines.cascade.asr import collapse_repeats, drop_echo, window_frames
 from omnilive.engines.cascade.conversation import Conversation
 from omnilive.engines.cascade.llm import Message
@@ -17,8 +22,8 @@ from omnilive.engines.cascade.reply import Reply
 from omnilive.engines.cascade.tts import parse_voices, speakable
 
 
-def split(pieces: list[str]) -> list[str]:
-    splitter = SentenceSplitter()
+def split(pieces: list[str], first_words: int = FIRST_MAX_WORDS) -> list[str]:
+    splitter = SentenceSplitter(first_words)
     out = [s for piece in pieces for s in splitter.feed(piece)]
     rest = splitter.flush()
     return [*out, rest] if rest else out
@@ -63,6 +68,14 @@ def test_the_first_piece_is_cut_early() -> None:
         "When sunlight reaches us,",
         "it scatters.",
         "Short.",
+    ]
+
+
+def test_the_duplex_loop_cuts_its_first_piece_later() -> None:
+    text = "The moon is about 384,400 kilometers away from the earth on average and it is bright."
+    assert split(word_pieces(text), DUPLEX_FIRST_WORDS) == [
+        "The moon is about 384,400 kilometers away from the earth on average",
+        "and it is bright.",
     ]
 
 

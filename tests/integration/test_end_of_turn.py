@@ -74,7 +74,11 @@ async def test_a_paused_turn_waits_for_the_silence_rule(server):
 
 @pytest.fixture(scope="module")
 def cascade(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    with running(tmp_path_factory.mktemp("turns"), engine="cascade", ready_timeout=240) as server:
+    # Unfinished words may wait 1.6 s where the client leaves the rule to the server.
+    patient = {"OMNILIVE_END_OF_TURN__UNFINISHED_WAIT_MS": "1600"}
+    with running(
+        tmp_path_factory.mktemp("turns"), engine="cascade", ready_timeout=240, env=patient
+    ) as server:
         yield server
 
 

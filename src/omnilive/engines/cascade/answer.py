@@ -33,16 +33,21 @@ CLAUSE_MIN_WORDS = 8
 # time the user waits for the first sound (end of speech to first audio, p50:
 # 945 ms with twelve, ~915 with six, ~700 with four; benchmarks/notes.md).
 # The seam costs little: the rest of the sentence is ready long before four
-# words have been heard.
+# words have been heard. The duplex loop keeps twelve (DUPLEX_FIRST_WORDS):
+# its 1 s units are cut from what is buffered, and a thin first piece left a
+# middle unit short on a loaded machine.
 FIRST_MAX_WORDS = 4
+DUPLEX_FIRST_WORDS = 12
 
 
 class SentenceSplitter:
-    """Cuts a stream of text pieces into sentences as soon as each is complete."""
+    """Cuts a stream of text pieces into sentences as soon as each is complete;
+    the first is cut after ``first_words`` words if no sentence ends sooner."""
 
-    def __init__(self) -> None:
+    def __init__(self, first_words: int = FIRST_MAX_WORDS) -> None:
         self._pending = ""
         self._first = True
+        self._first_words = first_words
 
     def feed(self, piece: str) -> list[str]:
         """Add a piece; return the sentences it completed (without trailing space)."""
@@ -69,7 +74,8 @@ class SentenceSplitter:
         if self._first:
             # Only completed words count: the last one may still be growing.
             words = list(_WORD_END.finditer(self._pending))
-            return words[FIRST_MAX_WORDS - 1].end() if len(words) >= FIRST_MAX_WORDS else None
+            n = self._first_words
+            return words[n - 1].end() if len(words) >= n else None
         for clause in _CLAUSE_END.finditer(self._pending):
             if len(self._pending[: clause.start()].split()) >= CLAUSE_MIN_WORDS:
                 return clause.end()
@@ -113,8 +119,10 @@ class AnswerStream:
         max_tokens: int,
         voice: str | None,
         cancel: threading.Event | None = None,
+        first_words: int = FIRST_MAX_WORDS,
     ) -> None:
         self._llm = llm
+        self._first_words = first_words
         self._tts = tts
         self._prompt = prompt
         self._options = options
@@ -136,7 +144,7 @@ class AnswerStream:
 
     def _run(self) -> Iterator[TextAudioChunk]:
         started = mark = time.perf_counter()
-        splitter = SentenceSplitter()
+        splitter = SentenceSplitter(self._first_words)
         sentence_tokens = 0
         tokens = self._llm.stream(self._prompt, self._options, self._max_tokens)
         try:

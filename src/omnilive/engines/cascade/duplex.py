@@ -32,6 +32,7 @@ from omnilive.engines.base import (
     Voice,
 )
 from omnilive.engines.cascade._vad import FrameVAD
+from omnilive.engines.cascade.answer import DUPLEX_FIRST_WORDS
 from omnilive.engines.cascade.conversation import ConversationView
 from omnilive.engines.cascade.llm import Message
 from omnilive.engines.cascade.reply import Piece, Reply
@@ -180,6 +181,7 @@ class CascadeDuplex(ConversationView, DuplexSession):
                 self._stack.spoken_budget(GENERATION),
                 self._voice,
                 cancel=reply.cancel,
+                first_words=DUPLEX_FIRST_WORDS,
             )
             pushed = 0
             try:

@@ -7,7 +7,7 @@ import threading
 from dataclasses import dataclass
 
 from omnilive.engines.base import GenerationOptions, Part, TextPart, Voice
-from omnilive.engines.cascade.answer import AnswerStream
+from omnilive.engines.cascade.answer import FIRST_MAX_WORDS, AnswerStream
 from omnilive.engines.cascade.asr import WhisperASR
 from omnilive.engines.cascade.conversation import Conversation
 from omnilive.engines.cascade.llm import LlamaChat
@@ -78,8 +78,11 @@ class ModelStack:
         max_tokens: int,
         voice: str | None,
         cancel: threading.Event | None = None,
+        first_words: int = FIRST_MAX_WORDS,
     ) -> AnswerStream:
-        return AnswerStream(self.llm, self.tts, prompt, options, max_tokens, voice, cancel)
+        return AnswerStream(
+            self.llm, self.tts, prompt, options, max_tokens, voice, cancel, first_words
+        )
 
     def spoken_budget(self, options: GenerationOptions) -> int:
         """Tokens an answer spoken aloud may take (the request's cap, bounded)."""
