@@ -15,7 +15,7 @@ from omnilive.engines.base import (
     ImagePart,
     TextPart,
 )
-from omnilive.engines.cascade import CascadeEngine
+from omnilive.engines.cascade import CascadeEngine, half_duplex
 from omnilive.engines.cascade.half_duplex import CascadeHalfDuplex
 from tests.cascade.speech import Say, overlap, silence
 from tests.speech import longest_pause, speak_piper
@@ -167,6 +167,21 @@ def test_the_words_heard_at_a_pause_say_whether_the_turn_is_over(engine: Cascade
     assert finished is not None and unfinished is not None
     threshold = EndOfTurnSettings().words_threshold  # what the worker's verdict asks
     assert finished > threshold > unfinished, verdicts
+
+
+def test_words_still_being_judged_are_not_yet_finished(
+    engine: CascadeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A check that finds the judgement in flight hears "not yet" (0.0), not
+    "no opinion" (which would leave the turn to the audio model alone), and
+    the next check gets the words' own estimate."""
+    monkeypatch.setattr(half_duplex, "JUDGE_WAIT_S", 0.0)
+    session = open_session(engine)
+    heard = listen_like_a_runner(session, speak_piper("Which animal is the largest on our planet?"))
+    assert session.end_of_turn(heard) == 0.0  # Whisper is still at it
+    session.settle()
+    assert session.end_of_turn(heard) > EndOfTurnSettings().words_threshold
+    session.close()
 
 
 def test_a_transcript_made_in_a_quiet_moment_is_reused(engine: CascadeEngine, say: Say) -> None:

@@ -62,8 +62,7 @@ TAIL_SPEECH_FRAMES = 3  # ~100 ms of it means the user said more
 INAUDIBLE = "[inaudible]"
 # A turn check waits at most this long for the early answer's judgement:
 # Whisper and ~15 tokens of the LLM from the pause on, usually there within
-# 100 ms of the first check; on a loaded machine a short wait would leave
-# the turn to Smart Turn alone, which ends many a cut-off turn.
+# 100 ms of the first check. Later, it is "not yet" (see end_of_turn).
 JUDGE_WAIT_S = 1.0
 
 
@@ -198,11 +197,15 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
         """The language model's chance that the words heard at the pause end
         the user's message (``LlamaChat.end_probability``): read by the early
         answer started at that pause, for this same speech (only silence
-        added); None when there is none, or the model is a remote one."""
+        added); None when there is none, or the model is a remote one. A
+        judgement still in flight after :data:`JUDGE_WAIT_S` is "not yet"
+        (0.0), and the next check asks again: left to the audio model alone,
+        cut-off turns ended early on a loaded machine."""
         early = self._early
         if early is None or not early.speculative or not self._same_speech(early.speech, speech):
             return None
-        early.judged.wait(JUDGE_WAIT_S)
+        if not early.judged.wait(JUDGE_WAIT_S):
+            return 0.0
         return early.end_p
 
     def prefill(self, speech: np.ndarray) -> int:
