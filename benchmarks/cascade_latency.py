@@ -222,7 +222,7 @@ def main() -> None:
         "--unfinished-wait-ms",
         type=int,
         default=1600,
-        help="the server's end_of_turn.unfinished_wait_ms (0: off, the server's default)",
+        help="the server's end_of_turn.unfinished_wait_ms (default: the server's, 1600; 0: off)",
     )
     parser.add_argument("--out", type=Path, help="result file (default: benchmarks/results/...)")
     args = parser.parse_args()

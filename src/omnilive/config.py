@@ -199,15 +199,15 @@ class EndOfTurnSettings(Section):
         "questions 0.008 and 0.06).",
     )
     unfinished_wait_ms: int = Field(
-        0,
+        1600,
         ge=0,
         le=10_000,
         description="The longest silence a turn whose words are judged unfinished is waited "
         "for, in sessions whose client does not set min_silence_duration_ms (a client's own "
-        "rule is always the longest wait); e.g. 1600: mid-sentence pauses of 0.8-1.0 s are "
-        "not cut. A turn no words were judged for still ends at the session's silence rule. "
-        "0 (the default): the spec's 800 ms for every turn, since a client that stops "
-        "sending audio soon after speaking would otherwise wait on a misheard question.",
+        "rule is always the longest wait): mid-sentence pauses of 0.8-1.0 s are not cut. A "
+        "turn no words were judged for still ends at the session's silence rule, and so does "
+        "one whose client stops sending audio after that rule's silence. 0: the spec's "
+        "800 ms for every turn.",
     )
 
 

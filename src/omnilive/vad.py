@@ -160,6 +160,20 @@ class StreamingVad:
         return self.speaking and self._silence_from is not None
 
     @property
+    def silence_ms(self) -> float:
+        """How long the current pause has lasted (0 when not paused)."""
+        if not self.paused or self._silence_from is None:
+            return 0.0
+        return 1000 * (self._position - self._silence_from) / self.rate
+
+    def end_pause(self) -> SpeechEnded | SpeechDiscarded | None:
+        """End the turn at its pause now (the caller knows no more audio is
+        coming); None when not paused."""
+        if not self.paused or self._silence_from is None:
+            return None
+        return self._finish(self._silence_from)
+
+    @property
     def speech_ms(self) -> float:
         """How long the current speech has gone on (0 when not speaking)."""
         return 1000 * (self._position - self._start) / self.rate if self.speaking else 0.0

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from omnilive.audio import INPUT_RATE
 from omnilive.end_of_turn import SmartTurn
 from tests.clients import open_client
 from tests.servers import Server, running
@@ -46,22 +47,38 @@ async def turn_ends(
     pace_s: float = 0.01,
     silence_s: float = 0.5,
     config: dict | None = RULE,
+    then: np.ndarray | None = None,
 ) -> bool:
     """Whether a half-duplex turn of ``speech`` followed by ``silence_s`` of
     silence ends; no audio comes after it, so with 0.5 s the 800 ms silence
     rule alone never ends it. Pieces of 0.1 s go ``pace_s`` apart (0.1: as a
     microphone). ``config`` is the prepare's (None: the server's defaults)."""
+    return await first_turn(server, speech, wait_s, pace_s, silence_s, config, then) is not None
+
+
+async def first_turn(
+    server: Server,
+    speech: np.ndarray,
+    wait_s: float = 4.0,
+    pace_s: float = 0.01,
+    silence_s: float = 0.5,
+    config: dict | None = RULE,
+    then: np.ndarray | None = None,
+) -> dict | None:
+    """The ``generating`` message of the first turn heard in ``speech``,
+    ``silence_s`` of silence and ``then`` (more audio, the turn's rest), or
+    None if none comes within ``wait_s`` of the last piece."""
     client = await open_client(server)
     await client.prepare("Be brief.", config=config)
-    audio = np.concatenate([silence(0.6), speech, silence(silence_s)])
+    rest = [then] if then is not None else []
+    audio = np.concatenate([silence(0.6), speech, silence(silence_s), *rest])
     for chunk in chunks_b64(audio, seconds=0.1):
         await client.send({"type": "audio_chunk", "audio_base64": chunk})
         await asyncio.sleep(pace_s)
     try:
-        await client.until("generating", timeout=wait_s)
+        return await client.until("generating", timeout=wait_s)
     except TimeoutError:
-        return False
-    return True
+        return None
 
 
 async def test_a_finished_turn_is_answered_before_the_silence_rule(server):
@@ -74,11 +91,9 @@ async def test_a_paused_turn_waits_for_the_silence_rule(server):
 
 @pytest.fixture(scope="module")
 def cascade(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    # Unfinished words may wait 1.6 s where the client leaves the rule to the server.
-    patient = {"OMNILIVE_END_OF_TURN__UNFINISHED_WAIT_MS": "1600"}
-    with running(
-        tmp_path_factory.mktemp("turns"), engine="cascade", ready_timeout=240, env=patient
-    ) as server:
+    # The defaults: unfinished words may wait 1.6 s where the client leaves
+    # the rule to the server.
+    with running(tmp_path_factory.mktemp("turns"), engine="cascade", ready_timeout=240) as server:
         yield server
 
 
@@ -111,8 +126,27 @@ async def test_on_the_cascade_unfinished_words_wait_past_the_rule_the_client_lef
 ):
     """A mid-sentence pause of 1.1 s: a client that set 800 ms has the turn
     cut there (its own rule is the longest wait); one that left the rule to
-    the server is waited for, up to end_of_turn.unfinished_wait_ms (1.6 s)."""
-    cut_off = up_to_the_pause(speak_piper("The weather today is, really nice for a walk."))
+    the server, streaming as a microphone does, is waited for (up to
+    end_of_turn.unfinished_wait_ms, 1.6 s): the turn is the whole sentence."""
+    sentence = speak_piper("The weather today is, really nice for a walk.")
+    start, end = longest_pause(sentence)
+    cut_off, rest = sentence[:start], sentence[end:]
     assert await turn_ends(cascade, cut_off, pace_s=0.1, silence_s=1.1)
-    assert not await turn_ends(cascade, cut_off, pace_s=0.1, silence_s=1.1, config=None)
-    assert await turn_ends(cascade, cut_off, pace_s=0.1, silence_s=1.8, config=None)
+    then = np.concatenate([rest, silence(1.0)])
+    whole = await first_turn(cascade, cut_off, 6.0, 0.1, 1.1, None, then)
+    assert whole is not None
+    # Cut at the pause, the turn's speech would be at most the words before it.
+    assert whole["speech_duration_ms"] / 1000 > cut_off.size / INPUT_RATE + 0.8, whole
+
+
+@pytest.mark.cascade
+async def test_a_held_turn_ends_when_the_client_stops_sending_after_the_rule(cascade: Server):
+    """The same pause, after which the client sends nothing more (a clip sent
+    whole, a microphone turned off): the server stops waiting for more words
+    (no chunk for the last one's length and 0.3 s) once the 800 ms the rule
+    asks for are heard; with 0.5 s heard it still waits, as the rule does."""
+    cut_off = up_to_the_pause(speak_piper("The weather today is, really nice for a walk."))
+    ended = await first_turn(cascade, cut_off, pace_s=0.1, silence_s=1.1, config=None)
+    assert ended is not None
+    assert ended["speech_duration_ms"] / 1000 < cut_off.size / INPUT_RATE + 0.5, ended
+    assert not await turn_ends(cascade, cut_off, pace_s=0.1, silence_s=0.5, config=None)

@@ -128,6 +128,20 @@ def test_paused_property_tracks_silence_after_speech():
     assert v.paused and v.speech_so_far.size > 0
 
 
+def test_a_pause_can_be_ended_at_once_and_says_how_long_it_has_lasted():
+    v = vad(min_silence_duration_ms=1600, speech_pad_ms=0)
+    assert v.end_pause() is None  # nothing said
+    feed_all(v, np.concatenate([loud(1.024), silence(0.512)]), chunk=512)
+    assert v.silence_ms == pytest.approx(512, abs=1)
+    ended = v.end_pause()
+    assert isinstance(ended, SpeechEnded)
+    assert ended.speech_ms == pytest.approx(1024, abs=1)
+    assert ended.segment.size == round(1.024 * RATE)  # the silence is not the turn's
+    assert not v.speaking and v.silence_ms == 0 and v.end_pause() is None
+    feed_all(v, loud(1.024), chunk=512)
+    assert v.speaking and v.end_pause() is None  # speaking, not paused
+
+
 def test_silero_finds_spoken_sentence():
     sentence = speak("The quick brown fox jumps over the lazy dog.")
     audio = np.concatenate([silence(1.0), sentence, silence(1.5)])

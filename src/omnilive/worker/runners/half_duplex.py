@@ -78,6 +78,12 @@ COLD_START_MS = 500
 # Speech this long over an answer interrupts it (barge_in): long enough that a
 # cough or a burst of echo does not, short enough to feel immediate.
 BARGE_IN_MS = 300
+# A turn whose words sound unfinished may wait past the session's silence
+# rule (end_of_turn.unfinished_wait_ms). Once that rule's silence is heard,
+# a client that sends nothing for its last chunk's length and this margin has
+# stopped sending (a microphone turned off, a clip sent whole): the turn ends
+# then, as the rule alone would have ended it, instead of never.
+STALL_MARGIN_S = 0.3
 
 
 def system_parts(
@@ -124,6 +130,7 @@ class HalfDuplexRunner(StreamingRunner):
         self._turn: asyncio.Task[None] | None = None
         self.recorder: TurnRecorder | None = None
         self.last_answer: SpokenAnswer | None = None  # for a playback report
+        self._stalled: asyncio.Task[None] | None = None  # see STALL_MARGIN_S
 
     # --- the session's tasks ----------------------------------------------------
 
@@ -275,6 +282,9 @@ class HalfDuplexRunner(StreamingRunner):
             return
         vad = self.vad
         assert vad is not None  # made by the prepare
+        if self._stalled is not None:
+            self._stalled.cancel()  # audio came after all
+            self._stalled = None
         if self.machine.phase is Phase.ANSWERING:
             await self._hear_over_answer(vad, samples)
             return
@@ -290,6 +300,21 @@ class HalfDuplexRunner(StreamingRunner):
                 return  # audio after the end of speech belongs to no turn
         if vad.speaking:
             self.hearing.want(vad.speech_so_far, vad.paused)
+        rule_ms = vad.config.rule_silence_ms
+        if rule_ms is not None and vad.paused and vad.silence_ms >= rule_ms:
+            wait_s = samples.size / INPUT_RATE + STALL_MARGIN_S
+            self._stalled = self.spawn("stalled", self._end_if_no_audio(wait_s))
+
+    async def _end_if_no_audio(self, wait_s: float) -> None:
+        """End a turn held past the session's silence rule if no audio comes
+        for ``wait_s`` (the next chunk cancels this)."""
+        await asyncio.sleep(wait_s)
+        self._stalled = None
+        ended = self.vad.end_pause() if self.vad is not None else None
+        if isinstance(ended, SpeechEnded):
+            await self._speech_ended(ended)
+        elif isinstance(ended, SpeechDiscarded):
+            await self.send(vad_state_message(False))
 
     async def _playback(self, message: Playback) -> None:
         """The client played only ``played_ms`` of the last answer: the
