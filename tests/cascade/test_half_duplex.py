@@ -199,6 +199,32 @@ def test_a_transcript_made_in_a_quiet_moment_is_reused(engine: CascadeEngine, sa
     session.close()
 
 
+def test_words_heard_while_the_user_speaks_are_read_ahead(engine: CascadeEngine, say: Say) -> None:
+    """The partial transcripts made while the user speaks are evaluated into
+    the LLM's cache: at the pause, the words' judgement (and the answer's
+    prefill) evaluates only what was said since."""
+    speech = say("Could you tell me how far away the moon is from the earth?")
+    heard = np.concatenate([speech, silence(0.6)])
+
+    def judged_tokens(heard_while_speaking: bool) -> int:
+        engine.stack.llm.clear_cache()
+        session = open_session(engine)
+        for end in range(CHUNK, heard.size + 1, CHUNK):
+            paused = end - speech.size >= 0.2 * INPUT_RATE
+            if heard_while_speaking or paused:
+                session.settle()  # as if each chunk came 100 ms apart on an idle machine
+                session.hear(heard[:end], paused)
+        session.prefill(heard)
+        stats = session.stats
+        list(session.generate())
+        session.close()
+        assert stats.speculative and stats.judged_tokens is not None
+        return stats.judged_tokens
+
+    read_ahead, at_the_pause = judged_tokens(True), judged_tokens(False)
+    assert read_ahead < at_the_pause / 2, (read_ahead, at_the_pause)
+
+
 def test_early_work_is_discarded_when_the_speech_changes(engine: CascadeEngine, say: Say) -> None:
     session = open_session(engine)
     listen_like_a_runner(session, say("What is the capital of France?"))

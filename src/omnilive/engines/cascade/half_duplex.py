@@ -80,6 +80,7 @@ class _Early:
     head: list[TextAudioChunk] = field(default_factory=list)  # chunks already made
     heard: _Early | None = None  # an earlier transcript of the same speech to reuse
     end_p: float | None = None  # the LLM's chance the user's words end the turn
+    judged_tokens: int | None = None  # prompt tokens that judgement evaluated
     judged: threading.Event = field(default_factory=threading.Event)  # end_p is known (or never)
     _closing: threading.Lock = field(default_factory=threading.Lock)
 
@@ -101,6 +102,7 @@ class TurnStats:
     transcribed_early: bool = False  # ...whose transcript was made before the pause
     first_token_ms: float | None = None
     first_audio_ms: float | None = None
+    judged_tokens: int | None = None  # new to the LLM at the pause (the rest read ahead)
 
 
 @dataclass(eq=False)
@@ -336,6 +338,8 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
             timings["llm_first_token_ms"] = round(stats.first_token_ms, 1)
         if stats.first_audio_ms is not None:
             timings["first_sentence_audio_ms"] = round(stats.first_audio_ms, 1)
+        if stats.judged_tokens is not None:
+            timings["judged_tokens"] = float(stats.judged_tokens)
         if self._first_sentence is not None:
             timings["llm_first_sentence_ms"] = round(self._first_sentence.llm_ms, 1)
             timings["tts_first_sentence_ms"] = round(self._first_sentence.tts_ms, 1)
@@ -390,6 +394,7 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
         early.transcript = transcript
         if not early.speculative:
             self.partial_transcript = transcript.text
+            self._read_ahead(early, transcript)
             return
         if early.cancel.is_set():
             return
@@ -398,6 +403,7 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
         if isinstance(self._stack.llm, LlamaChat) and transcript.text:
             # Next to free for the answer: the words it judges stay in the cache.
             early.end_p = self._stack.llm.end_probability(fit.messages)
+            early.judged_tokens = self._stack.llm.last_judged
         early.judged.set()
         if early.cancel.is_set():
             return
@@ -417,6 +423,18 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
             answer.close()
             return
         early.fit, early.answer = fit, answer
+
+    def _read_ahead(self, early: _Early, transcript: Transcript) -> None:
+        """Evaluate the words heard so far into the LLM's cache while the
+        user is still speaking: at the pause only the words since are new to
+        it, which shortens the judgement and the answer's prefill."""
+        if early.cancel.is_set() or not transcript.text:
+            return
+        if not isinstance(self._stack.llm, LlamaChat):
+            return
+        with self._lock:
+            fit = self._fit(transcript)
+        self._stack.llm.end_probability(fit.messages)
 
     def _adopt(self, speech: np.ndarray) -> _Turn | None:
         """The early answer, if it was started from this same speech."""
@@ -439,6 +457,7 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
             early.transcript.cost_ms,
             speculative=True,
             transcribed_early=reused,
+            judged_tokens=early.judged_tokens,
         )
         return _Turn(early.fit, early.answer, early.head)
 

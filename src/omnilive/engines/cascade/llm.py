@@ -100,6 +100,7 @@ class LlamaChat:
         self._generation = 0
         self._current: Iterator[Any] | None = None
         self.last_reused = 0  # prompt tokens the last stream found in the cache
+        self.last_judged = 0  # tokens the last end_probability evaluated
         self.build_plan: BuildPlan | None = None  # set by load()
 
     def load(self) -> None:
@@ -194,6 +195,7 @@ class LlamaChat:
             self._close_current()
             # One token at least is evaluated again: its logits are the answer.
             llm.n_tokens = min(self._reuse_cache(prompt), len(prompt) - 1)
+            self.last_judged = len(prompt) - llm.n_tokens
             llm.eval(prompt[llm.n_tokens :])
             logits = np.ctypeslib.as_array(
                 llama_cpp.llama_get_logits(llm.ctx), shape=(llm.n_vocab(),)
