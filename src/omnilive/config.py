@@ -162,6 +162,14 @@ class EndOfTurnSettings(Section):
     check_after_ms: int = Field(
         200, ge=50, le=5000, description="Silence after which the model judges the turn."
     )
+    words_check_after_ms: int = Field(
+        100,
+        ge=20,
+        le=5000,
+        description="Where the engine judges the words it heard (the cascade), the silence "
+        "after which the turn is first checked, sooner than check_after_ms: the words do not "
+        "change with more silence (later checks come every check_after_ms).",
+    )
     threshold: float = Field(
         0.9,
         gt=0,

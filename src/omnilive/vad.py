@@ -11,7 +11,8 @@ reference implementation computed but threw away. The first
 
 With ``end_check_ms`` set, a silence is offered for a judgement
 (:class:`TurnCheck`, e.g. a semantic end-of-turn model's) each time it has
-lasted another ``end_check_ms`` (and not yet ``min_silence_duration_ms``);
+lasted another ``end_check_ms`` (and not yet ``min_silence_duration_ms``),
+the first time after ``first_check_ms`` if that is set;
 the caller reports each verdict to :meth:`StreamingVad.judged`, which ends
 the turn at once when the last ``end_confirmations`` checks of that silence
 all found it complete. One verdict is a noisy thing (a speaker's pause
@@ -66,6 +67,7 @@ class VadConfig:
     ignore_initial_ms: int = 500  # the spec's cold-start guard
     max_speech_duration_s: float = 30.0  # Whisper's window; longer speech is cut here
     end_check_ms: int | None = None  # silence after which a TurnCheck is offered, and again
+    first_check_ms: int | None = None  # the first check's silence, if sooner (None: end_check_ms)
     end_confirmations: int = 1  # consecutive "complete" verdicts that end the turn
     # Where min_silence_duration_ms was lengthened for turns whose words sound
     # unfinished: the silence after which any other turn ends (see judged_end).
@@ -131,6 +133,8 @@ class StreamingVad:
         self._end_check = (
             round(config.end_check_ms * rate / 1000) if config.end_check_ms is not None else None
         )
+        first_check = config.first_check_ms or config.end_check_ms
+        self._first_check = round(first_check * rate / 1000) if first_check is not None else None
         self._ignore = round(config.ignore_initial_ms * rate / 1000)
         self._negative = config.threshold - NEGATIVE_MARGIN
         self.reset()
@@ -242,7 +246,8 @@ class StreamingVad:
         elif (
             self._silence_from is not None
             and self._end_check is not None
-            and silence >= self._end_check * (self._checks + 1)
+            and self._first_check is not None
+            and silence >= self._first_check + self._end_check * self._checks
         ):
             self._checks += 1
             silence_ms = 1000 * silence / self.rate

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from omnilive.engines.base import EngineError, GenerationOptions
@@ -89,3 +92,33 @@ def test_judging_the_words_leaves_them_cached_for_the_answer(engine: CascadeEngi
     with pytest.raises(EngineError, match="not the user's"):
         llm.end_probability([SYSTEM])
     assert llm.end_probability([SYSTEM, Message("user", " ... ")]) == 0.0
+
+
+def test_the_model_runs_on_one_thread_whoever_calls(
+    engine: CascadeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """llama.cpp's OpenMP barriers stop spinning once a second thread has
+    called in (a token then took ~30 ms instead of ~11 on 2 cores): every
+    evaluation, a judgement's or a stream's, runs on the model's own thread."""
+    llm = engine.stack.llm
+    model = llm._llm
+    threads: set[str] = set()
+    evaluate = model.eval
+
+    def recorded(tokens):
+        threads.add(threading.current_thread().name)
+        return evaluate(tokens)
+
+    monkeypatch.setattr(model, "eval", recorded)
+    messages = [SYSTEM, Message("user", "What is the capital of France?")]
+
+    def judge_and_answer() -> None:
+        llm.clear_cache()
+        llm.end_probability(messages)
+        "".join(llm.stream(llm.tokens(messages), GREEDY, 4))
+
+    with ThreadPoolExecutor(2) as callers:
+        for call in [callers.submit(judge_and_answer) for _ in range(2)]:
+            call.result()
+    judge_and_answer()  # and from the test's own thread
+    assert len(threads) == 1 and threading.current_thread().name not in threads, threads

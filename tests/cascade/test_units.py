@@ -93,6 +93,8 @@ def test_drop_echo_cuts_a_sentence_begun_again() -> None:
     assert drop_echo("Hello there. Hello there, how are you?") == (
         "Hello there. Hello there, how are you?"  # more than the start again
     )
+    second = "My friend has a birthday. What present would she like? What present would she"
+    assert drop_echo(second) == "My friend has a birthday. What present would she like?"
     assert drop_echo("Yes. Yes.") == "Yes. Yes."  # one word is no echo
     assert drop_echo("I said it. It is done.") == "I said it. It is done."
 

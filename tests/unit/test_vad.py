@@ -19,6 +19,7 @@ from omnilive.vad import (
     TurnCheck,
     VadConfig,
 )
+from omnilive.worker.runners.hearing import with_turn_checks
 from tests.speech import silence, speak
 
 RATE = 16_000
@@ -176,6 +177,25 @@ def test_a_silence_is_offered_for_a_turn_check_every_end_check():
     ended = v.judged(checks[0], True)
     assert isinstance(ended, SpeechEnded) and not v.speaking
     assert ended.speech_ms == pytest.approx(1024) and 480 <= ended.silence_ms <= 544
+
+
+def test_the_first_check_may_come_sooner_and_the_rest_keep_their_spacing():
+    v = vad(end_check_ms=192, first_check_ms=96, min_silence_duration_ms=1000, speech_pad_ms=0)
+    v.feed(loud(0.512))
+    checks = [e for e in feed_all(v, silence(0.9), chunk=512) if isinstance(e, TurnCheck)]
+    assert [round(c.silence_ms) for c in checks] == [96, 288, 480, 672, 864]
+    assert [c.round for c in checks] == [1, 2, 3, 4, 5]
+
+
+async def test_an_engine_that_judges_words_is_checked_sooner():
+    class Runtime:
+        turn_judge = TurnJudge(EndOfTurnSettings(check_after_ms=200, words_check_after_ms=100))
+
+    rule = VadConfig(min_silence_duration_ms=800)
+    by_sound = await with_turn_checks(Runtime(), rule)  # type: ignore[arg-type]
+    assert (by_sound.end_check_ms, by_sound.first_check_ms) == (200, None)
+    by_words = await with_turn_checks(Runtime(), rule, judges_words=True)  # type: ignore[arg-type]
+    assert (by_words.end_check_ms, by_words.first_check_ms) == (200, 100)
 
 
 def test_a_turn_ends_when_its_last_checks_all_find_it_complete():

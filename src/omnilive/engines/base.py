@@ -339,6 +339,11 @@ class HalfDuplexSession(abc.ABC):
         work; otherwise the engine must discard it.
         """
 
+    # Whether :meth:`end_of_turn` gives an opinion (from the words it heard):
+    # the words do not change with more silence, so the worker reads them at
+    # a shorter silence than it waits before judging by sound alone.
+    judges_words: bool = False
+
     def end_of_turn(self, speech: np.ndarray) -> float | None:
         """The engine's own estimate (0–1), from the words it understood in
         ``speech`` (the turn so far, its silence included), that the user has

@@ -63,18 +63,24 @@ def collapse_repeats(tokens: list[int], min_period: int = 3) -> list[int]:
 
 
 def drop_echo(text: str) -> str:
-    """Cut a tail that only starts the text over again.
+    """Cut a tail that only starts one of the text's sentences over again.
 
-    On a short window Whisper sometimes finishes the sentence and begins it
-    a second time ("Which animal is the largest on our planet? Which animal
-    is the largest on"): not a loop of token ids (the case differs), yet it
-    makes a finished question read as cut off. A tail after a sentence end
-    whose words (two or more) are the text's first words is dropped.
+    On a short window Whisper sometimes finishes the speech and begins a
+    sentence a second time ("Which animal is the largest on our planet?
+    Which animal is the largest on"; "My friend has a birthday on Saturday.
+    What present do you think she would like? What present do you think she
+    would"): not a loop of token ids (the case differs), yet it makes a
+    finished question read as cut off. A tail after a sentence end whose
+    words (two or more) are the first words of a sentence before it is
+    dropped.
     """
-    for end in _SENTENCE_END.finditer(text):
-        head, tail = text[: end.start()].strip(), text[end.end() :]
-        first, again = _words(head), _words(tail)
-        if len(again) >= 2 and first[: len(again)] == again:
+    starts = [0, *(end.end() for end in _SENTENCE_END.finditer(text))]
+    for i, end in enumerate(_SENTENCE_END.finditer(text), start=1):
+        head, again = text[: end.start()].strip(), _words(text[end.end() :])
+        if len(again) < 2:
+            continue
+        earlier = (_words(text[start:])[: len(again)] for start in starts[:i])
+        if any(words == again for words in earlier):
             return head
     return text
 

@@ -7,11 +7,12 @@ once, so the runner's VAD is never held up:
 - while the user speaks, the speech so far is transcribed now and then
   (``partial_transcript``): after each second of new speech, and as soon as the
   last ~0.2 s sound quiet, which is often the end (the runner's VAD waits
-  longer before it calls it a pause);
+  longer before it calls it a pause); each transcript's words are read into
+  the LLM's cache, so that at the pause only the words since are new to it;
 - when the VAD hears a pause, the answer is started: the speech is transcribed
   (or the quiet-moment transcript reused, if no speech came after it), the LLM
-  runs until its first sentence is complete and espeak has spoken it, then the
-  stream is parked.
+  judges whether the words end the turn and runs until its first piece is
+  complete and spoken, then the stream is parked.
 
 If :meth:`prefill` then gets the same speech (the same samples, give or take a
 silent tail) it adopts the parked answer: the first chunk of :meth:`generate`
@@ -72,6 +73,10 @@ class _Early:
 
     speech: np.ndarray
     speculative: bool  # also start the answer (the VAD heard a pause)
+    # Made at a quiet moment: its speech ends in silence, so the same speech
+    # with more silence has the same words. A transcript made every second may
+    # end inside a word, whose rest a tail check can take for silence.
+    quiet: bool = False
     cancel: threading.Event = field(default_factory=threading.Event)
     future: Future[None] | None = None
     transcript: Transcript | None = None
@@ -180,7 +185,8 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
             early = None
         speech = np.array(speech_so_far, dtype=np.float32)
         if paused:
-            heard = early if early and self._same_speech(early.speech, speech) else None
+            reusable = early is not None and early.quiet
+            heard = early if reusable and self._same_speech(early.speech, speech) else None
             if heard is None:
                 self._cancel_early(wait=False)
             self._start_early(speech, speculative=True, heard=heard)
@@ -193,7 +199,11 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
         )
         if quiet or new >= PARTIAL_STEP_S * RATE:
             self._partial_samples = speech.size
-            self._start_early(speech, speculative=False)
+            self._start_early(speech, speculative=False, quiet=quiet)
+
+    @property
+    def judges_words(self) -> bool:
+        return self._answers_early and isinstance(self._stack.llm, LlamaChat)
 
     def end_of_turn(self, speech: np.ndarray) -> float | None:
         """The language model's chance that the words heard at the pause end
@@ -369,9 +379,13 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
         return self._conversation.fit(self._stack.llm.count, self._budget(), user)
 
     def _start_early(
-        self, speech: np.ndarray, speculative: bool, heard: _Early | None = None
+        self,
+        speech: np.ndarray,
+        speculative: bool,
+        heard: _Early | None = None,
+        quiet: bool = False,
     ) -> None:
-        early = _Early(speech, speculative, heard=heard)
+        early = _Early(speech, speculative, quiet, heard=heard)
         early.future = self._executor.submit(self._work, early)
         # Work cancelled while it runs cleans up after itself when it ends.
         early.future.add_done_callback(lambda _: early.discard() if early.cancel.is_set() else None)

@@ -16,6 +16,13 @@ shift), so only the new turn is evaluated.
 One :class:`Llama` serves every session of the engine. A new generation
 preempts the previous one: the engine has one slot, and a stream that was
 abandoned (a cancelled speculation, a closed session) must not block the next.
+
+Every call that runs the model is made from one thread of its own, whoever
+asks: llama.cpp's threads meet at an OpenMP barrier after each operation,
+and OpenMP spins there only while the process has no more of its threads
+than cores. Each thread that calls in brings a team of its own (sessions
+have a thread each), after which every barrier sleeps and wakes instead:
+on 2 cores a token took ~30 ms instead of ~11 (benchmarks/notes.md).
 """
 
 from __future__ import annotations
@@ -23,10 +30,11 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -43,6 +51,7 @@ SEED = 0x5EED
 SENTENCE_ENDS = (".", "?", "!", "…", "...", "<|im_end|>")
 _TRAILING_PUNCTUATION = re.compile(r"[\s.?!…,;:]+$")
 SHIFT_MIN_MATCH = 16  # cached tokens that must line up after a gap to shift them
+T = TypeVar("T")
 
 
 def _without_extra_buffer_types(llama_class: type) -> type:
@@ -102,6 +111,7 @@ class LlamaChat:
         self.last_reused = 0  # prompt tokens the last stream found in the cache
         self.last_judged = 0  # tokens the last end_probability evaluated
         self.build_plan: BuildPlan | None = None  # set by load()
+        self._runner: ThreadPoolExecutor | None = None  # the one thread that runs the model
 
     def load(self) -> None:
         import llama_cpp
@@ -113,13 +123,16 @@ class LlamaChat:
         llama_class = llama_cpp.Llama
         if not self.build_plan.extra_buffer_types:
             llama_class = _without_extra_buffer_types(llama_cpp.Llama)
-        llm = llama_class(
-            model_path=str(self._gguf),
-            n_ctx=self.n_ctx,
-            n_threads=self._threads,
-            n_threads_batch=self._threads,
-            seed=SEED,
-            verbose=False,
+        self._runner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llama")
+        llm = self._run(
+            lambda: llama_class(
+                model_path=str(self._gguf),
+                n_ctx=self.n_ctx,
+                n_threads=self._threads,
+                n_threads_batch=self._threads,
+                seed=SEED,
+                verbose=False,
+            )
         )
         template = llm.metadata.get("tokenizer.chat_template")
         if not template:
@@ -142,6 +155,15 @@ class LlamaChat:
             if self._llm is not None:
                 self._llm.close()
                 self._llm = None
+            if self._runner is not None:
+                self._runner.shutdown(wait=True)
+                self._runner = None
+
+    def _run(self, work: Callable[..., T], *args: Any) -> T:
+        """``work(*args)`` on the model's own thread (see the module docstring)."""
+        if self._runner is None:
+            raise EngineError("the language model is not loaded")
+        return self._runner.submit(work, *args).result()
 
     def clear_cache(self) -> None:
         """Forget the cached prompt: the next stream evaluates everything."""
@@ -196,7 +218,7 @@ class LlamaChat:
             # One token at least is evaluated again: its logits are the answer.
             llm.n_tokens = min(self._reuse_cache(prompt), len(prompt) - 1)
             self.last_judged = len(prompt) - llm.n_tokens
-            llm.eval(prompt[llm.n_tokens :])
+            self._run(llm.eval, prompt[llm.n_tokens :])
             logits = np.ctypeslib.as_array(
                 llama_cpp.llama_get_logits(llm.ctx), shape=(llm.n_vocab(),)
             ).astype(np.float64)
@@ -237,7 +259,7 @@ class LlamaChat:
                 with self._lock:
                     if self._generation != mine:
                         return
-                    chunk = next(completion, None)
+                    chunk = self._run(next, completion, None)
                 if chunk is None:
                     return
                 yield chunk["choices"][0]["text"]
@@ -279,7 +301,7 @@ class LlamaChat:
         """Close the live llama.cpp generator; the caller holds the lock."""
         if self._current is not None:
             current, self._current = self._current, None
-            current.close()  # type: ignore[attr-defined]
+            self._run(current.close)  # type: ignore[attr-defined]
 
 
 def _common_prefix(cached: np.ndarray, prompt: list[int]) -> int:

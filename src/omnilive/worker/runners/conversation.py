@@ -251,7 +251,9 @@ class ConversationRunner(Responses, StreamingRunner):
             self.vad = None
             return
         if isinstance(self.config.audio.input.turn_detection, SemanticVad):
-            config = await with_turn_checks(self.runtime, config)
+            config = await with_turn_checks(
+                self.runtime, config, judges_words=self.session.judges_words
+            )
         self.vad = StreamingVad(await asyncio.to_thread(SileroModel), config)
 
     # --- input audio -----------------------------------------------------------------------

@@ -232,7 +232,8 @@ class HalfDuplexRunner(StreamingRunner):
         )
         # A client that sets no silence rule leaves it to the server (the end-of-turn settings).
         rule_is_servers = "min_silence_duration_ms" not in config.vad.model_fields_set
-        vad_config = await with_turn_checks(self.runtime, vad_config, rule_is_servers)
+        words = self.session.judges_words
+        vad_config = await with_turn_checks(self.runtime, vad_config, rule_is_servers, words)
         self.vad = StreamingVad(await asyncio.to_thread(SileroModel), vad_config)
         try:
             await self.runtime.step(self.record, self.session.prepare, parts, options)

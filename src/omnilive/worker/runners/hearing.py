@@ -64,10 +64,14 @@ class EarlyHearing:
 
 
 async def with_turn_checks(
-    runtime: WorkerRuntime, config: VadConfig, rule_is_servers: bool = False
+    runtime: WorkerRuntime,
+    config: VadConfig,
+    rule_is_servers: bool = False,
+    judges_words: bool = False,
 ) -> VadConfig:
     """``config`` with the end-of-turn model's checks, if the worker has one
-    (and the session's silence rule is not already that short). Where the
+    (and the session's silence rule is not already that short); an engine
+    that ``judges_words`` is first checked after ``words_check_after_ms``. Where the
     client left the silence rule to the server (``rule_is_servers``), a turn
     whose words sound unfinished may wait up to ``unfinished_wait_ms``: the
     VAD's rule becomes that, and ``rule_silence_ms`` keeps the session's
@@ -78,8 +82,12 @@ async def with_turn_checks(
     settings = judge.settings
     if settings.check_after_ms >= config.min_silence_duration_ms:
         return config
+    first = settings.words_check_after_ms if judges_words else None
     config = dataclasses.replace(
-        config, end_check_ms=settings.check_after_ms, end_confirmations=settings.confirmations
+        config,
+        end_check_ms=settings.check_after_ms,
+        first_check_ms=first if first is not None and first < settings.check_after_ms else None,
+        end_confirmations=settings.confirmations,
     )
     if rule_is_servers and settings.unfinished_wait_ms > config.min_silence_duration_ms:
         config = dataclasses.replace(
