@@ -22,12 +22,16 @@ asks: llama.cpp's threads meet at an OpenMP barrier after each operation,
 and OpenMP spins there only while the process has no more of its threads
 than cores. Each thread that calls in brings a team of its own (sessions
 have a thread each), after which every barrier sleeps and wakes instead:
-on 2 cores a token took ~30 ms instead of ~11 (benchmarks/notes.md).
+on 2 cores a token took ~30 ms instead of ~11 (benchmarks/notes.md). The
+spinning itself is kept short (``GOMP_SPINCOUNT``): with another process
+busy on the cores, a thread spinning for a partner that is not running
+burnt its turn at every barrier, and a token took seconds.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 from collections.abc import Callable, Iterator
@@ -51,6 +55,15 @@ SEED = 0x5EED
 SENTENCE_ENDS = (".", "?", "!", "…", "...", "<|im_end|>")
 _TRAILING_PUNCTUATION = re.compile(r"[\s.?!…,;:]+$")
 SHIFT_MIN_MATCH = 16  # cached tokens that must line up after a gap to shift them
+# OpenMP's spin at a barrier before it sleeps (its default is 300,000, and
+# 1,000 once a process has more OpenMP threads than cores): on 2 cores, idle,
+# a token takes ~11.5 ms at 1,000 against ~10 at the default; beside a busy
+# process ~31 ms at 1,000, ~140 at 10,000 and ~3 s at the default.
+OPENMP_SPIN_COUNT = "1000"
+# Read once, when llama.cpp's OpenMP library loads, so set on import of the
+# engine (omnilive.engines.cascade imports this module); a value the operator
+# set wins.
+os.environ.setdefault("GOMP_SPINCOUNT", OPENMP_SPIN_COUNT)
 T = TypeVar("T")
 
 
