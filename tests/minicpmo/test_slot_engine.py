@@ -24,6 +24,7 @@ from omnilive.engines.base import (
     EngineError,
     GenerationOptions,
     TextPart,
+    UnitInput,
 )
 from omnilive.engines.minicpmo import MiniCPMoEngine
 from omnilive.engines.minicpmo.backend import DeviceInfo
@@ -110,6 +111,37 @@ async def run_session(engine: Any, seed: int, units: int, omni: bool) -> list[An
             await session.finalize()
             results.append((stats, unit))
         return results
+    finally:
+        session.close()
+
+
+async def test_a_unit_crosses_four_threads_speaking_and_three_listening(engine: Any) -> None:
+    # The server's path (whole units): the encoders' lane, the batch loop,
+    # the side lane (a speaking unit's voice), back to the event loop once;
+    # a unit with frames first crosses to the CPU threads of its image processing.
+    session = engine.open_duplex()
+    assert session.whole_units
+    try:
+        await session.prepare("You are a helpful assistant.", DuplexOptions(vision=True))
+        rng = np.random.default_rng(7)
+        seen = set()
+        for k in range(10):
+            before = dict(vars(session.handoffs))
+            audio = rng.normal(0, 0.05, 16_000).astype(np.float32)
+            framed = k % 2 == 1
+            given = UnitInput(audio, [jpeg(k)] if framed else [], None, k % 3 == 0)
+            stats, unit = await session.unit(given)
+            assert stats.audio_tokens > 0 and stats.vision_slices == int(framed)
+            crossed = {key: vars(session.handoffs)[key] - before[key] for key in before}
+            kind = "listen" if unit.is_listen else "speak"
+            assert crossed.pop(f"{kind}_units") == 1
+            assert crossed.pop(kind) == (3 if unit.is_listen else 4) + framed
+            assert set(crossed.values()) == {0}
+            if not unit.is_listen:
+                assert unit.audio is not None  # voiced on the side lane
+            seen.add((unit.is_listen, framed))
+            await session.finalize()
+        assert {listen for listen, _ in seen} == {True, False}, "a listening and a speaking unit"
     finally:
         session.close()
 
