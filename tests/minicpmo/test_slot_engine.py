@@ -6,8 +6,10 @@ Skipped where the model code is not at hand (see ``model_code.py``)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import io
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -144,6 +146,38 @@ async def test_a_unit_crosses_four_threads_speaking_and_three_listening(engine: 
         assert {listen for listen, _ in seen} == {True, False}, "a listening and a speaking unit"
     finally:
         session.close()
+
+
+@pytest.mark.parametrize("after_s", [0.0, 0.05, 0.3])
+async def test_a_unit_cancelled_in_any_leg_leaves_nothing_behind(
+    engine: Any, after_s: float, caplog: pytest.LogCaptureFixture
+):
+    # Whichever thread holds the unit when its waiter leaves (the CPU threads,
+    # the encoders' lane, the batch loop, the side lane), no later leg starts
+    # and the session's close gives its slot back: every slot fits again.
+    batch = engine._slots.batch
+    session = engine.open_duplex()
+    try:
+        await session.prepare("You are a helpful assistant.", DuplexOptions(vision=True))
+        audio = np.random.default_rng(3).normal(0, 0.05, 16_000).astype(np.float32)
+        task = asyncio.create_task(session.unit(UnitInput(audio, [jpeg(1)], None, False)))
+        await asyncio.sleep(after_s)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    finally:
+        session.close()
+    sessions = [engine.open_duplex() for _ in range(3)]
+    try:
+        for session in sessions:
+            await session.prepare("Again.", DuplexOptions())
+        assert (await sessions[0].unit(UnitInput(audio, [], None, False)))[1].kv_cache_length > 0
+    finally:
+        for session in sessions:
+            session.close()
+    await batch.call(len, ())  # after the releases the closes queued
+    assert batch.pending() == 0 and not any(len(lane.jobs) for lane in batch.lanes)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 def test_the_slots_follow_the_settings(engine: Any) -> None:

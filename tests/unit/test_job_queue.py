@@ -293,3 +293,24 @@ async def test_a_relay_cancelled_while_a_leg_waits_drops_it_and_starts_no_more(t
     await running
     assert await second.submit(Work(fn=lambda: "next")) == "next"
     assert ran == [] and relay.results == ["one"]
+
+
+async def test_a_relay_cancelled_while_a_leg_runs_starts_no_later_leg(two):
+    first, second = two
+    entered, release = threading.Event(), threading.Event()
+    ran: list[str] = []
+
+    def hold(_: list[Any]) -> str:
+        entered.set()
+        release.wait(WAIT_S)
+        return "one"
+
+    relay = legs((first, hold), (second, lambda _: ran.append("two")))
+    task = asyncio.create_task(relay.run(), name="relay")
+    assert await asyncio.to_thread(entered.wait, WAIT_S)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    release.set()
+    assert await first.submit(Work(fn=lambda: "after")) == "after"  # the first leg has ended
+    assert ran == [] and second.handoffs == 0  # its outcome went nowhere
