@@ -148,6 +148,32 @@ async def test_a_unit_crosses_four_threads_speaking_and_three_listening(engine: 
         session.close()
 
 
+async def test_a_spoken_unit_whose_voice_makes_no_audio_yet_ends_there(
+    engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The vocoder may hold a unit's few speech tokens back (no audio yet):
+    # the unit ends with its voice leg all the same.
+    from omnilive.engines.minicpmo.sessions import duplex
+
+    monkeypatch.setattr(duplex, "voice_together", lambda runner, pushes: [None] * len(pushes))
+    session = engine.open_duplex()
+    try:
+        await session.prepare("You are a helpful assistant.", DuplexOptions())
+        audio = np.random.default_rng(5).normal(0, 0.05, 16_000).astype(np.float32)
+        for _ in range(4):
+            before = session.handoffs.speak
+            _, unit = await session.unit(UnitInput(audio, [], None, False))
+            await session.finalize()
+            if not unit.is_listen:
+                assert unit.audio is None and unit.n_tokens > 0
+                assert session.handoffs.speak - before == 4
+                break
+        else:
+            pytest.fail("no unit spoke")
+    finally:
+        session.close()
+
+
 @pytest.mark.parametrize("after_s", [0.0, 0.05, 0.3])
 async def test_a_unit_cancelled_in_any_leg_leaves_nothing_behind(
     engine: Any, after_s: float, caplog: pytest.LogCaptureFixture

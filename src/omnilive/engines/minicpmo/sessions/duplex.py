@@ -251,29 +251,29 @@ class SlotDuplex:
     ) -> tuple[JobQueue[Any], Job] | None:
         """The next leg of a unit's relay after the last one's outcome (see
         :meth:`_relay`), on the thread that ended it."""
-        loop, last = self.loop, relay.results[-1] if relay.results else request
+        done, loop = relay.results, self.loop
+        if any(isinstance(result, Decided) for result in done):  # decided: its voice
+            return self._voice_leg(done[-1]) if isinstance(done[-1], Decided) else None
+        last = done[-1] if done else request
         if isinstance(last, Failed):
             raise last.error
         if isinstance(last, UnitRequest):
             if last.unprepared and loop.prep is not None:  # its CPU halves first, on CPU threads
                 return loop.prep_leg(partial(prepare_unit, self.shared), last)
             return loop.encoder_leg(UNIT_KEY, partial(encode_requests, self.shared), last)
-        if last is None or isinstance(last, EncodedUnit):  # the forward and the decisions
-            closing = len(request.lead) - 1 if request is not None else 0
-            program = self._program(last, closing, logits, force_listen)
-            return loop.program_leg(self.slot, program)
-        if not isinstance(last, Decided):
-            return None  # the voice is done
-        outcome, voice = last.outcome, self.voice
-        if outcome is None or outcome.is_listen or voice is None:
+        # The forward (of an encoded unit; none from a prefill's logits) and the decisions.
+        closing = len(request.lead) - 1 if request is not None else 0
+        return loop.program_leg(self.slot, self._program(last, closing, logits, force_listen))
+
+    def _voice_leg(self, decided: Decided) -> tuple[JobQueue[Any], Job] | None:
+        """A spoken unit's speech to the side lane, with the other sessions'
+        pushes waiting for it: one vocoder batch a round."""
+        outcome, voice = decided.outcome, self.voice
+        if outcome is None or outcome.is_listen or voice is None or not self.shared.generate_audio:
             return None
-        if not self.shared.generate_audio:
-            return None
-        # With the other sessions' pushes waiting for the side lane: one
-        # vocoder batch a round.
         self.vocoding = time.perf_counter()
-        push = (voice, outcome.speech_tokens, outcome.end_of_turn, last.flush)
-        return loop.side_leg(VOICE_KEY, partial(voice_together, voice.runner), push)
+        push = (voice, outcome.speech_tokens, outcome.end_of_turn, decided.flush)
+        return self.loop.side_leg(VOICE_KEY, partial(voice_together, voice.runner), push)
 
     def _program(
         self,
