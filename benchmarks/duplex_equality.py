@@ -124,8 +124,9 @@ def follow_ties(followers: dict[int, TieFollower]) -> Any:
     """Wrap the engine's choice functions so each session (found by its
     generator) follows the reference through ties; returns the undo."""
     from omnilive.engines.minicpmo.sessions import duplex as duplex_slots
+    from omnilive.engines.minicpmo.sessions import unit_rules
 
-    text, speech = duplex_slots.choose_tokens, duplex_slots.choose_speech_token
+    text, speech = unit_rules.choose_tokens, unit_rules.choose_speech_token
 
     def choose_text(rows):
         before = [len(choice.seen) if choice.seen is not None else 0 for _, choice in rows]
@@ -148,10 +149,14 @@ def follow_ties(followers: dict[int, TieFollower]) -> Any:
             return token
         return follower.speech_choice(token, seen[-1], previous)
 
-    duplex_slots.choose_tokens, duplex_slots.choose_speech_token = choose_text, choose_speech
+    # A unit's first token is chosen in the session's module, the others by
+    # the picks of unit_rules.
+    duplex_slots.choose_tokens = unit_rules.choose_tokens = choose_text
+    unit_rules.choose_speech_token = choose_speech
 
     def undo() -> None:
-        duplex_slots.choose_tokens, duplex_slots.choose_speech_token = text, speech
+        duplex_slots.choose_tokens = unit_rules.choose_tokens = text
+        unit_rules.choose_speech_token = speech
 
     return undo
 
@@ -331,11 +336,11 @@ async def run_batched(
         units = []
         for u, audio in enumerate(given.audio):
             frames = [given.frames[u]] if given.omni else None
-            await duplex_session.prefill(audio, frames)
             texts, speeches = len(duplex_session.text_choices), len(duplex_session.speech_logits)
             if reference is not None:
                 follower.start(u)
-            outcome = await duplex_session.generate(force_listen=u < forced)
+            # As the server runs a unit: prefill and generate as one request.
+            _, outcome = await duplex_session.unit(audio, frames, force_listen=u < forced)
             await duplex_session.finalize()
             units.append(
                 UnitTrace(

@@ -6,8 +6,10 @@ Skipped where the model code is not at hand (see ``model_code.py``)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import io
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ from omnilive.engines.base import (
     EngineError,
     GenerationOptions,
     TextPart,
+    UnitInput,
 )
 from omnilive.engines.minicpmo import MiniCPMoEngine
 from omnilive.engines.minicpmo.backend import DeviceInfo
@@ -112,6 +115,95 @@ async def run_session(engine: Any, seed: int, units: int, omni: bool) -> list[An
         return results
     finally:
         session.close()
+
+
+async def test_a_unit_crosses_four_threads_speaking_and_three_listening(engine: Any) -> None:
+    # The server's path (whole units): the encoders' lane, the batch loop,
+    # the side lane (a speaking unit's voice), back to the event loop once;
+    # a unit with frames first crosses to the CPU threads of its image processing.
+    session = engine.open_duplex()
+    assert session.whole_units
+    try:
+        await session.prepare("You are a helpful assistant.", DuplexOptions(vision=True))
+        rng = np.random.default_rng(7)
+        seen = set()
+        for k in range(10):
+            before = dict(vars(session.handoffs))
+            audio = rng.normal(0, 0.05, 16_000).astype(np.float32)
+            framed = k % 2 == 1
+            given = UnitInput(audio, [jpeg(k)] if framed else [], None, k % 3 == 0)
+            stats, unit = await session.unit(given)
+            assert stats.audio_tokens > 0 and stats.vision_slices == int(framed)
+            crossed = {key: vars(session.handoffs)[key] - before[key] for key in before}
+            kind = "listen" if unit.is_listen else "speak"
+            assert crossed.pop(f"{kind}_units") == 1
+            assert crossed.pop(kind) == (3 if unit.is_listen else 4) + framed
+            assert set(crossed.values()) == {0}
+            if not unit.is_listen:
+                assert unit.audio is not None  # voiced on the side lane
+            seen.add((unit.is_listen, framed))
+            await session.finalize()
+        assert {listen for listen, _ in seen} == {True, False}, "a listening and a speaking unit"
+    finally:
+        session.close()
+
+
+async def test_a_spoken_unit_whose_voice_makes_no_audio_yet_ends_there(
+    engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The vocoder may hold a unit's few speech tokens back (no audio yet):
+    # the unit ends with its voice leg all the same.
+    from omnilive.engines.minicpmo.sessions import duplex
+
+    monkeypatch.setattr(duplex, "voice_together", lambda runner, pushes: [None] * len(pushes))
+    session = engine.open_duplex()
+    try:
+        await session.prepare("You are a helpful assistant.", DuplexOptions())
+        audio = np.random.default_rng(5).normal(0, 0.05, 16_000).astype(np.float32)
+        for _ in range(4):
+            before = session.handoffs.speak
+            _, unit = await session.unit(UnitInput(audio, [], None, False))
+            await session.finalize()
+            if not unit.is_listen:
+                assert unit.audio is None and unit.n_tokens > 0
+                assert session.handoffs.speak - before == 4
+                break
+        else:
+            pytest.fail("no unit spoke")
+    finally:
+        session.close()
+
+
+@pytest.mark.parametrize("after_s", [0.0, 0.05, 0.3])
+async def test_a_unit_cancelled_in_any_leg_leaves_nothing_behind(
+    engine: Any, after_s: float, caplog: pytest.LogCaptureFixture
+):
+    # Whichever thread holds the unit when its waiter leaves (the CPU threads,
+    # the encoders' lane, the batch loop, the side lane), no later leg starts
+    # and the session's close gives its slot back: every slot fits again.
+    batch = engine._slots.batch
+    session = engine.open_duplex()
+    try:
+        await session.prepare("You are a helpful assistant.", DuplexOptions(vision=True))
+        audio = np.random.default_rng(3).normal(0, 0.05, 16_000).astype(np.float32)
+        task = asyncio.create_task(session.unit(UnitInput(audio, [jpeg(1)], None, False)))
+        await asyncio.sleep(after_s)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    finally:
+        session.close()
+    sessions = [engine.open_duplex() for _ in range(3)]
+    try:
+        for session in sessions:
+            await session.prepare("Again.", DuplexOptions())
+        assert (await sessions[0].unit(UnitInput(audio, [], None, False)))[1].kv_cache_length > 0
+    finally:
+        for session in sessions:
+            session.close()
+    await batch.call(len, ())  # after the releases the closes queued
+    assert batch.pending() == 0 and not any(len(lane.jobs) for lane in batch.lanes)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 def test_the_slots_follow_the_settings(engine: Any) -> None:

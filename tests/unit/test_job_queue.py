@@ -8,13 +8,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
-from omnilive.engines.job_queue import Job, JobQueue, deliver, settle
+from omnilive.engines.job_queue import Job, JobQueue, Relay, deliver, settle
 
 WAIT_S = 5.0
 
@@ -210,3 +211,106 @@ async def test_deliver_waits_until_the_loop_ran_what_it_woke():
     order.append("handed back")
     await task
     assert order == ["done", "handed back"]
+
+
+# --- relays: work that goes from thread to thread and back once ----------------------
+
+
+@pytest.fixture
+def two() -> Iterator[tuple[JobQueue[Work], JobQueue[Work]]]:
+    workers = [Worker(JobQueue("first")), Worker(JobQueue("second"))]
+    yield workers[0].queue, workers[1].queue
+    for worker in workers:
+        worker.queue.close()
+        worker.thread.join(WAIT_S)
+
+
+def legs(*steps: tuple[JobQueue[Work], Callable[[list[Any]], Any]]) -> Relay:
+    """A relay whose leg k runs ``fn(results so far)`` in queue k."""
+
+    def route(relay: Relay) -> tuple[JobQueue[Any], Job] | None:
+        if len(relay.results) == len(steps):
+            return None
+        queue, fn = steps[len(relay.results)]
+        return queue, Work(fn=fn, args=(list(relay.results),))
+
+    return Relay(route)
+
+
+async def test_a_relay_passes_from_thread_to_thread_and_comes_back_once(two):
+    first, second = two
+    main = threading.get_ident()
+
+    def where(_: list[Any]) -> int:
+        return threading.get_ident()
+
+    relay = legs((first, where), (second, where), (first, lambda done: len(done)))
+    one, other, count = await relay.run()
+    assert main not in (one, other) and one != other and count == 2
+    assert relay.crossings == 4  # three legs, one way back
+    assert first.handoffs == 3 and second.handoffs == 1  # each leg queued; one delivery
+
+
+async def test_an_error_in_a_leg_or_its_route_ends_the_relay_and_reaches_the_waiter(two):
+    first, second = two
+    ran: list[str] = []
+
+    def boom(_: list[Any]) -> None:
+        raise ValueError("leg")
+
+    relay = legs((first, boom), (second, lambda _: ran.append("no")))
+    with pytest.raises(ValueError, match="leg"):
+        await relay.run()
+    assert relay.crossings == 2
+
+    def route(relay: Relay) -> tuple[JobQueue[Any], Job] | None:
+        if relay.results:
+            raise LookupError("route")  # on the first leg's thread
+        return first, Work(fn=lambda: 1)
+
+    with pytest.raises(LookupError, match="route"):
+        await Relay(route).run()
+    assert ran == []
+
+
+async def test_a_relay_cancelled_while_a_leg_waits_drops_it_and_starts_no_more(two):
+    first, second = two
+    running, release = await held(second)  # the second queue is busy
+    ran: list[str] = []
+    relay = legs((first, lambda _: "one"), (second, lambda _: ran.append("two")))
+    task = asyncio.create_task(relay.run(), name="relay")
+
+    def handed_on() -> None:  # the first leg's outcome, queued as the second leg
+        while len(second) == 0:
+            time.sleep(0.001)
+
+    await asyncio.to_thread(handed_on)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert len(second) == 0  # dropped before it started
+    release.set()
+    await running
+    assert await second.submit(Work(fn=lambda: "next")) == "next"
+    assert ran == [] and relay.results == ["one"]
+
+
+async def test_a_relay_cancelled_while_a_leg_runs_starts_no_later_leg(two):
+    first, second = two
+    entered, release = threading.Event(), threading.Event()
+    ran: list[str] = []
+
+    def hold(_: list[Any]) -> str:
+        entered.set()
+        release.wait(WAIT_S)
+        return "one"
+
+    relay = legs((first, hold), (second, lambda _: ran.append("two")))
+    task = asyncio.create_task(relay.run(), name="relay")
+    assert await asyncio.to_thread(entered.wait, WAIT_S)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    release.set()
+    assert await first.submit(Work(fn=lambda: "after")) == "after"  # the first leg has ended
+    assert ran == [] and second.handoffs == 0  # its outcome went nowhere

@@ -21,6 +21,7 @@ from fastapi.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from omnilive.config import Settings, load_settings
+from omnilive.engines.base import DuplexUnit, PrefillStats, UnitInput
 from omnilive.engines.scripted import ScriptedEngine
 from omnilive.protocol.internal import CLOSE_SESSION_FAILED, Envelope
 from omnilive.tasks import leaf_errors
@@ -181,6 +182,55 @@ async def test_a_duplex_session_names_its_tasks_and_leaves_none(runtime, setting
     await asyncio.wait_for(peer.until("stopped"), PATIENCE_S)
     assert await asyncio.wait_for(session, PATIENCE_S) is True
     assert session_tasks() == [] and errors(caplog) == []
+
+
+class WholeUnits(FaultyEngine):
+    """The scripted engine as one that runs a duplex unit as one step (as
+    the GPU engine does): the runner must call :meth:`unit`, nothing else."""
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings, None)
+        self.units: list[bool] = []
+
+    def open_duplex(self) -> Any:
+        session = super().open_duplex()
+        inner_prefill, inner_generate = session.prefill, session.generate
+
+        async def unit(given: UnitInput) -> tuple[PrefillStats, DuplexUnit]:
+            self.units.append(given.force_listen)
+            stats = inner_prefill(given.audio, given.frames, given.max_slice_nums)
+            stats.cost_ms = 250.0
+            return stats, inner_generate(given.force_listen)
+
+        def apart(*args: Any) -> None:
+            raise Bug("a whole unit's parts were called apart")
+
+        session.whole_units, session.unit = True, unit
+        session.prefill = session.generate = apart
+        return session
+
+
+async def test_an_engine_that_runs_whole_units_is_given_each_unit_as_one_step(settings, caplog):
+    engine = WholeUnits(settings)
+    runtime = WorkerRuntime(engine, "w")
+    await runtime.load()
+    try:
+        peer = Peer()
+        session = await start(runtime, settings, "audio_duplex", peer)
+        peer.send({"type": "prepare", "system_prompt": "#schedule:S"})
+        await asyncio.wait_for(peer.until("prepared"), PATIENCE_S)
+        peer.send({"type": "audio_chunk", "audio_base64": pcm(1.0), "force_listen": True})
+        peer.send({"type": "audio_chunk", "audio_base64": pcm(1.0)})
+        first = await asyncio.wait_for(peer.until("result"), PATIENCE_S)
+        second = await asyncio.wait_for(peer.until("result"), PATIENCE_S)
+        assert first["is_listen"] and not second["is_listen"]
+        assert second["cost_prefill_ms"] == 250.0  # the engine's own share of the unit
+        assert engine.units == [True, False]
+        peer.send({"type": "stop"})
+        assert await asyncio.wait_for(session, PATIENCE_S) is True
+        assert errors(caplog) == []
+    finally:
+        runtime.close()
 
 
 @pytest.mark.parametrize("fault", ["prepare", "generate", "finalize"])

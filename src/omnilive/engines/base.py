@@ -412,6 +412,17 @@ class HalfDuplexSession(abc.ABC):
         raise CapabilityError(type(self).__name__, "session updates")
 
 
+@dataclass(frozen=True)
+class UnitInput:
+    """One duplex unit's input: :meth:`DuplexSession.prefill`'s arguments and
+    :meth:`DuplexSession.generate`'s, for :meth:`DuplexSession.unit`."""
+
+    audio: np.ndarray
+    frames: list[bytes]
+    max_slice_nums: int | None = None
+    force_listen: bool = False
+
+
 class DuplexSession(abc.ABC):
     """The per-second unit loop of full duplex: prefill, generate, finalize."""
 
@@ -428,6 +439,16 @@ class DuplexSession(abc.ABC):
     @abc.abstractmethod
     def generate(self, force_listen: bool = False) -> DuplexUnit:
         """Decide to listen or speak for this unit."""
+
+    # True where the engine runs a unit's prefill and generate best as one
+    # request (:meth:`unit`, then a coroutine function): its threads pass the
+    # unit along without returning to the event loop in between.
+    whole_units: bool = False
+
+    async def unit(self, given: UnitInput) -> tuple[PrefillStats, DuplexUnit]:
+        """:meth:`prefill` then :meth:`generate` as one step (only where
+        :attr:`whole_units`); the stats' ``cost_ms`` is the prefill's part."""
+        raise NotImplementedError("this engine runs a unit as prefill, then generate")
 
     def finalize(self) -> None:  # noqa: B027 - optional hook
         """Bookkeeping after a unit's result is sent (deferred finalize)."""

@@ -27,6 +27,13 @@ What it guarantees, once, for all of them:
 straight on to their next step in one batch. :attr:`JobQueue.handoffs` counts
 the crossings (each submission and each delivery of a job), which the GPU
 engine reports per unit.
+
+A :class:`Relay` is work that passes through several threads' queues (its
+*legs*) and comes back once: the thread that ends one leg hands its outcome
+straight to the next leg's queue, never to the event loop in between. What a
+leg is, and whether one follows, its ``route`` decides from the outcomes so
+far; the waiter gets them all at the end. A leg counts one crossing (its
+queue's), the way back one.
 """
 
 from __future__ import annotations
@@ -61,6 +68,11 @@ class Job:
     started: bool = False
     result: Any = None
     error: BaseException | None = None
+    relay: Relay | None = None  # a leg of this relay: its outcome goes on to the next leg
+
+    def abandon(self) -> None:
+        """Its waiter left after it was taken: a job that runs in steps stops
+        at its next one (the default runs to its end)."""
 
     def bind(self) -> asyncio.Future[Any]:
         """Attach this job to the running event loop; the future to await."""
@@ -250,12 +262,90 @@ class JobQueue(Generic[J]):
             return any(predicate(job) for job in self._pending)
 
     def deliver(self, jobs: Sequence[J], turn_timeout: float | None = None) -> None:
-        """:func:`deliver`, counted in :attr:`handoffs`."""
-        with self.lock:
-            self.handoffs += len(jobs)
-        deliver(jobs, turn_timeout)
+        """:func:`deliver`, counted in :attr:`handoffs`; a relay's leg goes on
+        to the relay's next leg instead, where there is one."""
+        back = [job for job in jobs if job.relay is None or not job.relay.pass_on(job)]
+        if back:
+            with self.lock:
+                self.handoffs += len(back)
+            deliver(back, turn_timeout)
 
     def notify(self) -> None:
         """Wake the threads waiting in :meth:`take` (their owner's state changed)."""
         with self.lock:
             self.lock.notify_all()
+
+
+# ``route(relay)``: the next leg (the queue it waits in and its job) after the
+# outcomes in ``relay.results``, or None: back to the waiter.
+Route = Callable[["Relay"], "tuple[JobQueue[Any], Job] | None"]
+
+
+class Relay:
+    """Work that passes from thread to thread and returns to its event loop
+    once (see the module). ``route`` runs on the event loop for the first
+    leg, then on the thread that ended the last leg: it must be quick and
+    touch nothing a thread does not own. An error in a leg (or in ``route``)
+    ends the relay and reaches the waiter."""
+
+    def __init__(self, route: Route) -> None:
+        self.route = route
+        self.results: list[Any] = []  # each leg's outcome, in order
+        self.crossings = 0  # threads crossed: each leg's queue, and the way back
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.future: asyncio.Future[Any] | None = None
+        self._at: tuple[JobQueue[Any], Job] | None = None
+
+    async def run(self) -> list[Any]:
+        """Run the legs; their outcomes. Cancelled, the leg in a queue is
+        dropped (or, taken already, abandoned) and no later leg starts."""
+        self.loop = asyncio.get_running_loop()
+        self.future = self.loop.create_future()
+        first = self.route(self)
+        if first is None:
+            return self.results
+        self._enter(*first)
+        try:
+            await self.future
+        except asyncio.CancelledError:
+            if (at := self._at) is not None:
+                self._stop(*at)
+            raise
+        return self.results
+
+    def pass_on(self, job: Job) -> bool:
+        """On the thread that ran ``job`` (a leg): its outcome to the next
+        leg; False when it goes back to the waiter instead (its error, the
+        last leg, or a ``route`` that failed: then ``job`` carries that)."""
+        if job.error is not None:
+            self.crossings += 1
+            return False
+        self.results.append(job.result)
+        try:
+            onward = self.route(self)
+            if onward is None:
+                self.crossings += 1
+                return False
+            if self.future is not None and self.future.done():
+                return True  # the waiter left: nothing more runs
+            self._enter(*onward)
+        except Exception as exc:  # the waiter's to handle (e.g. a closed queue)
+            job.fail(exc)
+            self.crossings += 1
+            return False
+        if self.future is not None and self.future.done():
+            # The waiter left while the leg was queued; whichever of us looks
+            # second stops it (see run's cancellation).
+            self._stop(*onward)
+        return True
+
+    def _enter(self, queue: JobQueue[Any], job: Job) -> None:
+        job.loop, job.future, job.relay = self.loop, self.future, self
+        self._at = (queue, job)
+        self.crossings += 1
+        queue.put(job)
+
+    @staticmethod
+    def _stop(queue: JobQueue[Any], job: Job) -> None:
+        if job.droppable and not queue.drop(job):
+            job.abandon()

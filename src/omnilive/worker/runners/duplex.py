@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from omnilive.audio import AudioDecodeError, decode_b64, pcm_from_b64, voice_from_b64
-from omnilive.engines.base import DuplexOptions, DuplexSession, EngineError, Voice
+from omnilive.engines.base import DuplexOptions, DuplexSession, EngineError, UnitInput, Voice
 from omnilive.protocol.common import ErrorCode, ProtocolError, decode_client_message
 from omnilive.protocol.duplex import (
     WORKER_TYPES,
@@ -343,11 +343,18 @@ class DuplexRunner(StreamingRunner):
             started = time.perf_counter()
             try:
                 max_slices = chunk.max_slice_nums or self.max_slice_nums
-                stats = await self.runtime.step(
-                    record, self.session.prefill, chunk.audio, chunk.frames, max_slices
-                )
-                prefilled = time.perf_counter()
-                unit = await self.runtime.step(record, self.session.generate, chunk.force_listen)
+                if self.session.whole_units:  # one request of the engine's threads
+                    given = UnitInput(chunk.audio, chunk.frames, max_slices, chunk.force_listen)
+                    stats, unit = await self.runtime.step(record, self.session.unit, given)
+                    prefilled = started + stats.cost_ms / 1000
+                else:
+                    stats = await self.runtime.step(
+                        record, self.session.prefill, chunk.audio, chunk.frames, max_slices
+                    )
+                    prefilled = time.perf_counter()
+                    unit = await self.runtime.step(
+                        record, self.session.generate, chunk.force_listen
+                    )
             except EngineError as exc:
                 log.warning("unit %d of %s failed: %s", chunk.index, self.record.session_id, exc)
                 await self.send_error(ErrorCode.INFERENCE_ERROR, f"unit failed: {exc}")

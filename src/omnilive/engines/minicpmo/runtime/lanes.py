@@ -61,7 +61,9 @@ class LaneCall(Job):
 
 
 class SideLane:
-    """One thread (and, on CUDA, one stream) running calls one at a time."""
+    """One thread (and, on CUDA, one stream) running calls one at a time;
+    with ``threads`` > 1 on the CPU (work that touches no GPU: a unit's image
+    processing and mel features), that many threads taking calls in order."""
 
     def __init__(
         self,
@@ -70,7 +72,10 @@ class SideLane:
         max_gather: int = 16,
         *,
         random_draws: bool = True,
+        threads: int = 1,
     ) -> None:
+        if threads > 1 and device.type != "cpu":
+            raise ValueError("a lane of several threads runs CPU work only")
         # A lane whose jobs may draw random numbers holds CAPTURE_LOCK for each
         # job; one that never does (the encoders) runs through captures.
         self.capture_lock: Any = CAPTURE_LOCK if random_draws else contextlib.nullcontext()
@@ -80,8 +85,17 @@ class SideLane:
         self.busy_count: Counter[str] = Counter()
         self.jobs: JobQueue[LaneCall] = JobQueue(name, max_gather)
         self.gathered: Counter[int] = Counter()  # items per gathered call (bounded keys)
-        self.thread = threading.Thread(target=self._work, name=name, daemon=True)
-        self.thread.start()
+        self._clock = threading.Lock()  # the busy counters, with several threads
+        self.threads = [
+            threading.Thread(target=self._work, name=f"{name}-{k}" if k else name, daemon=True)
+            for k in range(threads)
+        ]
+        for thread in self.threads:
+            thread.start()
+
+    @property
+    def thread(self) -> threading.Thread:
+        return self.threads[0]
 
     @property
     def max_gather(self) -> int:
@@ -135,10 +149,11 @@ class SideLane:
             for job in group:
                 job.fail(exc)
         name = first.key or getattr(first.fn, "__name__", "call")
-        self.busy_s[name] += time.perf_counter() - started
-        self.busy_count[name] += 1
-        if first.key is not None:
-            self.gathered[len(group)] += 1
+        with self._clock:
+            self.busy_s[name] += time.perf_counter() - started
+            self.busy_count[name] += 1
+            if first.key is not None:
+                self.gathered[len(group)] += 1
         self.jobs.deliver(group)
 
 

@@ -7,7 +7,11 @@ Sessions are coroutines on an event loop; each owns a slot of the model's
 ``await loop.call(fn, *args, slot=slot)`` (blocking work between batches) and
 ``await loop.side_call(fn, *args)`` (work that touches no slot: the encoders,
 the vocoder, on the :class:`~omnilive.engines.minicpmo.runtime.lanes.SideLane`
-beside the batches). The worker thread runs *ticks*: it takes what is
+beside the batches). Work that goes on from one of these threads to another
+without coming back in between (a duplex unit: encoders, its forward and
+decisions, its voice) is a :class:`~omnilive.engines.job_queue.Relay` of
+their legs (:meth:`BatchLoop.encoder_leg`, :meth:`BatchLoop.program_leg`,
+:meth:`BatchLoop.side_leg`). The worker thread runs *ticks*: it takes what is
 pending, in submission order, at most one job per slot (a session's next job
 waits for the next tick, so each session's jobs run in the order it submitted
 them), runs the plain calls one by one, then every forward of the tick as ONE
@@ -66,11 +70,11 @@ from typing import Any, TypeVar
 
 import torch
 
-from omnilive.engines.job_queue import JobQueue, cancel
+from omnilive.engines.job_queue import Job, JobQueue, cancel
 from omnilive.engines.minicpmo.runtime.batch import BatchedSteps, StepResult
 from omnilive.engines.minicpmo.runtime.execute import Busy, Driver, Executor, Row
 from omnilive.engines.minicpmo.runtime.graphs import GraphCache
-from omnilive.engines.minicpmo.runtime.lanes import SideLane
+from omnilive.engines.minicpmo.runtime.lanes import LaneCall, SideLane
 from omnilive.engines.minicpmo.runtime.plan import (
     Call,
     Forward,
@@ -122,6 +126,9 @@ class BatchLoop:
     without it that work runs on this loop's thread, between batches.
     ``encoders`` (optional) runs :meth:`encoder_call` work on a third, so a
     unit's encoders never wait behind another session's vocoder chunk.
+    ``prep`` (optional) is a lane of CPU threads for the work before the
+    encoders that would load their lane (a unit's image processing and mel
+    features, :meth:`prep_leg`); without it that work runs on the encoders'.
     """
 
     def __init__(
@@ -134,12 +141,14 @@ class BatchLoop:
         graphs: GraphCache | bool | None = None,
         side: SideLane | None = None,
         encoders: SideLane | None = None,
+        prep: SideLane | None = None,
         name: str = "minicpmo-batch",
     ) -> None:
         self.steps = steps
         self.speech = speech
         self.side = side
         self.encoders = encoders
+        self.prep = prep
         if speech is not None and speech.cache.slots != steps.cache.slots:
             raise ValueError("the speech LM's cache needs as many slots as the LLM's")
         if graphs is None:
@@ -224,7 +233,9 @@ class BatchLoop:
     async def side_gather(self, key: str, fn: Callable[[list[Any]], list[T]], item: Any) -> T:
         """``fn`` over ``item`` and the other sessions' items of ``key``
         waiting with it, as one call on the side lane (:meth:`SideLane.gather`)."""
-        return await self._gather(self.side, key, fn, item)
+        if self.side is None:  # no lanes: on this loop's thread, alone
+            return await self.call(_alone, fn, item)
+        return await self.side.gather(key, fn, item)
 
     async def encoder_call(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on the encoders' lane (beside the side lane's vocoder
@@ -233,18 +244,40 @@ class BatchLoop:
             return await self.side_call(fn, *args)
         return await self.encoders.call(fn, *args)
 
-    async def encoder_gather(self, key: str, fn: Callable[[list[Any]], list[T]], item: Any) -> T:
-        """``fn`` over ``item`` and the other sessions' items of ``key``
-        waiting with it, as one call on the encoders' lane (or the side lane;
-        :meth:`SideLane.gather`)."""
-        return await self._gather(self.encoders or self.side, key, fn, item)
+    # --- the legs of a relay (job_queue.Relay): work that goes from thread to
+    # thread without coming back to the event loop in between
 
-    async def _gather(
-        self, lane: SideLane | None, key: str, fn: Callable[[list[Any]], list[T]], item: Any
-    ) -> T:
+    def program_leg(self, slot: int, program: Program[Any]) -> tuple[JobQueue[Any], Job]:
+        """:meth:`run` as a relay's leg."""
+        return self.jobs, ProgramRun(slot=slot, program=program)
+
+    def encoder_leg(
+        self, key: str, fn: Callable[[list[Any]], list[Any]], item: Any
+    ) -> tuple[JobQueue[Any], Job]:
+        """``fn`` over ``item`` and the other items of ``key`` waiting with it,
+        as one call on the encoders' lane (or the side lane; :meth:`SideLane.gather`)."""
+        return self._lane_leg(self.encoders or self.side, key, fn, item)
+
+    def side_leg(
+        self, key: str, fn: Callable[[list[Any]], list[Any]], item: Any
+    ) -> tuple[JobQueue[Any], Job]:
+        """``fn`` over ``item`` and the other items of ``key`` waiting with it,
+        as one call on the side lane (:meth:`SideLane.gather`)."""
+        return self._lane_leg(self.side, key, fn, item)
+
+    def prep_leg(self, fn: Callable[[Any], Any], item: Any) -> tuple[JobQueue[Any], Job]:
+        """``fn(item)`` on the CPU threads of ``prep`` as a relay's leg (only
+        where there is that lane)."""
+        if self.prep is None:
+            raise RuntimeError("this batch loop has no CPU lane")
+        return self.prep.jobs, LaneCall(fn=fn, args=(item,))
+
+    def _lane_leg(
+        self, lane: SideLane | None, key: str, fn: Callable[[list[Any]], list[Any]], item: Any
+    ) -> tuple[JobQueue[Any], Job]:
         if lane is None:  # no lanes: on this loop's thread, alone
-            return (await self.call(fn, [item]))[0]
-        return await lane.gather(key, fn, item)
+            return self.jobs, Call(fn=_alone, args=(fn, item))
+        return lane.jobs, LaneCall(fn=fn, args=(item,), key=key)
 
     async def warm_graphs(self) -> int:
         """Capture both models' CUDA graphs of every batch and step bucket now
@@ -284,8 +317,12 @@ class BatchLoop:
     @property
     def handoffs(self) -> int:
         """Thread crossings of this loop's jobs and its lanes' so far."""
-        lanes = [lane.jobs for lane in (self.side, self.encoders) if lane is not None]
+        lanes = [lane.jobs for lane in self.lanes]
         return sum(queue.handoffs for queue in (self.jobs, *lanes))
+
+    @property
+    def lanes(self) -> list[SideLane]:
+        return [lane for lane in (self.side, self.encoders, self.prep) if lane is not None]
 
     def close(self) -> None:
         """Accept nothing more and cancel what is pending; the worker ends after
@@ -295,9 +332,8 @@ class BatchLoop:
         self.jobs.close()
         for job in running:
             cancel(job)
-        for lane in (self.side, self.encoders):
-            if lane is not None:
-                lane.close()
+        for lane in self.lanes:
+            lane.close()
 
     def _release_soon(self, slot: int) -> None:
         """A slot acquired for a session that stopped waiting for it."""
@@ -328,7 +364,11 @@ class BatchLoop:
             if graphs is not None:  # within its batches' time, shown apart
                 captured = Counter({f"{name} graph captures": graphs.capture_s})
                 lanes.append(("", captured, Counter({f"{name} graph captures": graphs.captures})))
-        for prefix, lane in (("side ", self.side), ("encoders ", self.encoders)):
+        for prefix, lane in (
+            ("side ", self.side),
+            ("encoders ", self.encoders),
+            ("prep ", self.prep),
+        ):
             if lane is not None:
                 lanes.append((prefix, lane.busy_s, lane.busy_count))
         return {
@@ -357,6 +397,10 @@ class BatchLoop:
     def keep_running(self, jobs: Sequence[ProgramRun]) -> None:
         with self.jobs.lock:
             self.running.extend(jobs)
+
+
+def _alone(fn: Callable[[list[Any]], list[T]], item: Any) -> T:
+    return fn([item])[0]
 
 
 def run_ticks(loop: BatchLoop) -> None:

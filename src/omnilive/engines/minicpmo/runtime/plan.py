@@ -76,6 +76,9 @@ class ProgramRun(SlotJob):
     pick: Pick | None = None
     abandoned: bool = False  # its waiter gave up or its slot is released: close it
 
+    def abandon(self) -> None:
+        self.abandoned = True
+
     @property
     def count(self) -> int:
         return 0 if self.inputs is None else int(self.inputs.shape[0])

@@ -6,19 +6,19 @@ speech LM, the vocoder), run over the model's own modules and weights, with
 every piece of session state its own:
 
 - the LLM context lives in the session's slot of the shared
-  :class:`~omnilive.engines.minicpmo.runtime.batch.SlotCache`; its new positions go
-  through :meth:`BatchLoop.forward`, batched with every other session's;
-- the streaming audio encoder's state (mel frames, the Whisper KV cache, the
-  unconsumed samples), the speech LM's KV cache and position, the vocoder's
-  stream caches, the repetition history and the random generator are fields
-  of the session, swapped into the shared modules only for the length of a
-  call on one of the model's lanes (:meth:`BatchLoop.encoder_call`,
-  :meth:`BatchLoop.side_call`), each running one call at a time: no session
-  sees another's. The voice is a
+  :class:`~omnilive.engines.minicpmo.runtime.batch.SlotCache`, the speech LM's
+  in the same slot of its cache; their new positions are batched with every
+  other session's on the batch loop's thread;
+- the streaming audio encoder's state, the vocoder's stream caches, the
+  repetition history and the random generators are fields of the session,
+  swapped into the shared modules only for the length of a call on one of
+  the model's lanes, each running one call at a time. The voice is a
   :class:`~omnilive.engines.minicpmo.sessions.vocoder.VoiceStream`; the encoders are
-  :mod:`~omnilive.engines.minicpmo.sessions.encoders` (the vision encoder runs over
-  every waiting session's frames at once).
+  :mod:`~omnilive.engines.minicpmo.sessions.encoders`.
 
+A unit is one relay (:meth:`SlotDuplex.unit`): its frames' CPU threads, the
+encoders' lane, the batch loop, the side lane (the lanes each gathering the
+units waiting for them into one call), and back.
 The decisions themselves are :mod:`~omnilive.engines.minicpmo.sessions.unit_rules`.
 A unit feeds ``<unit>``, the frames (``<image>`` slices ``</image>``) and the
 audio as ONE forward (the model code feeds them piece by piece: the same
@@ -35,34 +35,39 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable
-from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
-from omnilive.engines.minicpmo.content import image_of
+from omnilive.engines.job_queue import Job, JobQueue, Relay
 from omnilive.engines.minicpmo.runtime.batch import StepResult
 from omnilive.engines.minicpmo.runtime.loop import BatchLoop
 from omnilive.engines.minicpmo.runtime.programs import Pick, Program, Step
 from omnilive.engines.minicpmo.sessions.encoders import (
     UNIT_KEY,
     AudioStream,
-    Frames,
-    UnitInputs,
-    audio_features,
-    encode_units,
+    EncodedUnit,
+    Failed,
+    UnitRequest,
+    encode_requests,
+    prepare_unit,
     voice_embeddings,
 )
 from omnilive.engines.minicpmo.sessions.shared import SharedModel
 from omnilive.engines.minicpmo.sessions.unit_rules import (
+    NOTHING_FED,
     SPEECH_TOKENS_PER_UNIT,
+    Decided,
+    SpeechPick,
     SpeechSampling,
     TextChoice,
     TextSampling,
-    choose_speech_token,
+    UnitOutcome,
     choose_tokens,
+    speech_picks,
+    text_picks,
 )
 from omnilive.engines.minicpmo.sessions.vocoder import VoiceStream, voice_together
 
@@ -71,29 +76,6 @@ T = TypeVar("T")
 
 VOICE_KEY = "voice"  # the side lane's gather key for sessions' vocoder pushes
 _Decided = tuple["UnitOutcome", bool]  # a unit's outcome; whether its voice flushes
-
-
-@dataclass
-class UnitOutcome:
-    """One unit's decision and output (the engine's DuplexUnit is built from it)."""
-
-    is_listen: bool
-    # Every token the unit decided, in order: the first (a turn's
-    # ``<|speak|>``/``<|tts_bos|>``/...), the text, the terminator.
-    decided: list[int]
-    text_tokens: list[int]
-    text: str
-    speech_tokens: list[int]
-    audio: np.ndarray | None
-    end_of_turn: bool
-    kv_length: int
-    # Logits the decisions were made from, one per text step (for the
-    # equality harness; kept only when asked for).
-    logits: list[torch.Tensor] = field(default_factory=list)
-    # Wall clock of the unit's parts, queueing for the batch loop included.
-    llm_ms: float = 0.0
-    speech_ms: float = 0.0
-    vocoder_ms: float = 0.0
 
 
 class SlotDuplex:
@@ -141,8 +123,10 @@ class SlotDuplex:
         self.voice: VoiceStream | None = None
         self.kv_length = 0
         # Thread hand-offs of this session's work so far (each awaited job
-        # crosses to an engine thread and back): what benchmarks report per unit.
+        # crosses to an engine thread and back; a relay's legs one each, and
+        # back): what benchmarks report per unit.
         self.handoffs = 0
+        self.prefilled = self.vocoding = 0.0  # when the last unit's forward, voice began
         # Kept only with keep_logits (the equality harness): the logits each
         # speech token and each text token (after penalties) was chosen from.
         self.speech_logits: list[torch.Tensor] = []
@@ -172,10 +156,34 @@ class SlotDuplex:
         if suffix:
             parts.append(shared.embed(shared.tokenizer.encode(suffix, add_special_tokens=False)))
         if parts:
-            await self._feed(torch.cat(parts, 0))
+            system = torch.cat(parts, 0)
+            await self._across(self.loop.forward(self.slot, system))
+            self.kv_length += int(system.shape[0])
         return self.kv_length
 
-    # --- prefill ------------------------------------------------------------------------
+    # --- a unit -------------------------------------------------------------------------
+
+    async def unit(
+        self,
+        audio: np.ndarray | None,
+        frames: list[Any] | None = None,
+        max_slice_nums: int = 1,
+        force_listen: bool = False,
+    ) -> tuple[dict[str, int], UnitOutcome]:
+        """:meth:`prefill` then :meth:`generate` as ONE relay
+        (:class:`~omnilive.engines.job_queue.Relay`): the frames' image
+        processing on CPU threads (a unit with frames), the encoders' lane (the
+        mel features, then the encoders with every waiting unit's), the batch
+        loop (its forward, then its decisions), the side lane (its voice, with
+        the other sessions' waiting pushes), then back to the event loop once:
+        four thread crossings for a speaking unit, three for a listening one,
+        one more with frames."""
+        request = self._request(audio, frames, max_slice_nums)
+        if request is None:
+            return dict(NOTHING_FED), self._silent()
+        fed, outcome = await self._relay(request, None, force_listen)
+        assert outcome is not None
+        return fed, outcome
 
     async def prefill(
         self, audio: np.ndarray | None, frames: list[Any] | None = None, max_slice_nums: int = 1
@@ -184,53 +192,11 @@ class SlotDuplex:
         embeddings, as one forward; the logits of its last position wait for
         :meth:`generate`. Returns the image slices and the embedding positions
         fed per kind."""
-        shared, vocab = self.shared, self.shared.vocab
-        frames = frames or []
-        has_audio = audio is not None and len(audio) > 0
-        if not frames and not has_audio:
-            return {"slices": 0, "vision": 0, "audio": 0}
-        parts = [*(shared.marker(token) for token in self.closing), shared.marker(vocab.unit)]
-
-        def cpu_halves() -> tuple[list[Any], Any, Any]:
-            # Frames may come encoded (a view's JPEG bytes): decoded here too.
-            images = [image_of(frame) if isinstance(frame, bytes) else frame for frame in frames]
-            processed = (
-                shared.processor.process_image(images, max_slice_nums=max_slice_nums)
-                if images
-                else None
-            )
-            feature = audio_features(shared, self.audio, audio) if has_audio else None
-            return images, processed, feature
-
-        # The CPU halves off the event loop, then the unit's frames and audio
-        # in one call of the encoders' lane, with every other waiting unit's.
-        images, processed, feature = await self._across(asyncio.to_thread(cpu_halves))
-        inputs = UnitInputs(
-            Frames(processed, images, max_slice_nums) if images else None,
-            (self.audio, feature) if feature is not None else None,
-        )
-        pieces, embeds = [], None
-        if inputs.frames is not None or inputs.audio is not None:
-            pieces, embeds = await self._across(
-                self.loop.encoder_gather(UNIT_KEY, partial(encode_units, shared), inputs)
-            )
-        parts += pieces
-        # Each slice is its start token, its embeddings, its end token.
-        slices = len(pieces) // 3
-        vision = sum(int(piece.shape[0]) for piece in pieces[1::3])
-        audio_positions = 0
-        if embeds is not None:
-            parts.append(embeds)
-            audio_positions = int(embeds.shape[0])
-        if not has_audio and frames:
-            self.audio.chunks += 1  # the model code counts a vision-only unit as a chunk
-        closing, self.closing = len(self.closing), []
-        result = await self._feed(torch.cat(parts, 0))
-        self.kv_length -= closing  # counted when finalized
-        self.pending_logits = result.logits
-        return {"slices": slices, "vision": vision, "audio": audio_positions}
-
-    # --- generate -----------------------------------------------------------------------
+        request = self._request(audio, frames, max_slice_nums)
+        if request is None:
+            return dict(NOTHING_FED)
+        fed, _ = await self._relay(request, None, None)
+        return fed
 
     async def generate(self, force_listen: bool = False) -> UnitOutcome:
         """Listen, or speak up to ``max_speak_tokens`` text tokens and voice
@@ -238,21 +204,99 @@ class SlotDuplex:
         speech tokens are decided on the batch loop's thread (one program,
         in step with the other sessions decoding), the audio on the side lane."""
         if self.pending_logits is None:
-            return UnitOutcome(True, [], [], "", [], None, False, self.kv_length)
+            return self._silent()
         logits, self.pending_logits = self.pending_logits, None
-        decide = self.loop.run(self.slot, self._decide(logits, force_listen))
-        outcome, flush = await self._across(decide)
-        voice = self.voice
-        if voice is not None and not outcome.is_listen and self.shared.generate_audio:
-            vocoding = time.perf_counter()
-            # With the other sessions' pushes waiting for the side lane: one
-            # vocoder batch a round.
-            push = (voice, outcome.speech_tokens, outcome.end_of_turn, flush)
-            outcome.audio = await self._across(
-                self.loop.side_gather(VOICE_KEY, partial(voice_together, voice.runner), push)
-            )
-            outcome.vocoder_ms = (time.perf_counter() - vocoding) * 1000
+        _, outcome = await self._relay(None, logits, force_listen)
+        assert outcome is not None
         return outcome
+
+    def _request(
+        self, audio: np.ndarray | None, frames: list[Any] | None, max_slice_nums: int
+    ) -> UnitRequest | None:
+        """What the encoders' lane needs of a unit (None: nothing to feed).
+        The closing tokens of the last unit lead it (counted when finalized)."""
+        has_audio = audio is not None and len(audio) > 0
+        if not frames and not has_audio:
+            return None
+        lead, self.closing = [*self.closing, self.shared.vocab.unit], []
+        samples = np.asarray(audio, np.float32) if has_audio else None
+        return UnitRequest(lead, list(frames or []), max_slice_nums, samples, self.audio)
+
+    def _silent(self) -> UnitOutcome:
+        return UnitOutcome(True, [], [], "", [], None, False, self.kv_length)
+
+    async def _relay(
+        self, request: UnitRequest | None, logits: torch.Tensor | None, force_listen: bool | None
+    ) -> tuple[dict[str, int], UnitOutcome | None]:
+        """The legs of a unit from ``request`` (prepare, encode and feed it)
+        or from ``logits`` (a prefill's), to its decisions unless
+        ``force_listen`` is None, and its voice; what was fed and the outcome."""
+        relay = Relay(partial(self._route, request, logits, force_listen))
+        try:
+            results = await relay.run()
+        finally:
+            self.handoffs += relay.crossings
+        [(index, decided)] = [(k, r) for k, r in enumerate(results) if isinstance(r, Decided)]
+        if decided.outcome is not None and index + 1 < len(results):
+            decided.outcome.audio = results[index + 1]
+            decided.outcome.vocoder_ms = (time.perf_counter() - self.vocoding) * 1000
+        return decided.fed, decided.outcome
+
+    def _route(
+        self,
+        request: UnitRequest | None,
+        logits: torch.Tensor | None,
+        force_listen: bool | None,
+        relay: Relay,
+    ) -> tuple[JobQueue[Any], Job] | None:
+        """The next leg of a unit's relay after the last one's outcome (see
+        :meth:`_relay`), on the thread that ended it."""
+        done, loop = relay.results, self.loop
+        if any(isinstance(result, Decided) for result in done):  # decided: its voice
+            return self._voice_leg(done[-1]) if isinstance(done[-1], Decided) else None
+        last = done[-1] if done else request
+        if isinstance(last, Failed):
+            raise last.error
+        if isinstance(last, UnitRequest):
+            if last.unprepared and loop.prep is not None:  # its CPU halves first, on CPU threads
+                return loop.prep_leg(partial(prepare_unit, self.shared), last)
+            return loop.encoder_leg(UNIT_KEY, partial(encode_requests, self.shared), last)
+        # The forward (of an encoded unit; none from a prefill's logits) and the decisions.
+        closing = len(request.lead) - 1 if request is not None else 0
+        return loop.program_leg(self.slot, self._program(last, closing, logits, force_listen))
+
+    def _voice_leg(self, decided: Decided) -> tuple[JobQueue[Any], Job] | None:
+        """A spoken unit's speech to the side lane, with the other sessions'
+        pushes waiting for it: one vocoder batch a round."""
+        outcome, voice = decided.outcome, self.voice
+        if outcome is None or outcome.is_listen or voice is None or not self.shared.generate_audio:
+            return None
+        self.vocoding = time.perf_counter()
+        push = (voice, outcome.speech_tokens, outcome.end_of_turn, decided.flush)
+        return self.loop.side_leg(VOICE_KEY, partial(voice_together, voice.runner), push)
+
+    def _program(
+        self,
+        encoded: EncodedUnit | None,
+        closing: int,
+        logits: torch.Tensor | None,
+        force_listen: bool | None,
+    ) -> Program[Decided]:
+        """On the batch loop's thread: the unit's forward (``encoded``), then,
+        unless ``force_listen`` is None (its logits then wait for
+        :meth:`generate`), its decisions (from ``logits`` when nothing is fed)."""
+        fed = dict(NOTHING_FED)
+        if encoded is not None:
+            result = yield Step(encoded.embeds)
+            self.kv_length += int(encoded.embeds.shape[0]) - closing  # counted when finalized
+            self.prefilled = time.perf_counter()
+            logits, fed = result.logits, encoded.counts()
+        assert logits is not None
+        if force_listen is None:
+            self.pending_logits = logits
+            return Decided(fed, None, False)
+        outcome, flush = yield from self._decide(logits, force_listen)
+        return Decided(fed, outcome, flush)
 
     def _decide(self, logits: torch.Tensor, force_listen: bool) -> Program[_Decided]:
         """The unit's text tokens from the prefill's ``logits`` on, then (when
@@ -301,7 +345,7 @@ class SlotDuplex:
                     terminator = decided[-1] = vocab.chunk_eos
                     break
             # The next token is picked unless no choice comes next.
-            pick = Pick(_text_picks, self) if not force_listen and j + 1 < last else None
+            pick = Pick(text_picks, self._text()) if not force_listen and j + 1 < last else None
             result = yield from self._step_tokens([token], pick)
             logits, chosen = result.logits, result.picked
             end_of_turn = token == vocab.turn_eos
@@ -400,7 +444,10 @@ class SlotDuplex:
         for t in range(SPEECH_TOKENS_PER_UNIT):
             if t > 0:  # the token's id: the loop's thread looks its embedding up
                 inputs = torch.tensor([decided[-1]])
-            pick = Pick(_speech_picks, _SpeechPick(self, decided, t >= least, eos))
+            seen = self.speech_logits if self.keep_logits else None
+            allow = t >= least
+            item = SpeechPick(decided, allow, eos, self.speech, self.speech_generator, seen)
+            pick = Pick(speech_picks, item)
             result = yield Step(inputs, speech=True, pick=pick)
             token = result.picked
             if token == eos:
@@ -420,11 +467,6 @@ class SlotDuplex:
         self.handoffs += 2
         return await work
 
-    async def _feed(self, embeds: torch.Tensor) -> Any:
-        result = await self._across(self.loop.forward(self.slot, embeds))
-        self.kv_length += int(embeds.shape[0])
-        return result
-
     def _step_tokens(self, tokens: list[int], pick: Pick | None = None) -> Program[StepResult]:
         """Feed token ids from within a program; the step's result."""
         result = yield Step(torch.tensor(tokens), pick=pick)
@@ -435,34 +477,3 @@ class SlotDuplex:
         """What this session's next text token's choice needs besides logits."""
         seen = self.text_choices if self.keep_logits else None
         return TextChoice(self.history, self.text, self.shared.vocab, self.generator, seen)
-
-
-class _SpeechPick(NamedTuple):
-    session: SlotDuplex
-    previous: list[int]  # the unit's speech tokens so far (the penalty's window)
-    allow_eos: bool
-    eos: int
-
-
-def _text_picks(steps: list[tuple[StepResult, SlotDuplex]]) -> list[int]:
-    """The next text token of every session whose step of this tick named
-    this pick, chosen together (:func:`choose_tokens`)."""
-    return choose_tokens([(result.logits, session._text()) for result, session in steps])
-
-
-def _speech_picks(steps: list[tuple[StepResult, _SpeechPick]]) -> list[int]:
-    """The next speech token of every session whose step of this tick named
-    this pick: their logits read back at once, each chosen on the CPU."""
-    rows = torch.stack([result.logits for result, _ in steps]).float().cpu()
-    return [
-        choose_speech_token(
-            row,
-            pick.previous,
-            pick.session.speech,
-            pick.eos,
-            pick.allow_eos,
-            pick.session.speech_generator,
-            pick.session.speech_logits if pick.session.keep_logits else None,
-        )
-        for row, (_, pick) in zip(rows, steps, strict=True)
-    ]

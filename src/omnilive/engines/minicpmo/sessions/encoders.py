@@ -1,13 +1,18 @@
 """The input encoders of slot sessions (vision, streaming Whisper, the
 reference voice), over the model's own modules.
 
-The CPU halves (the image processor, the mel features) run off every GPU
-thread; the GPU halves run on the encoders' lane. The vision encoder is
+A unit with frames has its CPU halves (the JPEG decoding, the image
+processor, the mel features: :func:`prepare_unit`) done on CPU threads first, off
+the encoders' lane, one of the stages every unit passes in series; a unit
+without frames has its mel features made on the encoders' lane. Then one call
+of the encoders' lane (:func:`encode_requests`) runs the encoders and joins
+its whole input, which goes on to the batch loop from there (legs of the
+unit's relay, :class:`~omnilive.engines.job_queue.Relay`). The vision encoder is
 stateless, so the frames of every session waiting for it go through it as
 ONE batch (:func:`vision_pieces`), and their seconds of audio through
 Whisper as another (:func:`audio_embeddings_together`), both in one call of
 the encoders' lane (:func:`encode_units`, gathered by
-:meth:`~omnilive.engines.minicpmo.runtime.loop.BatchLoop.encoder_gather`): one
+:meth:`~omnilive.engines.minicpmo.runtime.loop.BatchLoop.encoder_leg`): one
 call over eight sessions' units costs about what one session's does, where
 eight calls cost eight times as much (an encoder call at batch 1 is bound by
 kernel launches, not arithmetic). A session's Whisper state (its mel frames,
@@ -16,12 +21,13 @@ its KV cache, the samples not yet consumed) is its :class:`AudioStream`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from omnilive.engines.minicpmo.content import image_of
 from omnilive.engines.minicpmo.runtime.tensors import swapped
 from omnilive.engines.minicpmo.sessions.whisper_batch import (
     PREFIX_EXTRA_FRAMES,
@@ -69,6 +75,103 @@ class UnitInputs:
 
     frames: Frames | None
     audio: tuple[AudioStream, Any] | None
+
+
+@dataclass(frozen=True)
+class UnitRequest:
+    """One duplex unit as it came: the markers it starts with (the previous
+    unit's closing tokens and ``<unit>``), its frames (JPEG bytes or images),
+    its second of audio (None: none) and the session's audio stream."""
+
+    lead: list[int]
+    frames: list[Any]
+    max_slice_nums: int
+    audio: np.ndarray | None
+    stream: AudioStream
+    prepared: bool = False  # its CPU halves done (:func:`prepare_unit`)
+    processed: Frames | None = None  # its frames through the image processor
+    feature: Any = None  # its audio's mel features (None: too little audio yet)
+
+    @property
+    def unprepared(self) -> bool:
+        """Whether it has frames still to go through the image processor."""
+        return bool(self.frames) and not self.prepared
+
+
+def prepare_unit(shared: SharedModel, request: UnitRequest) -> UnitRequest:
+    """``request`` with its CPU halves done: its frames decoded and through
+    the image processor, its audio's mel features."""
+    processed = None
+    if request.frames:
+        images = [image_of(f) if isinstance(f, bytes) else f for f in request.frames]
+        made = shared.processor.process_image(images, max_slice_nums=request.max_slice_nums)
+        processed = Frames(made, images, request.max_slice_nums)
+    audio = request.audio
+    feature = audio_features(shared, request.stream, audio) if audio is not None else None
+    return replace(request, prepared=True, processed=processed, feature=feature)
+
+
+@dataclass(frozen=True)
+class EncodedUnit:
+    """A unit's whole input (``[positions, hidden]``) and what it holds:
+    image slices, their embedding positions, the audio's."""
+
+    embeds: torch.Tensor
+    slices: int
+    vision: int
+    audio: int
+
+    def counts(self) -> dict[str, int]:
+        return {"slices": self.slices, "vision": self.vision, "audio": self.audio}
+
+
+@dataclass(frozen=True)
+class Failed:
+    """What an item of a gathered call failed with (the others go on)."""
+
+    error: Exception
+
+
+def encode_requests(shared: SharedModel, batch: list[UnitRequest]) -> list[EncodedUnit | Failed]:
+    """Every waiting unit's input (:class:`EncodedUnit`): its CPU halves
+    where :func:`prepare_unit` did not run, one unit at a time (a unit whose
+    frames or audio fail to decode fails alone), then the encoders over all
+    of them at once (:func:`encode_units`)."""
+    inputs: list[UnitInputs | Failed] = []
+    for request in batch:
+        try:
+            inputs.append(_cpu_halves(shared, request))
+        except Exception as exc:  # that session's to handle
+            inputs.append(Failed(exc))
+    ready = [item for item in inputs if isinstance(item, UnitInputs)]
+    encoded = iter(encode_units(shared, ready) if ready else [])
+    results: list[EncodedUnit | Failed] = []
+    for request, item in zip(batch, inputs, strict=True):
+        if isinstance(item, Failed):
+            results.append(item)
+            continue
+        pieces, embeds = next(encoded)
+        if request.audio is None and request.frames:
+            request.stream.chunks += 1  # the model code counts a vision-only unit as a chunk
+        parts = [shared.marker(token) for token in request.lead] + pieces
+        if embeds is not None:
+            parts.append(embeds)
+        results.append(
+            EncodedUnit(
+                torch.cat(parts, 0),
+                slices=len(pieces) // 3,  # each: its start token, its embeddings, its end
+                vision=sum(int(piece.shape[0]) for piece in pieces[1::3]),
+                audio=int(embeds.shape[0]) if embeds is not None else 0,
+            )
+        )
+    return results
+
+
+def _cpu_halves(shared: SharedModel, request: UnitRequest) -> UnitInputs:
+    if not request.prepared:  # here, on the encoders' lane (a unit without frames)
+        request = prepare_unit(shared, request)
+    audio = (request.stream, request.feature) if request.feature is not None else None
+    return UnitInputs(request.processed, audio)
 
 
 def encode_units(

@@ -139,6 +139,11 @@ class SharedModel:
 # layers), ~50 us on an H200, beside ~16 GB of weights (~3.5 ms) a step.
 LLM_WIDTH_BUCKET = 2048
 SPEECH_WIDTH_BUCKET = 1024
+# Threads for the CPU halves of units with frames (JPEG decoding, the image
+# processor, the mel features: ~0.2 CPU s/s at 12 omni sessions on an H100
+# host, ~24 ms a unit), beside the encoders' lane, which that work would load.
+PREP_THREADS = 4
+CPU = torch.device("cpu")
 
 
 def slot_loop(
@@ -186,6 +191,7 @@ def slot_loop(
         graphs=graphs,
         side=SideLane(device),
         encoders=SideLane(device, "minicpmo-encoders", random_draws=False),
+        prep=SideLane(CPU, "minicpmo-prep", random_draws=False, threads=PREP_THREADS),
     )
 
 

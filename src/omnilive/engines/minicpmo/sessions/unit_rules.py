@@ -18,11 +18,14 @@ from __future__ import annotations
 import functools
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from omnilive.engines.minicpmo.runtime.batch import StepResult
 
 # The speech LM's vocabulary ends with its end-of-speech token; this token id is
 # the vocoder's silence (the model code primes each turn's buffer with three).
@@ -341,3 +344,74 @@ def choose_speech_token(
     if sampling.temperature <= 0:
         return int(np.argmax(scores))
     return draw(scores, generator)
+
+
+# --- the picks of a unit's programs (runtime/programs.py): the tokens of
+# every session stepped in one batch, chosen together after it
+
+
+def text_picks(steps: list[tuple[StepResult, TextChoice]]) -> list[int]:
+    """The next text token of every session whose step of this tick named
+    this pick, chosen together (:func:`choose_tokens`)."""
+    return choose_tokens([(result.logits, choice) for result, choice in steps])
+
+
+class SpeechPick(NamedTuple):
+    """What one session's next speech token's choice needs besides logits."""
+
+    previous: list[int]  # the unit's speech tokens so far (the penalty's window)
+    allow_eos: bool
+    eos: int
+    sampling: SpeechSampling
+    generator: torch.Generator
+    seen: list[torch.Tensor] | None  # the logits each choice was made from (kept)
+
+
+def speech_picks(steps: list[tuple[StepResult, SpeechPick]]) -> list[int]:
+    """The next speech token of every session whose step of this tick named
+    this pick: their logits read back at once, each chosen on the CPU."""
+    rows = torch.stack([result.logits for result, _ in steps]).float().cpu()
+    return [
+        choose_speech_token(
+            row, pick.previous, pick.sampling, pick.eos, pick.allow_eos, pick.generator, pick.seen
+        )
+        for row, (_, pick) in zip(rows, steps, strict=True)
+    ]
+
+
+# --- a unit's outcome -------------------------------------------------------------
+
+
+NOTHING_FED = {"slices": 0, "vision": 0, "audio": 0}
+
+
+class Decided(NamedTuple):
+    """A unit's program's outcome: what was fed, the decisions (None: its
+    logits wait for generate) and whether its voice flushes."""
+
+    fed: dict[str, int]
+    outcome: UnitOutcome | None
+    flush: bool
+
+
+@dataclass
+class UnitOutcome:
+    """One unit's decision and output (the engine's DuplexUnit is built from it)."""
+
+    is_listen: bool
+    # Every token the unit decided, in order: the first (a turn's
+    # ``<|speak|>``/``<|tts_bos|>``/...), the text, the terminator.
+    decided: list[int]
+    text_tokens: list[int]
+    text: str
+    speech_tokens: list[int]
+    audio: np.ndarray | None
+    end_of_turn: bool
+    kv_length: int
+    # Logits the decisions were made from, one per text step (for the
+    # equality harness; kept only when asked for).
+    logits: list[torch.Tensor] = field(default_factory=list)
+    # Wall clock of the unit's parts, queueing for the batch loop included.
+    llm_ms: float = 0.0
+    speech_ms: float = 0.0
+    vocoder_ms: float = 0.0

@@ -47,6 +47,7 @@ from omnilive.engines.base import (
     Part,
     PrefillStats,
     TextAudioChunk,
+    UnitInput,
 )
 from omnilive.engines.minicpmo.content import VoiceFile
 from omnilive.engines.minicpmo.reference.duplex import system_prompt_parts
@@ -58,7 +59,12 @@ from omnilive.engines.minicpmo.runtime.tensors import clone_tensors
 from omnilive.engines.minicpmo.sessions.duplex import SlotDuplex
 from omnilive.engines.minicpmo.sessions.shared import SharedModel
 from omnilive.engines.minicpmo.sessions.simplex import speech_supported
-from omnilive.engines.minicpmo.sessions.unit_rules import SpeechSampling, TextSampling, UnitRules
+from omnilive.engines.minicpmo.sessions.unit_rules import (
+    SpeechSampling,
+    TextSampling,
+    UnitOutcome,
+    UnitRules,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -267,6 +273,22 @@ class SlotDuplexSession(DuplexSession):
             raise EngineError("duplex step before prepare")
         return self._session
 
+    whole_units = True
+
+    async def unit(self, given: UnitInput) -> tuple[PrefillStats, DuplexUnit]:
+        """A unit as one request of the engine's threads (:meth:`SlotDuplex.unit`)."""
+        session = self._require()
+        start, started = session.handoffs, time.perf_counter()
+        forced = self._forced(given.force_listen)
+        audio = np.asarray(given.audio, np.float32)
+        with model_errors("duplex unit"):  # frames decoded off the loop, with the unit
+            fed, outcome = await session.unit(
+                audio, given.frames, given.max_slice_nums or 1, forced
+            )
+        self.handoffs.add(outcome.is_listen, session.handoffs - start)
+        prefilled = max(session.prefilled, started)  # earlier: this unit fed nothing
+        return self._stats(fed, (prefilled - started) * 1000), self._unit(outcome)
+
     async def prefill(
         self, audio: np.ndarray, frames: list[bytes], max_slice_nums: int | None = None
     ) -> PrefillStats:
@@ -275,20 +297,32 @@ class SlotDuplexSession(DuplexSession):
         started = time.perf_counter()
         with model_errors("duplex prefill"):  # frames decoded off the loop, with the unit
             fed = await session.prefill(np.asarray(audio, np.float32), frames, max_slice_nums or 1)
+        return self._stats(fed, (time.perf_counter() - started) * 1000)
+
+    async def generate(self, force_listen: bool = False) -> DuplexUnit:
+        session = self._require()
+        forced = self._forced(force_listen)
+        with model_errors("duplex generate"):
+            outcome = await session.generate(forced)
+        self.handoffs.add(outcome.is_listen, session.handoffs - self._unit_start)
+        return self._unit(outcome)
+
+    def _forced(self, force_listen: bool) -> bool:
+        forced = force_listen or self._units < self._force_listen_units
+        self._units += 1
+        return forced
+
+    @staticmethod
+    def _stats(fed: dict[str, int], cost_ms: float) -> PrefillStats:
         return PrefillStats(
             vision_slices=fed["slices"],
             vision_tokens=fed["vision"],
             audio_tokens=fed["audio"],
-            cost_ms=(time.perf_counter() - started) * 1000,
+            cost_ms=cost_ms,
         )
 
-    async def generate(self, force_listen: bool = False) -> DuplexUnit:
-        session = self._require()
-        forced = force_listen or self._units < self._force_listen_units
-        self._units += 1
-        with model_errors("duplex generate"):
-            outcome = await session.generate(forced)
-        self.handoffs.add(outcome.is_listen, session.handoffs - self._unit_start)
+    @staticmethod
+    def _unit(outcome: UnitOutcome) -> DuplexUnit:
         return DuplexUnit(
             is_listen=outcome.is_listen,
             text=outcome.text,
