@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -40,20 +41,12 @@ def test_the_model_tells_a_finished_turn_from_a_paused_one():
 RULE = {"vad": {"min_silence_duration_ms": 800}}
 
 
-async def turn_ends(
-    server: Server,
-    speech: np.ndarray,
-    wait_s: float = 4.0,
-    pace_s: float = 0.01,
-    silence_s: float = 0.5,
-    config: dict | None = RULE,
-    then: np.ndarray | None = None,
-) -> bool:
+async def turn_ends(server: Server, speech: np.ndarray, **how: Any) -> bool:
     """Whether a half-duplex turn of ``speech`` followed by ``silence_s`` of
     silence ends; no audio comes after it, so with 0.5 s the 800 ms silence
     rule alone never ends it. Pieces of 0.1 s go ``pace_s`` apart (0.1: as a
     microphone). ``config`` is the prepare's (None: the server's defaults)."""
-    return await first_turn(server, speech, wait_s, pace_s, silence_s, config, then) is not None
+    return await first_turn(server, speech, **how) is not None
 
 
 async def first_turn(
