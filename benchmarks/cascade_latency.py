@@ -18,7 +18,9 @@ For each question it records, relative to the moment the speech ended:
   vad_ms      when the server said the user stopped (``vad_state{speaking:false}``)
   e2e_ms      when the first audio byte of the answer arrived
 and the engine's own stage timings from ``turn_done.timings`` (ASR, LLM first
-sentence, TTS of the first sentence). It prints median and p90 and saves
+sentence, TTS of the first sentence; from the moment the server heard the
+pause, the early answer's wait behind a transcript in flight and its first
+audio made). It prints median and p90 and saves
 everything as JSON under benchmarks/results/.
 
     python -m benchmarks.cascade_latency [--chunk-s 0.1] [--min-silence-ms 800]
@@ -113,6 +115,10 @@ async def ask(ws: Any, mic: Microphone, question: str, speech: np.ndarray) -> di
         "tts_first_sentence_ms": timings.get("tts_first_sentence_ms"),
         "speculative": bool(timings.get("speculative")),
         "server_first_chunk_ms": timings.get("first_chunk_ms"),
+        # From the server hearing the pause: the early answer's wait for a
+        # transcript in flight, and its first audio made.
+        "early_queue_ms": timings.get("early_queue_ms"),
+        "early_audio_ms": timings.get("early_audio_ms"),
         # The server ended the turn before the speech did: a premature cut-in.
         "premature": turn.vad_ms < 0,
     }
@@ -192,6 +198,8 @@ async def run(args: argparse.Namespace, end_of_turn: bool) -> dict[str, Any]:
             "asr": summary(column("asr_ms")),
             "llm_first_sentence": summary(column("llm_first_sentence_ms")),
             "tts_first_audio": summary(column("tts_first_sentence_ms")),
+            "pause_heard_to_audio_made": summary(column("early_audio_ms")),
+            "early_queue": summary(column("early_queue_ms")),
             "end_to_end": summary(column("e2e_ms")),
         },
         "speculative_turns": sum(r["speculative"] for r in rows),

@@ -94,6 +94,41 @@ def test_judging_the_words_leaves_them_cached_for_the_answer(engine: CascadeEngi
     assert llm.end_probability([SYSTEM, Message("user", " ... ")]) == 0.0
 
 
+@pytest.mark.parametrize("words", ["I need to buy some.", "What is the capital of France?"])
+def test_judging_with_the_answer_prompt_leaves_it_ready_to_sample(
+    engine: CascadeEngine, monkeypatch: pytest.MonkeyPatch, words: str
+) -> None:
+    """Given the answer's prompt, the judgement evaluates its opener in the
+    same pass: the words' chance is what a judgement alone finds, and the
+    answer evaluates nothing of its prompt before its first token, yet says
+    what a model that read it afresh says."""
+    llm = engine.stack.llm
+    messages = [SYSTEM, Message("user", words)]
+    prompt = llm.tokens(messages)
+    llm.clear_cache()
+    alone = llm.end_probability(messages)
+    llm.clear_cache()
+    together = llm.end_probability(messages, prompt)
+    assert llm.last_judged == len(prompt)
+    assert together == pytest.approx(alone, abs=0.02), (alone, together)
+
+    starts: list[int] = []  # where each evaluation began in the cache
+    model = llm._llm
+    evaluate = model.eval
+
+    def recorded(tokens: list[int]) -> None:
+        if tokens:
+            starts.append(model.n_tokens)
+        evaluate(tokens)
+
+    monkeypatch.setattr(model, "eval", recorded)
+    ready = "".join(llm.stream(prompt, GREEDY, 12))
+    monkeypatch.undo()
+    assert starts and min(starts) == len(prompt)  # only the answer's tokens were evaluated
+    llm.clear_cache()
+    assert "".join(llm.stream(prompt, GREEDY, 12)) == ready
+
+
 def test_the_model_runs_on_one_thread_whoever_calls(
     engine: CascadeEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -61,12 +61,12 @@ def test_long_sentences_are_cut_after_a_clause() -> None:
 def test_the_first_piece_is_cut_early() -> None:
     text = "The moon is about 384,400 kilometers away from the earth on average and it is bright."
     assert split(word_pieces(text)) == [
-        "The moon is about",  # four words, no punctuation yet
-        "384,400 kilometers away from the earth on average and it is bright.",
+        "The moon is",  # three words, no punctuation yet
+        "about 384,400 kilometers away from the earth on average and it is bright.",
     ]
     assert split(word_pieces("When sunlight reaches us, it scatters. Short.")) == [
-        "When sunlight reaches us,",
-        "it scatters.",
+        "When sunlight reaches",
+        "us, it scatters.",
         "Short.",
     ]
 

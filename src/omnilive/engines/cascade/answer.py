@@ -28,15 +28,16 @@ _SENTENCE_END = re.compile(r"[.!?…]+[\"')\]]*\s|\n")
 _CLAUSE_END = re.compile(r"[,;:]\s")
 _WORD_END = re.compile(r"\S\s")
 CLAUSE_MIN_WORDS = 8
-# No punctuation yet: cut at a word boundary. Four words are ~5 tokens of
-# SmolLM2 and ~70 ms of Piper on 2 cores; twelve took ~250 + 170 ms of the
+# No punctuation yet: cut at a word boundary. Three words are ~4 tokens of
+# SmolLM2 and ~65 ms of Piper on 2 cores; twelve took ~250 + 170 ms of the
 # time the user waits for the first sound (end of speech to first audio, p50:
-# 945 ms with twelve, ~915 with six, ~700 with four; benchmarks/notes.md).
-# The seam costs little: the rest of the sentence is ready long before four
+# 945 ms with twelve, ~915 with six, ~700 with four, then ~490 with four and
+# ~XXX with three after other changes; docs/benchmarks/notes.md).
+# The seam costs little: the rest of the sentence is ready long before three
 # words have been heard. The duplex loop keeps twelve (DUPLEX_FIRST_WORDS):
 # its 1 s units are cut from what is buffered, and a thin first piece left a
 # middle unit short on a loaded machine.
-FIRST_MAX_WORDS = 4
+FIRST_MAX_WORDS = 3
 DUPLEX_FIRST_WORDS = 12
 
 

@@ -160,4 +160,5 @@ class CascadeEngine(Engine):
     def close(self) -> None:
         if self._stack is not None:
             self._stack.llm.close()
+            self._stack.tts.close()
             self._stack = None

@@ -23,6 +23,7 @@ the early work, which is discarded without touching the history.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -85,8 +86,11 @@ class _Early:
     head: list[TextAudioChunk] = field(default_factory=list)  # chunks already made
     heard: _Early | None = None  # an earlier transcript of the same speech to reuse
     end_p: float | None = None  # the LLM's chance the user's words end the turn
-    judged_tokens: int | None = None  # prompt tokens that judgement evaluated
+    judged_tokens: int | None = None  # its pass's tokens (with the answer's opener)
     judged: threading.Event = field(default_factory=threading.Event)  # end_p is known (or never)
+    asked: float = field(default_factory=time.perf_counter)  # when hear() asked for it
+    started: float | None = None  # when the session's thread took it up
+    ready: float | None = None  # when its first piece's audio was made
     _closing: threading.Lock = field(default_factory=threading.Lock)
 
     def discard(self) -> None:
@@ -108,6 +112,11 @@ class TurnStats:
     first_token_ms: float | None = None
     first_audio_ms: float | None = None
     judged_tokens: int | None = None  # new to the LLM at the pause (the rest read ahead)
+    # From the moment the pause was heard (hear): until the early answer's
+    # work began (it waits for a transcript in flight), and until its first
+    # audio was ready.
+    early_queue_ms: float | None = None
+    early_audio_ms: float | None = None
 
 
 @dataclass(eq=False)
@@ -350,6 +359,10 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
             timings["first_sentence_audio_ms"] = round(stats.first_audio_ms, 1)
         if stats.judged_tokens is not None:
             timings["judged_tokens"] = float(stats.judged_tokens)
+        if stats.early_queue_ms is not None:
+            timings["early_queue_ms"] = round(stats.early_queue_ms, 1)
+        if stats.early_audio_ms is not None:
+            timings["early_audio_ms"] = round(stats.early_audio_ms, 1)
         if self._first_sentence is not None:
             timings["llm_first_sentence_ms"] = round(self._first_sentence.llm_ms, 1)
             timings["tts_first_sentence_ms"] = round(self._first_sentence.tts_ms, 1)
@@ -399,6 +412,7 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
             early.judged.set()  # a turn check waiting for end_p goes on without it
 
     def _early_work(self, early: _Early) -> None:
+        early.started = time.perf_counter()
         if early.cancel.is_set():
             return
         # A reusable transcript ran before this job on the same thread: it is done.
@@ -414,15 +428,16 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
             return
         with self._lock:
             fit = self._fit(transcript)
+        prompt = self._stack.llm.tokens(fit.messages, self._tools)
         if isinstance(self._stack.llm, LlamaChat) and transcript.text:
-            # Next to free for the answer: the words it judges stay in the cache.
-            early.end_p = self._stack.llm.end_probability(fit.messages)
+            # Free for the answer: the same pass evaluates its prompt.
+            early.end_p = self._stack.llm.end_probability(fit.messages, prompt)
             early.judged_tokens = self._stack.llm.last_judged
         early.judged.set()
         if early.cancel.is_set():
             return
         answer = self._stack.answer(
-            self._stack.llm.tokens(fit.messages, self._tools),
+            prompt,
             self._options.generation,
             self._stack.spoken_budget(self._options.generation),
             self._voice if self._options.tts_enabled else None,
@@ -432,6 +447,7 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
         for chunk in answer:
             early.head.append(chunk)
             if answer.stats.sentences or early.cancel.is_set():
+                early.ready = time.perf_counter()
                 break
         if early.cancel.is_set():
             answer.close()
@@ -472,6 +488,8 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
             speculative=True,
             transcribed_early=reused,
             judged_tokens=early.judged_tokens,
+            early_queue_ms=_ms_between(early.asked, early.started),
+            early_audio_ms=_ms_between(early.asked, early.ready),
         )
         return _Turn(early.fit, early.answer, early.head)
 
@@ -504,3 +522,7 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
                 log.info("cascade: discarded early work had failed: %s", exc)
         if early.future.done():
             early.discard()
+
+
+def _ms_between(start: float, end: float | None) -> float | None:
+    return None if end is None else (end - start) * 1000

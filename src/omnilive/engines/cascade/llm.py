@@ -199,7 +199,7 @@ class LlamaChat:
     def count(self, messages: list[Message]) -> int:
         return len(self.tokens(messages))
 
-    def end_probability(self, messages: list[Message]) -> float:
+    def end_probability(self, messages: list[Message], answer: list[int] | None = None) -> float:
         """How sure the model is that the user's message (the last of
         ``messages``) is finished where its words stop: its probability that
         the next token ends a sentence (. ? ! …) or the message. The message's
@@ -210,33 +210,57 @@ class LlamaChat:
 
         Ends a stream in flight, as a new one would. The words stay in the
         cache, so the answer to the same messages evaluates only what follows
-        them: the judgement costs the answer next to nothing.
+        them. Given that ``answer`` prompt (``tokens(messages)``), its rest
+        (the closing punctuation and the assistant's opener) is evaluated in
+        the same pass, the words' logits read from the middle of it: the
+        stream of that prompt then starts sampling at once. One pass of eight
+        tokens costs ~41 ms on 2 cores, against ~17 for the words' two and
+        ~33 for the opener's six in a pass of their own.
         """
         if self._llm is None:
             raise EngineError("the language model is not loaded")
         if not messages or messages[-1].role != "user":
             raise EngineError("the last message is not the user's")
-        import llama_cpp
-
         words = Message("user", _TRAILING_PUNCTUATION.sub("", messages[-1].content))
         if not words.content:
             return 0.0  # nothing said: nothing finished
         prompt = self.tokens([*messages[:-1], words])
         closing = [i for i, token in enumerate(prompt) if token == self._message_end]
         prompt = prompt[: closing[-1]]  # up to the words' end
+        whole = answer is not None and answer[: len(prompt)] == prompt
+        evaluated = answer if whole and answer is not None else prompt
         llm = self._llm
         with self._lock:
             self._generation += 1
             self._close_current()
             # One token at least is evaluated again: its logits are the answer.
-            llm.n_tokens = min(self._reuse_cache(prompt), len(prompt) - 1)
-            self.last_judged = len(prompt) - llm.n_tokens
-            self._run(llm.eval, prompt[llm.n_tokens :])
-            logits = np.ctypeslib.as_array(
-                llama_cpp.llama_get_logits(llm.ctx), shape=(llm.n_vocab(),)
-            ).astype(np.float64)
+            start = min(self._reuse_cache(evaluated), len(prompt) - 1)
+            if len(evaluated) - start > llm.n_batch:
+                evaluated = prompt  # more than one pass: the words alone
+            self.last_judged = len(evaluated) - start
+            logits = self._run(self._evaluate, evaluated[start:], start, len(prompt) - 1 - start)
         odds = np.exp(logits - logits.max())
         return float(odds[self._sentence_ends].sum() / odds.sum())
+
+    def _evaluate(self, tokens: list[int], start: int, read: int) -> np.ndarray:
+        """Evaluate ``tokens`` after the first ``start`` cached ones in one
+        pass, with logits for the ``read``-th of them (returned) and the last
+        (left for sampling). ``Llama.eval`` keeps only the last token's, so
+        the pass is built here; it leaves the cache as ``eval`` would.
+        Runs on the model's thread, the caller holding the lock."""
+        import llama_cpp
+
+        llm = self._llm
+        llm._ctx.kv_cache_seq_rm(-1, start, -1)
+        batch = llm._batch
+        batch.set_batch(batch=tokens, n_past=start, logits_all=False)
+        batch.batch.logits[read] = True
+        llm._ctx.decode(batch)
+        llm.input_ids[start : start + len(tokens)] = tokens
+        llm.n_tokens = start + len(tokens)
+        llm._requires_eval = False  # the last token's logits are live: sample from them
+        row = llama_cpp.llama_get_logits_ith(llm.ctx, read)
+        return np.ctypeslib.as_array(row, shape=(llm.n_vocab(),)).astype(np.float64)
 
     def stream(
         self, prompt: list[int], options: GenerationOptions, max_tokens: int

