@@ -118,6 +118,8 @@ async def ask(ws: Any, mic: Microphone, question: str, speech: np.ndarray) -> di
         # From the server hearing the pause: the early answer's wait for a
         # transcript in flight, and its first audio made.
         "early_queue_ms": timings.get("early_queue_ms"),
+        "judge_ms": timings.get("judge_ms"),
+        "judged_tokens": timings.get("judged_tokens"),
         "early_audio_ms": timings.get("early_audio_ms"),
         # The server ended the turn before the speech did: a premature cut-in.
         "premature": turn.vad_ms < 0,
@@ -200,6 +202,7 @@ async def run(args: argparse.Namespace, end_of_turn: bool) -> dict[str, Any]:
             "tts_first_audio": summary(column("tts_first_sentence_ms")),
             "pause_heard_to_audio_made": summary(column("early_audio_ms")),
             "early_queue": summary(column("early_queue_ms")),
+            "judge": summary(column("judge_ms")),
             "end_to_end": summary(column("e2e_ms")),
         },
         "speculative_turns": sum(r["speculative"] for r in rows),

@@ -68,9 +68,8 @@ class CascadeEngine(Engine):
         started = time.perf_counter()
         files = prepare_models(self._data_dir, progress)
         joined = time.perf_counter()
-        threads = self._settings.threads
         stack = ModelStack(
-            asr=WhisperASR(files.whisper_dir, threads),
+            asr=WhisperASR(files.whisper_dir, self._settings.asr_threads),
             llm=self._language_model(files.llm_gguf),
             tts=Speech(EspeakTTS(self._settings.voice), self._piper()),
             turn_judging=self._turn_judging(),

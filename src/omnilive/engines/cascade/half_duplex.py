@@ -87,6 +87,7 @@ class _Early:
     heard: _Early | None = None  # an earlier transcript of the same speech to reuse
     end_p: float | None = None  # the LLM's chance the user's words end the turn
     judged_tokens: int | None = None  # its pass's tokens (with the answer's opener)
+    judge_ms: float | None = None  # that pass's time
     judged: threading.Event = field(default_factory=threading.Event)  # end_p is known (or never)
     asked: float = field(default_factory=time.perf_counter)  # when hear() asked for it
     started: float | None = None  # when the session's thread took it up
@@ -112,6 +113,7 @@ class TurnStats:
     first_token_ms: float | None = None
     first_audio_ms: float | None = None
     judged_tokens: int | None = None  # new to the LLM at the pause (the rest read ahead)
+    judge_ms: float | None = None  # evaluating them (with the answer's opener)
     # From the moment the pause was heard (hear): until the early answer's
     # work began (it waits for a transcript in flight), and until its first
     # audio was ready.
@@ -359,6 +361,8 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
             timings["first_sentence_audio_ms"] = round(stats.first_audio_ms, 1)
         if stats.judged_tokens is not None:
             timings["judged_tokens"] = float(stats.judged_tokens)
+        if stats.judge_ms is not None:
+            timings["judge_ms"] = round(stats.judge_ms, 1)
         if stats.early_queue_ms is not None:
             timings["early_queue_ms"] = round(stats.early_queue_ms, 1)
         if stats.early_audio_ms is not None:
@@ -431,7 +435,9 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
         prompt = self._stack.llm.tokens(fit.messages, self._tools)
         if isinstance(self._stack.llm, LlamaChat) and transcript.text:
             # Free for the answer: the same pass evaluates its prompt.
+            judging = time.perf_counter()
             early.end_p = self._stack.llm.end_probability(fit.messages, prompt)
+            early.judge_ms = (time.perf_counter() - judging) * 1000
             early.judged_tokens = self._stack.llm.last_judged
         early.judged.set()
         if early.cancel.is_set():
@@ -488,6 +494,7 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
             speculative=True,
             transcribed_early=reused,
             judged_tokens=early.judged_tokens,
+            judge_ms=early.judge_ms,
             early_queue_ms=_ms_between(early.asked, early.started),
             early_audio_ms=_ms_between(early.asked, early.ready),
         )
