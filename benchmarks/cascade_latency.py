@@ -20,8 +20,8 @@ For each question it records, relative to the moment the speech ended:
 and the engine's own stage timings from ``turn_done.timings`` (ASR, LLM first
 sentence, TTS of the first sentence; from the moment the server heard the
 pause, the early answer's wait behind a transcript in flight and its first
-audio made). It prints median and p90 and saves
-everything as JSON under benchmarks/results/.
+audio made). It prints median and p90 (over the questions not cut
+in on) and saves everything as JSON under benchmarks/results/.
 
     python -m benchmarks.cascade_latency [--chunk-s 0.1] [--min-silence-ms 800]
         [--end-of-turn both|on|off] [--speaker piper|espeak]
@@ -182,7 +182,11 @@ async def run(args: argparse.Namespace, end_of_turn: bool) -> dict[str, Any]:
             server.stop()
 
     def column(name: str) -> list[float]:
-        return [r[name] for r in rows if isinstance(r[name], int | float)]
+        """A stage's values over the questions answered after they ended: a
+        premature cut-in's negative latency (counted on its own) would pull
+        the median down a whole place."""
+        answered = [r for r in rows if not r["premature"]]
+        return [r[name] for r in answered if isinstance(r[name], int | float)]
 
     return {
         "benchmark": "cascade_latency",
