@@ -29,6 +29,7 @@ import torch
 
 from omnilive.engines.minicpmo.content import image_of
 from omnilive.engines.minicpmo.runtime.tensors import swapped
+from omnilive.engines.minicpmo.sessions.vision import fused_vision, vision_embeddings
 from omnilive.engines.minicpmo.sessions.whisper_batch import (
     PREFIX_EXTRA_FRAMES,
     SUFFIX_EXTRA_FRAMES,
@@ -198,7 +199,9 @@ def encode_units(
 def vision_pieces(shared: SharedModel, batch: list[Frames]) -> list[list[torch.Tensor]]:
     """Per item of ``batch``: every frame as ``<image>`` source ``</image>``
     then ``<slice>`` x ``</slice>`` per high-resolution slice, in the model
-    code's order; the vision encoder runs once over all of them."""
+    code's order; the vision encoder runs once over all of them
+    (:mod:`~omnilive.engines.minicpmo.sessions.vision` where it restates the
+    model's, else the model code's own ``get_vision_embedding``)."""
     model = shared.model
     pixel_values: list[Any] = []
     tgt_sizes: list[Any] = []
@@ -216,7 +219,11 @@ def vision_pieces(shared: SharedModel, batch: list[Frames]) -> list[list[torch.T
         tgt_sizes += item.processed["tgt_sizes"]
         counts.append(len(pixels))
     with torch.no_grad():
-        hidden = model.get_vision_embedding({"pixel_values": pixel_values, "tgt_sizes": tgt_sizes})
+        if fused_vision(model):
+            hidden = vision_embeddings(model, pixel_values, tgt_sizes)
+        else:
+            data = {"pixel_values": pixel_values, "tgt_sizes": tgt_sizes}
+            hidden = model.get_vision_embedding(data)
     results, start = [], 0
     for item, count in zip(batch, counts, strict=True):
         own = hidden[start : start + count] if hidden is not None else []

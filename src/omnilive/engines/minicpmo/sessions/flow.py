@@ -18,6 +18,7 @@ import torch
 
 from omnilive.engines.minicpmo.runtime.flow_graphs import BlockGraphs
 from omnilive.engines.minicpmo.runtime.tensors import swapped
+from omnilive.engines.minicpmo.sessions.hift import Hift
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,9 @@ class FlowRunner:
     flow's steps are written here over the package's modules (its own loop
     keeps its caches in scratch buffers of two rows); the estimator's blocks,
     nearly all of a chunk's kernels, are CUDA graphs per batch and cache
-    shape on CUDA (:class:`~omnilive.engines.minicpmo.runtime.flow_graphs.BlockGraphs`)."""
+    shape on CUDA (:class:`~omnilive.engines.minicpmo.runtime.flow_graphs.BlockGraphs`),
+    and so are HiFT's launch-bound parts
+    (:class:`~omnilive.engines.minicpmo.sessions.hift.Hift`)."""
 
     def __init__(self, token2wav: Any, graphs: bool | None = None) -> None:
         self.token2wav = token2wav
@@ -82,6 +85,7 @@ class FlowRunner:
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
         blocks = partial(estimator_blocks, self.estimator)
         self._blocks = BlockGraphs(blocks) if self.graphs else blocks
+        self._hift = Hift(self.hift, graphs=self.graphs)
         self.batch_sizes: Counter[int] = Counter()  # streams per flow batch (bounded keys)
 
     def open(self, prompt_wav: str) -> FlowState:
@@ -227,7 +231,7 @@ class FlowRunner:
         vocoder = self.token2wav
         tail = int(vocoder.source_cache_len)
         mel = torch.cat([torch.cat([state.mel for state in states]), chunk_mel], 2)
-        speech, source = self.hift(mel, torch.cat([state.source for state in states]))
+        speech, source = self._hift(mel, torch.cat([state.source for state in states]))
         first = states[0].speech.shape[-1] == 0
         if not first:
             previous = torch.cat([state.speech for state in states])
