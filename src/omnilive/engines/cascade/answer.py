@@ -29,10 +29,10 @@ _CLAUSE_END = re.compile(r"[,;:]\s")
 _WORD_END = re.compile(r"\S\s")
 CLAUSE_MIN_WORDS = 8
 # No punctuation yet: cut at a word boundary. Three words are ~4 tokens of
-# SmolLM2 and ~65 ms of Piper on 2 cores; twelve took ~250 + 170 ms of the
+# SmolLM2 and ~55-65 ms of Piper on 2 cores; twelve took ~250 + 170 ms of the
 # time the user waits for the first sound (end of speech to first audio, p50:
-# 945 ms with twelve, ~915 with six, ~700 with four, then ~490 with four and
-# ~XXX with three after other changes; docs/benchmarks/notes.md).
+# 945 ms with twelve, ~915 with six, ~700 with four; from four to three, one
+# token and ~20 ms of Piper fewer; docs/benchmarks/notes.md).
 # The seam costs little: the rest of the sentence is ready long before three
 # words have been heard. The duplex loop keeps twelve (DUPLEX_FIRST_WORDS):
 # its 1 s units are cut from what is buffered, and a thin first piece left a
