@@ -16,6 +16,7 @@ from omnilive.engines.cascade.answer import (
 )
 from omnilive.engines.cascade.asr import collapse_repeats, drop_echo, window_frames
 from omnilive.engines.cascade.conversation import Conversation
+from omnilive.engines.cascade.early_work import TurnStats
 from omnilive.engines.cascade.llm import Message
 from omnilive.engines.cascade.models import JOIN_STAGE, ProgressBar
 from omnilive.engines.cascade.reply import Reply
@@ -209,3 +210,16 @@ def test_progress_bar_reports_to_callback_and_stream() -> None:
     lines = stream.getvalue().splitlines()
     assert len(lines) == 5 and "  0%" in lines[0] and "100%" in lines[-1]
     assert "\r" not in stream.getvalue()
+
+
+def test_turn_timings_report_the_figures_a_turn_has() -> None:
+    stats = TurnStats("hi", 101.26, speculative=True, judged_tokens=9, early_audio_ms=300.04)
+    assert stats.timings(None) == {
+        "asr_ms": 101.3,
+        "speculative": 1.0,
+        "judged_tokens": 9.0,
+        "early_audio_ms": 300.0,
+    }
+    sentence = SpokenSentence("Hello there", None, 3, llm_ms=55.54, tts_ms=60.0)
+    assert stats.timings(sentence)["llm_first_sentence_ms"] == 55.5
+    assert TurnStats().timings(None) == {"asr_ms": 0.0, "speculative": 0.0}

@@ -155,6 +155,9 @@ async def test_sessions_decoding_in_lockstep_stay_in_one_batch(make: Make):
     slots = [await loop.acquire() for _ in range(4)]
     gate = Gate()
     held = asyncio.ensure_future(loop.call(gate.hold))
+    # The worker is inside the call before anything else queues: it takes
+    # the jobs below together, not the call with those queued so far.
+    await asyncio.to_thread(gate.entered.wait, 5)
 
     async def decode(slot: int) -> list[int]:
         tokens = [slot + 1]
@@ -291,6 +294,9 @@ async def test_an_error_in_a_batch_reaches_its_sessions_and_the_next_batch_runs(
     llm.model.layers[1].register_forward_pre_hook(fail)
     gate = Gate()
     held = asyncio.ensure_future(loop.call(gate.hold))
+    # The worker is inside the call before anything else queues: it takes
+    # the jobs below together, not the call with those queued so far.
+    await asyncio.to_thread(gate.entered.wait, 5)
     jobs = [asyncio.ensure_future(loop.forward(slots[k], prompts[k])) for k in range(2)]
     # past its slot's capacity: refused alone, the others' batch still runs
     jobs.append(asyncio.ensure_future(loop.forward(slots[2], torch.arange(13))))
@@ -375,6 +381,9 @@ async def test_programs_decode_in_lockstep_on_the_worker_and_match_each_session_
     slots = [await loop.acquire() for _ in range(5)]
     gate = Gate()
     held = asyncio.ensure_future(loop.call(gate.hold))
+    # The worker is inside the call before anything else queues: it takes
+    # the jobs below together, not the call with those queued so far.
+    await asyncio.to_thread(gate.entered.wait, 5)
     threads: set[threading.Thread] = set()
     stepped = threading.Event()
     together = [asyncio.ensure_future(loop.run(slot, greedy(slot + 3, 24, threads, stepped)))
@@ -449,6 +458,9 @@ async def test_the_picks_of_a_tick_are_made_together_and_a_failing_pick_fails_al
 
     gate = Gate()
     held = asyncio.ensure_future(loop.call(gate.hold))
+    # The worker is inside the call before anything else queues: it takes
+    # the jobs below together, not the call with those queued so far.
+    await asyncio.to_thread(gate.entered.wait, 5)
     runs = [asyncio.ensure_future(loop.run(slot, picking(slot, slot + 3, argmaxes)))
             for slot in slots[:3]]  # fmt: skip
     failing = asyncio.ensure_future(loop.run(slots[3], picking(slots[3], 2, broken)))

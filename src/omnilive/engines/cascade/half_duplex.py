@@ -25,8 +25,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -47,6 +47,7 @@ from omnilive.engines.cascade._vad import FRAME, RATE, FrameVAD
 from omnilive.engines.cascade.answer import AnswerStream, SpokenSentence
 from omnilive.engines.cascade.asr import Transcript
 from omnilive.engines.cascade.conversation import ConversationView, Fit
+from omnilive.engines.cascade.early_work import EarlyWork, TurnStats
 from omnilive.engines.cascade.llm import LlamaChat, Message
 from omnilive.engines.cascade.stack import (
     ModelStack,
@@ -66,59 +67,6 @@ INAUDIBLE = "[inaudible]"
 # Whisper and ~15 tokens of the LLM from the pause on, usually there within
 # 100 ms of the first check. Later, it is "not yet" (see end_of_turn).
 JUDGE_WAIT_S = 1.0
-
-
-@dataclass(eq=False)
-class _Early:
-    """Work started from one version of the speech, before :meth:`prefill`."""
-
-    speech: np.ndarray
-    speculative: bool  # also start the answer (the VAD heard a pause)
-    # Made at a quiet moment: its speech ends in silence, so the same speech
-    # with more silence has the same words. A transcript made every second may
-    # end inside a word, whose rest a tail check can take for silence.
-    quiet: bool = False
-    cancel: threading.Event = field(default_factory=threading.Event)
-    future: Future[None] | None = None
-    transcript: Transcript | None = None
-    fit: Fit | None = None
-    answer: AnswerStream | None = None
-    head: list[TextAudioChunk] = field(default_factory=list)  # chunks already made
-    heard: _Early | None = None  # an earlier transcript of the same speech to reuse
-    end_p: float | None = None  # the LLM's chance the user's words end the turn
-    judged_tokens: int | None = None  # its pass's tokens (with the answer's opener)
-    judge_ms: float | None = None  # that pass's time
-    judged: threading.Event = field(default_factory=threading.Event)  # end_p is known (or never)
-    asked: float = field(default_factory=time.perf_counter)  # when hear() asked for it
-    started: float | None = None  # when the session's thread took it up
-    ready: float | None = None  # when its first piece's audio was made
-    _closing: threading.Lock = field(default_factory=threading.Lock)
-
-    def discard(self) -> None:
-        """Close a parked answer; safe from either thread, and more than once."""
-        with self._closing:
-            answer, self.answer = self.answer, None
-        if answer is not None:
-            answer.close()
-
-
-@dataclass
-class TurnStats:
-    """How the last turn was served (for benchmarks and logs)."""
-
-    transcript: str = ""
-    asr_ms: float = 0.0
-    speculative: bool = False  # prefill adopted an answer started in hear()
-    transcribed_early: bool = False  # ...whose transcript was made before the pause
-    first_token_ms: float | None = None
-    first_audio_ms: float | None = None
-    judged_tokens: int | None = None  # new to the LLM at the pause (the rest read ahead)
-    judge_ms: float | None = None  # evaluating them (with the answer's opener)
-    # From the moment the pause was heard (hear): until the early answer's
-    # work began (it waits for a transcript in flight), and until its first
-    # audio was ready.
-    early_queue_ms: float | None = None
-    early_audio_ms: float | None = None
 
 
 @dataclass(eq=False)
@@ -146,7 +94,7 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cascade-hd")
         self._vad = FrameVAD()  # ~60 ms to create: not on the first hear()
-        self._early: _Early | None = None
+        self._early: EarlyWork | None = None
         self._partial_samples = 0
         self._turn: _Turn | None = None
         self._speaking: AnswerStream | None = None  # the answer generate() is streaming
@@ -353,24 +301,7 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
 
     @property
     def turn_timings(self) -> dict[str, float]:
-        stats = self.stats
-        timings = {"asr_ms": round(stats.asr_ms, 1), "speculative": float(stats.speculative)}
-        if stats.first_token_ms is not None:
-            timings["llm_first_token_ms"] = round(stats.first_token_ms, 1)
-        if stats.first_audio_ms is not None:
-            timings["first_sentence_audio_ms"] = round(stats.first_audio_ms, 1)
-        if stats.judged_tokens is not None:
-            timings["judged_tokens"] = float(stats.judged_tokens)
-        if stats.judge_ms is not None:
-            timings["judge_ms"] = round(stats.judge_ms, 1)
-        if stats.early_queue_ms is not None:
-            timings["early_queue_ms"] = round(stats.early_queue_ms, 1)
-        if stats.early_audio_ms is not None:
-            timings["early_audio_ms"] = round(stats.early_audio_ms, 1)
-        if self._first_sentence is not None:
-            timings["llm_first_sentence_ms"] = round(self._first_sentence.llm_ms, 1)
-            timings["tts_first_sentence_ms"] = round(self._first_sentence.tts_ms, 1)
-        return timings
+        return self.stats.timings(self._first_sentence)
 
     def _end_answer(self, answer: AnswerStream) -> None:
         """Close an answer and put what it said in the history, once."""
@@ -378,8 +309,8 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
             return
         self._speaking = None
         answer.close()
-        self.stats.first_token_ms = answer.stats.first_token_ms
-        self.stats.first_audio_ms = answer.stats.first_audio_ms
+        self.stats.llm_first_token_ms = answer.stats.first_token_ms
+        self.stats.first_sentence_audio_ms = answer.stats.first_audio_ms
         self._first_sentence = answer.stats.sentences[0] if answer.stats.sentences else None
         if answer.text.strip():
             with self._lock:
@@ -399,23 +330,23 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
         self,
         speech: np.ndarray,
         speculative: bool,
-        heard: _Early | None = None,
+        heard: EarlyWork | None = None,
         quiet: bool = False,
     ) -> None:
-        early = _Early(speech, speculative, quiet, heard=heard)
+        early = EarlyWork(speech, speculative, quiet, heard=heard)
         early.future = self._executor.submit(self._work, early)
         # Work cancelled while it runs cleans up after itself when it ends.
         early.future.add_done_callback(lambda _: early.discard() if early.cancel.is_set() else None)
         self._early = early
 
-    def _work(self, early: _Early) -> None:
+    def _work(self, early: EarlyWork) -> None:
         """Runs on the session's thread: transcribe, and maybe start the answer."""
         try:
             self._early_work(early)
         finally:
             early.judged.set()  # a turn check waiting for end_p goes on without it
 
-    def _early_work(self, early: _Early) -> None:
+    def _early_work(self, early: EarlyWork) -> None:
         early.started = time.perf_counter()
         if early.cancel.is_set():
             return
@@ -460,7 +391,7 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
             return
         early.fit, early.answer = fit, answer
 
-    def _read_ahead(self, early: _Early, transcript: Transcript) -> None:
+    def _read_ahead(self, early: EarlyWork, transcript: Transcript) -> None:
         """Evaluate the words heard so far into the LLM's cache while the
         user is still speaking: at the pause only the words since are new to
         it, which shortens the judgement and the answer's prefill."""
@@ -487,17 +418,7 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
         if early.answer is None or early.fit is None or early.transcript is None:
             return None
         self._early = None
-        reused = early.heard is not None and early.heard.transcript is early.transcript
-        self.stats = TurnStats(
-            early.transcript.text,
-            early.transcript.cost_ms,
-            speculative=True,
-            transcribed_early=reused,
-            judged_tokens=early.judged_tokens,
-            judge_ms=early.judge_ms,
-            early_queue_ms=_ms_between(early.asked, early.started),
-            early_audio_ms=_ms_between(early.asked, early.ready),
-        )
+        self.stats = TurnStats.adopted(early, early.transcript)
         return _Turn(early.fit, early.answer, early.head)
 
     def _same_speech(self, a: np.ndarray, b: np.ndarray) -> bool:
@@ -529,7 +450,3 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
                 log.info("cascade: discarded early work had failed: %s", exc)
         if early.future.done():
             early.discard()
-
-
-def _ms_between(start: float, end: float | None) -> float | None:
-    return None if end is None else (end - start) * 1000
