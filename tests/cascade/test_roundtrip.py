@@ -42,7 +42,8 @@ def test_whisper_understands_the_engines_spoken_answer(engine: CascadeEngine) ->
     # France. (The City of Light)..."), which the English voice reads so that
     # Whisper heard only the last sentence: the test is of the voice, not of
     # the model's choice of language.
-    system = ChatMessage("system", (TextPart("You are a helpful assistant. Answer in one short sentence."),))
+    brief = "You are a helpful assistant. Answer in one short sentence."
+    system = ChatMessage("system", (TextPart(brief),))
     question = ChatMessage("user", (TextPart("What is the capital of France?"),))
     chat.prefill([system, question], ChatOptions(generation=GREEDY))
     chunks = list(chat.generate())
