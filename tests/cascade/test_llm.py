@@ -129,6 +129,23 @@ def test_judging_with_the_answer_prompt_leaves_it_ready_to_sample(
     assert "".join(llm.stream(prompt, GREEDY, 12)) == ready
 
 
+def test_a_judgement_longer_than_a_batch_reads_the_words_end(engine: CascadeEngine) -> None:
+    """A cold cache and more tokens than one llama.cpp batch (512): all but
+    the last batch are evaluated first, the chance is still the words' own."""
+    llm = engine.stack.llm
+    story = "The weather was mild and the streets were quiet that morning. " * 50
+    messages = [SYSTEM, Message("user", story + "Can you tell me the capital of France?")]
+    prompt = llm.tokens(messages)
+    assert len(prompt) > 600
+    llm.clear_cache()
+    alone = llm.end_probability(messages)
+    llm.clear_cache()
+    together = llm.end_probability(messages, prompt)
+    assert llm.last_judged == len(prompt)
+    assert together == pytest.approx(alone, abs=0.02) and alone > 0.15, (alone, together)
+    assert "".join(llm.stream(prompt, GREEDY, 6))
+
+
 def test_the_model_runs_on_one_thread_whoever_calls(
     engine: CascadeEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -91,14 +91,25 @@ class TurnStats:
     def timings(self, first_sentence: SpokenSentence | None) -> dict[str, float]:
         """``turn_done.timings``: every figure known, in ms (counts as floats)."""
         timings = {"asr_ms": round(self.asr_ms, 1), "speculative": float(self.speculative)}
-        for figure in fields(self)[4:]:
-            value = getattr(self, figure.name)
+        for name in _OPTIONAL_FIGURES:
+            value = getattr(self, name)
             if value is not None:
-                timings[figure.name] = round(float(value), 1)
+                timings[name] = round(float(value), 1)
         if first_sentence is not None:
             timings["llm_first_sentence_ms"] = round(first_sentence.llm_ms, 1)
             timings["tts_first_sentence_ms"] = round(first_sentence.tts_ms, 1)
         return timings
+
+
+# The figures a turn may lack (reported only when known), named as in timings.
+_OPTIONAL_FIGURES = (
+    "llm_first_token_ms",
+    "first_sentence_audio_ms",
+    "judged_tokens",
+    "judge_ms",
+    "early_queue_ms",
+    "early_audio_ms",
+)
 
 
 def _ms_between(start: float, end: float | None) -> float | None:

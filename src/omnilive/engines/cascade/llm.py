@@ -227,16 +227,13 @@ class LlamaChat:
         prompt = self.tokens([*messages[:-1], words])
         closing = [i for i, token in enumerate(prompt) if token == self._message_end]
         prompt = prompt[: closing[-1]]  # up to the words' end
-        whole = answer is not None and answer[: len(prompt)] == prompt
-        evaluated = answer if whole and answer is not None else prompt
-        llm = self._llm
+        same = answer is not None and answer[: len(prompt)] == prompt
+        evaluated = answer if answer is not None and same else prompt
         with self._lock:
             self._generation += 1
             self._close_current()
             # One token at least is evaluated again: its logits are the answer.
             start = min(self._reuse_cache(evaluated), len(prompt) - 1)
-            if len(evaluated) - start > llm.n_batch:
-                evaluated = prompt  # more than one pass: the words alone
             self.last_judged = len(evaluated) - start
             logits = self._run(self._evaluate, evaluated[start:], start, len(prompt) - 1 - start)
         odds = np.exp(logits - logits.max())
@@ -251,6 +248,11 @@ class LlamaChat:
         import llama_cpp
 
         llm = self._llm
+        if len(tokens) > llm.n_batch:  # a cold cache: all but the last batch as eval does
+            head = len(tokens) - llm.n_batch
+            llm.n_tokens = start
+            llm.eval(tokens[:head])
+            tokens, start, read = tokens[head:], start + head, read - head
         llm._ctx.kv_cache_seq_rm(-1, start, -1)
         batch = llm._batch
         batch.set_batch(batch=tokens, n_past=start, logits_all=False)
