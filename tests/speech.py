@@ -62,16 +62,24 @@ def trimmed(samples: np.ndarray, level: float = 0.01) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=1)
-def _piper():  # the cascade's Piper voice, loaded once per process
+def _piper():  # the cascade's Piper voice, loaded once per process, without its noise
+    import dataclasses
+
     from omnilive.engines.cascade.piper import PiperVoice, packaged_voice
 
     voice = PiperVoice(packaged_voice(), threads=2)
     voice.load()
+    # The voice draws its pitch and durations at random each time (noise_scale,
+    # noise_w): the same question came out 1.9 s long in one run and 2.1 s in
+    # the next. Test speech is the same every time.
+    assert voice.config is not None
+    voice.config = dataclasses.replace(voice.config, noise_scale=0.0, noise_w=0.0)
     return voice
 
 
 def speak_piper(text: str) -> np.ndarray:
-    """``text`` spoken by the cascade's Piper voice, 16 kHz float32, trimmed."""
+    """``text`` spoken by the cascade's Piper voice, 16 kHz float32, trimmed;
+    the same samples every time."""
     from omnilive.audio import OUTPUT_RATE
 
     return trimmed(resample(_piper().synthesize(text), OUTPUT_RATE, INPUT_RATE))

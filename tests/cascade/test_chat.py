@@ -18,7 +18,9 @@ from omnilive.engines.base import (
     modalities_of,
 )
 from omnilive.engines.cascade import CascadeEngine
+from omnilive.engines.cascade.answer import QUIET_LEVEL, SEAM_PAUSE_S
 from omnilive.engines.cascade.chat import CascadeChat
+from omnilive.engines.cascade.llm import Message
 from omnilive.engines.cascade.tts import PIPER
 from tests.cascade.speech import Say, overlap
 
@@ -56,6 +58,34 @@ def test_text_streams_and_each_sentence_is_spoken_as_soon_as_it_ends(
         assert audio is not None and audio.dtype == np.float32 and audio.size > 2400
         assert np.abs(audio).max() > 0.01
     assert sum(c.n_tokens for c in chunks) == len(text_at)
+
+
+def quiet_tail_s(audio: np.ndarray) -> float:
+    loud = np.flatnonzero(np.abs(audio) > QUIET_LEVEL)
+    return (audio.size - 1 - loud[-1]) / 24_000
+
+
+def test_the_first_piece_is_spoken_as_a_clause_with_a_short_seam(
+    engine: CascadeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stack, spoken = engine.stack, []
+    synthesize = stack.tts.synthesize
+
+    def recording(text: str, voice: str) -> np.ndarray:
+        spoken.append(text)
+        return synthesize(text, voice)
+
+    monkeypatch.setattr(stack.tts, "synthesize", recording)
+    prompt = stack.llm.tokens([Message("user", "Tell me about the moon.")])
+    answer = stack.answer(prompt, GREEDY, 60, stack.tts.default_voice)
+    list(answer)
+    first, *rest = answer.stats.sentences
+    assert first.text[-1].isalnum()  # cut between two words: the answer goes on
+    assert spoken[0] == first.text + ","  # read as a clause, not as a sentence
+    assert first.audio is not None and quiet_tail_s(first.audio) <= SEAM_PAUSE_S + 0.001
+    ends = [s for s in rest if s.text.endswith((".", "!", "?")) and s.audio is not None]
+    assert ends and all(quiet_tail_s(s.audio) > SEAM_PAUSE_S + 0.05 for s in ends)
+    assert spoken[1:] == [s.text for s in rest]  # a sentence's own end is its own
 
 
 def test_no_audio_when_speech_is_off(engine: CascadeEngine) -> None:

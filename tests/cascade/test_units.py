@@ -13,6 +13,7 @@ from omnilive.engines.cascade.answer import (
     FIRST_MAX_WORDS,
     SentenceSplitter,
     SpokenSentence,
+    spoken_as,
 )
 from omnilive.engines.cascade.asr import collapse_repeats, drop_echo, window_frames
 from omnilive.engines.cascade.conversation import Conversation
@@ -62,14 +63,22 @@ def test_long_sentences_are_cut_after_a_clause() -> None:
 def test_the_first_piece_is_cut_early() -> None:
     text = "The moon is about 384,400 kilometers away from the earth on average and it is bright."
     assert split(word_pieces(text)) == [
-        "The moon is",  # three words, no punctuation yet
-        "about 384,400 kilometers away from the earth on average and it is bright.",
+        "The moon",  # two words, no punctuation yet
+        "is about 384,400 kilometers away from the earth on average and it is bright.",
     ]
     assert split(word_pieces("When sunlight reaches us, it scatters. Short.")) == [
-        "When sunlight reaches",
-        "us, it scatters.",
+        "When sunlight",
+        "reaches us, it scatters.",
         "Short.",
     ]
+
+
+def test_a_piece_cut_between_words_is_spoken_as_a_clause() -> None:
+    assert spoken_as("The moon", more=True) == "The moon,"
+    assert spoken_as("It is hot, and the light we see from it,", more=True).endswith("it,")
+    assert spoken_as("Paris is old.", more=True) == "Paris is old."
+    assert spoken_as('He said "yes."', more=True) == 'He said "yes."'
+    assert spoken_as("The moon", more=False) == "The moon"  # the answer's last words
 
 
 def test_the_duplex_loop_cuts_its_first_piece_later() -> None:

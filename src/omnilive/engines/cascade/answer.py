@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from omnilive.audio import OUTPUT_RATE
 from omnilive.engines.base import GenerationOptions, TextAudioChunk, ToolCall
 from omnilive.engines.cascade.llm import LlamaChat
 from omnilive.engines.cascade.tts import Speech
@@ -28,16 +29,23 @@ _SENTENCE_END = re.compile(r"[.!?…]+[\"')\]]*\s|\n")
 _CLAUSE_END = re.compile(r"[,;:]\s")
 _WORD_END = re.compile(r"\S\s")
 CLAUSE_MIN_WORDS = 8
-# No punctuation yet: cut at a word boundary. Three words are ~4 tokens of
-# SmolLM2 and ~55-65 ms of Piper on 2 cores; twelve took ~250 + 170 ms of the
+# No punctuation yet: cut at a word boundary. Two words are ~3 tokens of
+# SmolLM2 and ~40 ms of Piper on 2 cores; twelve took ~250 + 170 ms of the
 # time the user waits for the first sound (end of speech to first audio, p50:
 # 945 ms with twelve, ~915 with six, ~700 with four; from four to three, one
-# token and ~20 ms of Piper fewer; docs/benchmarks/notes.md).
-# The seam costs little: the rest of the sentence is ready long before three
-# words have been heard. The duplex loop keeps twelve (DUPLEX_FIRST_WORDS):
+# token and ~20 ms of Piper fewer; from three to two, 493/533 -> 428/441 ms in
+# alternating server runs, the first piece's tokens 70 -> 41 ms and its
+# Piper 68 -> 46). The piece is read as a clause, with a short pause
+# (spoken_as, shortened_pause), so the seam sounds like a phrase break; the
+# rest of the sentence is ready long before two words have been heard. The
+# duplex loop keeps twelve (DUPLEX_FIRST_WORDS):
 # its 1 s units are cut from what is buffered, and a thin first piece left a
 # middle unit short on a loaded machine.
-FIRST_MAX_WORDS = 3
+FIRST_MAX_WORDS = 2
+SEAM_PAUSE_S = 0.08  # quiet kept after a piece cut between two words
+QUIET_LEVEL = 0.01  # sample amplitude below which the voices' output is quiet
+# What a piece may already end with (a sentence's or a clause's end).
+_CLOSING_MARKS = ".!?…,;:\"')]"
 DUPLEX_FIRST_WORDS = 12
 
 
@@ -163,7 +171,8 @@ class AnswerStream:
                 self.text += piece
                 audio = None
                 for sentence in splitter.feed(piece):
-                    audio = _join(audio, self._speak(sentence, sentence_tokens, mark, started))
+                    spoken = self._speak(sentence, sentence_tokens, mark, started, more=True)
+                    audio = _join(audio, spoken)
                     sentence_tokens, mark = 0, time.perf_counter()
                 if piece or audio is not None:
                     yield TextAudioChunk(text=piece, audio=audio, n_tokens=1)
@@ -178,18 +187,43 @@ class AnswerStream:
             tokens.close()  # type: ignore[attr-defined]
 
     def _speak(
-        self, sentence: str, n_tokens: int, since: float, started: float
+        self, sentence: str, n_tokens: int, since: float, started: float, more: bool = False
     ) -> np.ndarray | None:
+        """Speech for one piece; ``more`` when the answer goes on after it."""
         llm_ms = (time.perf_counter() - since) * 1000
         audio, tts_ms = (None, 0.0)
         if self._voice is not None:
-            audio, tts_ms = self._tts.timed(sentence, self._voice)
+            spoken = spoken_as(sentence, more)
+            audio, tts_ms = self._tts.timed(spoken, self._voice)
+            if spoken != sentence:
+                audio = shortened_pause(audio)
             if self.stats.first_audio_ms is None and audio.size:
                 self.stats.first_audio_ms = (time.perf_counter() - started) * 1000
         if audio is not None and not audio.size:
             audio = None  # nothing speakable in it ("...")
         self.stats.sentences.append(SpokenSentence(sentence, audio, n_tokens, llm_ms, tts_ms))
         return audio
+
+
+def spoken_as(piece: str, more: bool) -> str:
+    """The text a piece is spoken from. A piece cut between two words
+    (the first piece) goes on in the next one: it is read as a clause,
+    with a comma. Given no punctuation, the voices end it as a sentence
+    with its fall ("The moon is." then "about 384,400 kilometers...")."""
+    if more and piece and piece[-1] not in _CLOSING_MARKS:
+        return piece + ","
+    return piece
+
+
+def shortened_pause(audio: np.ndarray) -> np.ndarray:
+    """``audio`` (a piece spoken as a clause, :func:`spoken_as`) with the
+    quiet at its end cut to :data:`SEAM_PAUSE_S`: the voices end every
+    piece with ~0.2 s of it, and with the next piece's own lead-in the seam
+    inside a sentence was a quarter-second gap."""
+    loud = np.flatnonzero(np.abs(audio) > QUIET_LEVEL)
+    if not loud.size:
+        return audio
+    return audio[: min(audio.size, loud[-1] + 1 + round(SEAM_PAUSE_S * OUTPUT_RATE))]
 
 
 def _join(a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray | None:
