@@ -7,6 +7,9 @@ For each: the synthesis time of the sentence (its first audio: the cascade
 speaks a sentence as a whole), the real-time factor (synthesis time / audio
 length) and Whisper's transcript of it (the cascade's own Whisper, base, at
 16 kHz), scored as word error rate against the text (lower case, words only).
+Seams: each sentence also spoken in the pieces an answer's first sentence is
+spoken in (its first words read as a clause, then the rest), and Whisper's
+word error rate of the joined pieces against the sentence spoken whole.
 
 Cost: a fresh process per configuration loads the engine as the worker does
 (``CascadeEngine.load``, plus the end-of-turn model when it is on) and
@@ -94,6 +97,7 @@ def voices(count: int) -> dict[str, Any]:
                         "wer": round(word_error_rate(sentence, heard), 3),
                     }
                 )
+        seam_rows = [seam(sentence, tts, asr) for sentence in SENTENCES[:count]]
         engine.close()
     summary = {}
     for name in ("piper", "espeak"):
@@ -106,7 +110,41 @@ def voices(count: int) -> dict[str, Any]:
             "rtf_median": round(statistics.median(r["rtf"] for r in mine), 3),
             "wer": round(errors / reference_words, 3),  # over all words, not a mean of rates
         }
-    return {"summary": summary, "rows": rows}
+    for way in ("whole", "pieces"):
+        reference_words = sum(len(words(r["sentence"])) for r in seam_rows)
+        errors = sum(r[f"wer_{way}"] * len(words(r["sentence"])) for r in seam_rows)
+        summary[f"piper_{way}"] = {"wer": round(errors / reference_words, 3)}
+    return {"summary": summary, "rows": rows, "seams": seam_rows}
+
+
+def seam(sentence: str, tts: Any, asr: Any) -> dict[str, Any]:
+    """``sentence`` spoken by Piper whole, and in the pieces an answer's first
+    sentence is spoken in (``SentenceSplitter``: the first FIRST_MAX_WORDS
+    words read as a clause, then the rest), each as Whisper hears it."""
+    import numpy as np
+
+    from omnilive.audio import INPUT_RATE, OUTPUT_RATE, resample
+    from omnilive.engines.cascade.answer import SentenceSplitter, shortened_pause, spoken_as
+    from omnilive.engines.cascade.tts import PIPER
+
+    splitter = SentenceSplitter()
+    first, *more = sentence.split(" ")
+    cut = [p for piece in (first, *(" " + w for w in more)) for p in splitter.feed(piece)]
+    pieces = [*cut, splitter.flush()]
+    audio = []
+    for i, piece in enumerate(pieces):
+        spoken = spoken_as(piece, more=i + 1 < len(pieces))
+        sound = tts.synthesize(spoken, PIPER)
+        audio.append(shortened_pause(sound) if spoken != piece else sound)
+    row: dict[str, Any] = {"sentence": sentence, "pieces": pieces}
+    for way, sound in (
+        ("whole", tts.synthesize(sentence, PIPER)),
+        ("pieces", np.concatenate(audio)),
+    ):
+        heard = asr.transcribe(resample(sound, OUTPUT_RATE, INPUT_RATE)).text
+        row[f"heard_{way}"] = heard
+        row[f"wer_{way}"] = round(word_error_rate(sentence, heard), 3)
+    return row
 
 
 # What one configuration's process runs: the worker's loading, then /proc.

@@ -15,7 +15,12 @@ from omnilive.engines.cascade.answer import (
     SpokenSentence,
     spoken_as,
 )
-from omnilive.engines.cascade.asr import collapse_repeats, drop_echo, window_frames
+from omnilive.engines.cascade.asr import (
+    collapse_repeats,
+    drop_echo,
+    ends_in_loop,
+    window_frames,
+)
 from omnilive.engines.cascade.conversation import Conversation
 from omnilive.engines.cascade.early_work import TurnStats
 from omnilive.engines.cascade.llm import Message
@@ -94,6 +99,15 @@ def test_collapse_repeats_keeps_one_copy_of_a_loop() -> None:
     assert collapse_repeats(loop) == [1, 2, 3, 4]
     assert collapse_repeats([5, 6, 7, 8, 9]) == [5, 6, 7, 8, 9]
     assert collapse_repeats([1, 1, 1, 1]) == [1, 1, 1, 1]  # shorter than min_period
+
+
+def test_a_phrase_said_over_and_over_at_the_end_is_a_loop() -> None:
+    words = [10, 11, 12, 13]
+    assert ends_in_loop([*words, 7, 7, 7, 7])  # "...push air down w w w w"
+    assert ends_in_loop([*words, 7, 8, 7, 8, 7, 8, 7, 8])
+    assert not ends_in_loop([*words, 7, 7, 7])  # three times may be speech
+    assert not ends_in_loop([*words, 7, 8, 7, 8, 9])
+    assert not ends_in_loop([7, 7])
 
 
 def test_drop_echo_cuts_a_sentence_begun_again() -> None:

@@ -6,8 +6,9 @@ CTranslate2 encoder also accepts shorter mel windows (whisper.cpp's
 ``audio_ctx`` idea): a window sized to the speech plus a margin costs ~100 ms
 for a 2 s question with the same transcripts on our test phrases. Short windows
 occasionally make Whisper loop over its own sentence; such output is cut back
-to one period, and output that still runs to the length cap is redone the
-standard way (30 s window, faster-whisper's own decoding loop).
+to one period, and output that still runs to the length cap, or ends in a
+short phrase said over and over, is redone the standard way (30 s window,
+faster-whisper's own decoding loop).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ FULL_WINDOW_FRAMES = 3000  # Whisper's native 30 s
 WINDOW_MARGIN_FRAMES = 100
 WINDOW_STEP_FRAMES = 100  # round windows up to whole seconds
 TOKENS_PER_SECOND_CAP = 10  # fast speech is ~7 tokens/s; more than this is a loop
+LOOP_COPIES = 4  # a short phrase this many times in a row at the end is a loop too
 NO_SPEECH_THRESHOLD = 0.6
 LOGPROB_THRESHOLD = -1.0  # mean log-probability per token
 DEFAULT_LANGUAGE = "en"
@@ -60,6 +62,21 @@ def collapse_repeats(tokens: list[int], min_period: int = 3) -> list[int]:
         if all(tokens[i] == tokens[i - period] for i in range(period, n)):
             return tokens[:period]
     return tokens
+
+
+def ends_in_loop(tokens: list[int], copies: int = LOOP_COPIES, longest: int = 4) -> bool:
+    """Whether the output ends in a phrase of up to ``longest`` tokens said
+    ``copies`` times or more in a row: Whisper stuck at the end of a short
+    window ("...push air down w w w w w w w w w w w" for "downwards"), with
+    words before the loop, so :func:`collapse_repeats` keeps it whole."""
+    for period in range(1, longest + 1):
+        tail = tokens[-period:]
+        if len(tokens) >= period * copies and all(
+            tokens[len(tokens) - period * (k + 1) : len(tokens) - period * k] == tail
+            for k in range(1, copies)
+        ):
+            return True
+    return False
 
 
 def drop_echo(text: str) -> str:
@@ -188,7 +205,7 @@ class WhisperASR:
             return "", frames
         tokens = [t for t in result.sequences_ids[0] if t < tokenizer.eot]
         tokens = collapse_repeats(tokens)
-        if len(tokens) >= budget:
+        if len(tokens) >= budget or ends_in_loop(tokens):
             return None, frames
         return drop_echo(tokenizer.decode(tokens).strip()), frames
 
