@@ -124,9 +124,9 @@ def follow_ties(followers: dict[int, TieFollower]) -> Any:
     """Wrap the engine's choice functions so each session (found by its
     generator) follows the reference through ties; returns the undo."""
     from omnilive.engines.minicpmo.sessions import duplex as duplex_slots
-    from omnilive.engines.minicpmo.sessions import unit_rules
+    from omnilive.engines.minicpmo.sessions import speech_choice, unit_rules
 
-    text, speech = unit_rules.choose_tokens, unit_rules.choose_speech_token
+    text, speech = unit_rules.choose_tokens, speech_choice.choose_speech_tokens
 
     def choose_text(rows):
         before = [len(choice.seen) if choice.seen is not None else 0 for _, choice in rows]
@@ -142,21 +142,25 @@ def follow_ties(followers: dict[int, TieFollower]) -> Any:
             followed.append(follower.text_choice(token, processed, choice.history))
         return followed
 
-    def choose_speech(logits, previous, sampling, eos, allow_eos, generator=None, seen=None):
-        token = speech(logits, previous, sampling, eos, allow_eos, generator, seen)
-        follower = followers.get(id(generator))
-        if follower is None or not seen:
-            return token
-        return follower.speech_choice(token, seen[-1], previous)
+    def choose_speech(rows):
+        tokens = speech(rows)
+        followed = []
+        for (_, pick), token in zip(rows, tokens, strict=True):
+            follower = followers.get(id(pick.uniforms.generator))
+            if follower is None or not pick.seen:
+                followed.append(token)
+            else:
+                followed.append(follower.speech_choice(token, pick.seen[-1], pick.previous))
+        return followed
 
     # A unit's first token is chosen in the session's module, the others by
-    # the picks of unit_rules.
+    # the picks of unit_rules; the speech tokens by those of speech_choice.
     duplex_slots.choose_tokens = unit_rules.choose_tokens = choose_text
-    unit_rules.choose_speech_token = choose_speech
+    speech_choice.choose_speech_tokens = choose_speech
 
     def undo() -> None:
         duplex_slots.choose_tokens = unit_rules.choose_tokens = text
-        unit_rules.choose_speech_token = speech
+        speech_choice.choose_speech_tokens = speech
 
     return undo
 

@@ -9,11 +9,9 @@ import torch
 
 from omnilive.engines.minicpmo.sessions.unit_rules import (
     DuplexVocab,
-    SpeechSampling,
     TextChoice,
     TextSampling,
     UnitRules,
-    choose_speech_token,
     choose_token,
     choose_tokens,
     kept_count,
@@ -169,24 +167,6 @@ def test_the_kept_count_keeps_what_the_full_filter_keeps(top_k, top_p):
         assert np.isfinite(ordered[:kept]).all()
 
 
-def test_speech_eos_waits_for_the_chunks_minimum() -> None:
-    logits = torch.tensor([0.0, 1.0, 3.0, 5.0])  # eos = 3 is the best
-    greedy = SpeechSampling(temperature=0.0)
-    assert choose_speech_token(logits, [], greedy, eos=3, allow_eos=False) == 2
-    assert choose_speech_token(logits, [], greedy, eos=3, allow_eos=True) == 3
-
-
-def test_speech_repetition_counts_each_occurrence_in_the_last_sixteen() -> None:
-    logits = torch.tensor([2.0, 1.92, 1.7, -9.0])
-    greedy = SpeechSampling(temperature=0.0, repetition_penalty=1.05)
-    assert choose_speech_token(logits, [0], greedy, eos=3, allow_eos=False) == 1  # 1.905
-    # Once each: 2.0 / 1.05 > 1.92 / 1.05; 0 twice: 2.0 / 1.05**2 = 1.814 < 1.829.
-    assert choose_speech_token(logits, [0, 1], greedy, eos=3, allow_eos=False) == 0
-    assert choose_speech_token(logits, [0, 0, 1], greedy, eos=3, allow_eos=False) == 1
-    # Seventeen tokens back is out of the window.
-    assert choose_speech_token(logits, [0] + [2] * 16, greedy, eos=3, allow_eos=False) == 0
-
-
 def test_the_unified_codes_rules() -> None:
     assert UnitRules() == UnitRules(None, False, False)
     unified = UnitRules.unified()
@@ -197,15 +177,3 @@ def test_the_unified_codes_rules() -> None:
     )
     assert VOCAB.terminators == {VOCAB.listen, VOCAB.chunk_eos, VOCAB.chunk_tts_eos}
     assert VOCAB.forbidden == (VOCAB.tts_pad, 24, VOCAB.chunk_eos)
-
-
-def test_speech_tokens_are_drawn_from_the_softmax_by_the_sessions_generator() -> None:
-    logits = torch.tensor([0.0, float(np.log(3.0)), -30.0, -30.0])  # 1 three times as likely
-    plain = SpeechSampling(temperature=1.0, repetition_penalty=1.0)
-
-    def draws(seed: int) -> list[int]:
-        generator = torch.Generator().manual_seed(seed)
-        return [choose_speech_token(logits, [], plain, 3, True, generator) for _ in range(400)]
-
-    assert draws(5) == draws(5) and set(draws(5)) == {0, 1}
-    assert 250 < draws(6).count(1) < 350

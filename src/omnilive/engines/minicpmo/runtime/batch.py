@@ -26,8 +26,10 @@ which hands the buffers' views to SDPA without transformers' ``repeat_kv`` and
 Nothing here is CUDA specific: the CPU tests hold it to transformers' eager
 path. On a GPU the same :meth:`BatchedSteps.run` can be captured as one CUDA
 graph per batch-size bucket, step length and width bucket, because every
-per-step value lives in the :class:`StepPlan` tensors (copied into static ones
-before a replay) and a plan's shapes depend only on those three. A plan can
+per-step value lives in the :class:`StepPlan`'s packed numbers of its rows
+(copied into a static tensor before a replay; the plan's other tensors are
+derived from them within the graph) and a plan's shapes depend only on those
+three. A plan can
 be padded up to such a bucket: ``rows`` beyond the requests are *empty rows*
 (no slot's positions, see :meth:`BatchedSteps.plan`), ``length`` beyond the
 longest request pads every row; :mod:`omnilive.engines.minicpmo.runtime.graphs`
@@ -51,6 +53,7 @@ from omnilive.engines.minicpmo.runtime.attention import (
     attention_named,
     register_attention,
 )
+from omnilive.engines.minicpmo.runtime.step_plan import StepPlan
 
 # Buffer widths and width buckets are multiples of this many columns: aligned
 # masks for SDPA's fused kernels (the memory-efficient one pads others by copying).
@@ -82,30 +85,6 @@ class StepResult:
     hidden: torch.Tensor
     logits: torch.Tensor | None
     picked: Any = None
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    """Where one batched step reads and writes: host values for checks and
-    bookkeeping, device tensors for the forward (the inputs of a CUDA graph)."""
-
-    slots: tuple[int, ...]
-    counts: tuple[int, ...]
-    width: int  # buffer columns the step's attention reads (a width bucket or wider)
-    rows: torch.Tensor  # [B] slot of each row
-    positions: torch.Tensor  # [B, L] RoPE position ids
-    write: torch.Tensor  # [B, L] buffer column of each new position
-    mask: torch.Tensor  # [B, 1, L, width] additive: 0 visible, dtype min hidden
-    limit: torch.Tensor  # [B, L] the last column each new position sees (the mask's edge)
-    last: torch.Tensor  # [B] index of each row's last real position
-    # Read the rows' buffers through an index_select of ``rows`` even when the
-    # slots are neighbours: a CUDA graph replays one read for any slots.
-    gather: bool = False
-    # Row b reads slot b's buffers (the view of slots 0 .. B-1): what a CUDA
-    # graph of any requests within that prefix replays without a gather.
-    prefix: bool = False
-    # The row of each request (in request order): its slot in a prefix plan.
-    index: tuple[int, ...] = ()
 
 
 class SlotCache(Cache):
@@ -267,7 +246,7 @@ def write_rows(buffer: torch.Tensor, plan: StepPlan, states: torch.Tensor) -> No
 def rows_view(buffer: torch.Tensor, plan: StepPlan) -> torch.Tensor:
     if plan.prefix:
         # Empty rows read a slot here (column 0 only) but write the idle row.
-        return buffer[: plan.rows.shape[0], :, : plan.width]
+        return buffer[: plan.batch, :, : plan.width]
     first = plan.slots[0]
     if not plan.gather and plan.slots == tuple(range(first, first + len(plan.slots))):
         # A view, no copy (strided when the width is under the buffer's: SDPA's
@@ -369,7 +348,6 @@ class BatchedSteps:
                 f"a step needing {needed} columns cannot read {width} "
                 f"(the buffers hold {self.cache.columns})"
             )
-        device = self.device
         # An empty row counts as one position at column 0 of the row it reads
         # (the idle row's, or in a prefix its slot's), and writes it to the
         # idle row's scratch column like any padding position.
@@ -381,27 +359,15 @@ class BatchedSteps:
         # copy per list would wait each time for everything on the stream.
         packed = torch.tensor(
             [[slot == self.cache.idle for slot in row_slots], row_held, row_counts, row_slots]
-        ).to(device, non_blocking=True)
-        empty, lengths, real = packed[0].bool(), packed[1][:, None], packed[2][:, None]
-        offsets = torch.arange(longest, device=device)[None, :]
-        positions = lengths + offsets
-        write = torch.where((offsets < real) & ~empty[:, None], positions, self.cache.scratch)
-        # A padding query sees what the row's last real one sees: never a
-        # fully masked row (fused SDPA kernels mishandle those), never padding.
-        limit = lengths + torch.minimum(offsets, real - 1)
-        visible = torch.arange(width, device=device)[None, None, :] <= limit[:, :, None]
-        mask = torch.zeros(visible.shape, dtype=self.dtype, device=device)
-        mask = mask.masked_fill(~visible, torch.finfo(self.dtype).min)[:, None]
+        ).to(self.device, non_blocking=True)
         return StepPlan(
             slots=slots,
             counts=counts,
             width=width,
-            rows=packed[3],
-            positions=positions,
-            write=write,
-            mask=mask,
-            limit=limit,
-            last=real[:, 0] - 1,
+            length=longest,
+            packed=packed,
+            scratch=self.cache.scratch,
+            dtype=self.dtype,
             gather=not prefix and (gather or width_rows > len(slots)),
             prefix=prefix,
             index=index,

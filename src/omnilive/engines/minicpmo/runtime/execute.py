@@ -146,9 +146,8 @@ class Driver:
         sent its result. Plain forwards and finished programs go to ``done``;
         the programs with a next step are returned."""
         if picking := [job for job in batch if isinstance(job, ProgramRun) and job.pick]:
-            started = time.perf_counter()
-            run_picks([job for job in picking if job.error is None])
-            self.busy.add("picks", started)
+            # Timed per pick function: the text and the speech tokens' apart.
+            run_picks([job for job in picking if job.error is None], self.busy.add)
         started = time.perf_counter()
         running = []
         for job in batch:

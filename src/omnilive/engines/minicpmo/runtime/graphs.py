@@ -51,9 +51,6 @@ CAPTURE_LOCK = threading.RLock()
 """Step lengths with graphs: a decode step, short prefills (an audio unit's,
 an omni unit's: a frame's 64 positions and a second of audio)."""
 
-# The plan's device tensors: what a replay's inputs are, besides the embeddings.
-_PLAN_TENSORS = ("rows", "positions", "write", "mask", "limit", "last")
-
 Key = tuple[int, int, int, bool]  # (batch bucket, step bucket, width, gather)
 
 PREFIX_SPAN = 2
@@ -92,8 +89,11 @@ class StepGraph:
         pool: Any = None,
     ) -> None:
         self.steps = steps
-        # Static inputs: this graph's own tensors, which every replay reads.
-        self.plan = replace(plan, **{name: getattr(plan, name).clone() for name in _PLAN_TENSORS})
+        # Static inputs: this graph's own tensors, which every replay reads:
+        # the rows' numbers (the plan's other tensors are derived from them in
+        # the graph: each run below reads a fresh copy of the plan, whose
+        # derived tensors are made by that run) and the embeddings.
+        self.plan = replace(plan, packed=plan.packed.clone())
         self.embeds = embeds.clone()
         self.graph: torch.cuda.CUDAGraph | None = None
         self.hidden: torch.Tensor | None = None
@@ -114,24 +114,23 @@ class StepGraph:
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
-                steps.run(self.embeds, self.plan)
+                steps.run(self.embeds, replace(self.plan))
             torch.cuda.current_stream().wait_stream(stream)
             self.graph = torch.cuda.CUDAGraph()
             # thread_local: sessions' threads may use the GPU while the loop captures.
             with torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
-                self.hidden, self.logits = steps.run(self.embeds, self.plan)
+                self.hidden, self.logits = steps.run(self.embeds, replace(self.plan))
 
     def replay(self, plan: StepPlan, embeds: torch.Tensor) -> tuple[torch.Tensor, Any]:
         """Copy ``plan`` and ``embeds`` (same shapes, empty rows included: the
         whole static input is overwritten, nothing of a previous step stays)
         in, run, and copy the real rows' outputs out."""
-        for name in _PLAN_TENSORS:
-            getattr(self.plan, name).copy_(getattr(plan, name))
+        self.plan.packed.copy_(plan.packed)
         self.embeds.copy_(embeds)
         if self.graph is not None:
             self.graph.replay()
         else:
-            self.hidden, self.logits = self.steps.run(self.embeds, self.plan)
+            self.hidden, self.logits = self.steps.run(self.embeds, replace(self.plan))
         assert self.hidden is not None
         # Copies: the static outputs are the next replay's.
         if plan.prefix:
@@ -200,8 +199,8 @@ class GraphCache:
         else:
             plan = steps.plan(requests, rows=rows, length=length, gather=True)
             self.gathers += 1
-        embeds = steps.embed(requests, rows=len(plan.rows), length=length, index=plan.index)
-        key = (len(plan.rows), length, plan.width, plan.gather)
+        embeds = steps.embed(requests, rows=plan.batch, length=length, index=plan.index)
+        key = (plan.batch, length, plan.width, plan.gather)
         graph = self._graph(key, plan, embeds)
         hidden, logits = graph.replay(plan, embeds)
         steps.cache.commit(plan)

@@ -13,6 +13,7 @@ device for all of them and one read back, instead of one each.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
@@ -65,15 +66,18 @@ class Picking(Protocol):
     error: BaseException | None
 
 
-def run_picks(steps: Sequence[Picking]) -> None:
+def run_picks(steps: Sequence[Picking], timed: Callable[[str, float], None] | None = None) -> None:
     """Each pick function once, over every step that names it; a function
-    that raises (or returns the wrong count) fails its steps alone."""
+    that raises (or returns the wrong count) fails its steps alone.
+    ``timed(kind, started)`` (if given) is told when each function started,
+    as ``picks <its name>``."""
     by_fn: dict[PickFunction, list[tuple[Picking, Any]]] = {}
     for step in steps:
         assert step.pick is not None
         by_fn.setdefault(step.pick.fn, []).append((step, step.pick.item))
     for fn, picking in by_fn.items():
         group = [step for step, _ in picking]
+        started = time.perf_counter()
         try:
             values = fn([(step.result, item) for step, item in picking])
             if len(values) != len(group):
@@ -84,3 +88,5 @@ def run_picks(steps: Sequence[Picking]) -> None:
             continue
         for step, value in zip(group, values, strict=True):
             step.result = replace(step.result, picked=value)
+        if timed is not None:
+            timed(f"picks {getattr(fn, '__name__', 'call')}", started)

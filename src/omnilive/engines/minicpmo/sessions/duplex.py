@@ -56,17 +56,16 @@ from omnilive.engines.minicpmo.sessions.encoders import (
     voice_embeddings,
 )
 from omnilive.engines.minicpmo.sessions.shared import SharedModel
+from omnilive.engines.minicpmo.sessions.speech_choice import SpeechPick, Uniforms, speech_picks
 from omnilive.engines.minicpmo.sessions.unit_rules import (
     NOTHING_FED,
     SPEECH_TOKENS_PER_UNIT,
     Decided,
-    SpeechPick,
     SpeechSampling,
     TextChoice,
     TextSampling,
     UnitOutcome,
     choose_tokens,
-    speech_picks,
     text_picks,
 )
 from omnilive.engines.minicpmo.sessions.vocoder import VoiceStream, voice_together
@@ -103,11 +102,11 @@ class SlotDuplex:
         # Not torch.seed(): it reseeds the process's default generators, which a
         # CUDA graph capture on another thread may be holding.
         seed = seed if seed is not None else secrets.randbits(62)
-        # Draws are made on the CPU (see choose_tokens); the speech LM's
-        # tokens are chosen there too (a row of 6,562 logits: cheaper read
-        # once than worked on with a dozen launches).
+        # Uniform numbers for the draws come from these, on the CPU (see
+        # choose_tokens and speech_choice).
         self.generator = torch.Generator().manual_seed(seed)
         self.speech_generator = torch.Generator().manual_seed(seed + 1)
+        self.speech_uniforms = Uniforms(self.speech_generator)
         self.history: list[int] = []  # the repetition penalty's memory
         self.turn_ended = True
         self.pending_logits: torch.Tensor | None = None
@@ -446,7 +445,7 @@ class SlotDuplex:
                 inputs = torch.tensor([decided[-1]])
             seen = self.speech_logits if self.keep_logits else None
             allow = t >= least
-            item = SpeechPick(decided, allow, eos, self.speech, self.speech_generator, seen)
+            item = SpeechPick(decided, allow, eos, self.speech, self.speech_uniforms, seen)
             pick = Pick(speech_picks, item)
             result = yield Step(inputs, speech=True, pick=pick)
             token = result.picked

@@ -7,6 +7,8 @@ that one session's decisions do not depend on how its steps were batched with
 other sessions'. Everything here is a pure function of logits, the session's
 history and a :class:`torch.Generator` of its own (sampling draws from the
 session's generator, never from the global one another session also uses).
+The speech LM's token is chosen by
+:mod:`~omnilive.engines.minicpmo.sessions.speech_choice`, on the device.
 
 The two published flavours of the model code differ in a few rules
 (:class:`UnitRules`): the demo's unified code caps a unit's text at 28
@@ -16,7 +18,6 @@ characters and closes a spoken turn (``<|turn_eos|>``) before a forced listen.
 from __future__ import annotations
 
 import functools
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -310,73 +311,15 @@ def draw(scores: np.ndarray, generator: torch.Generator | None) -> int:
     return min(int(np.searchsorted(cumulative, uniform, side="right")), len(scores) - 1)
 
 
-def choose_speech_token(
-    logits: torch.Tensor,
-    previous: list[int],
-    sampling: SpeechSampling,
-    eos: int,
-    allow_eos: bool,
-    generator: torch.Generator | None = None,
-    seen: list[torch.Tensor] | None = None,
-) -> int:
-    """The speech LM's next token from ``logits`` ``[audio tokens]``: the
-    repetition penalty over this chunk's previous tokens (the last
-    :data:`SPEECH_PENALTY_WINDOW`; positive logits divided, negative
-    multiplied, by ``penalty ** count``), ``eos`` masked until the chunk's
-    minimum, then sampled (or the best, at temperature 0); ``seen`` (if
-    given) gets the logits the choice was made from. On the CPU, over
-    numpy: a row of a few thousand logits, where each torch call would cost
-    more than its work."""
-    scores = logits.detach().float().cpu().numpy().copy()
-    if sampling.temperature > 0:
-        scores /= np.float32(sampling.temperature)
-    if previous and sampling.repetition_penalty != 1.0:
-        penalty = np.float32(sampling.repetition_penalty)
-        for token, count in Counter(previous[-SPEECH_PENALTY_WINDOW:]).items():
-            if token < len(scores):
-                alpha = penalty ** np.float32(count)
-                value = scores[token]
-                scores[token] = value * alpha if value < 0 else value / alpha
-    if not allow_eos:
-        scores[eos] = -np.inf
-    if seen is not None:
-        seen.append(torch.from_numpy(scores.copy()))
-    if sampling.temperature <= 0:
-        return int(np.argmax(scores))
-    return draw(scores, generator)
-
-
 # --- the picks of a unit's programs (runtime/programs.py): the tokens of
 # every session stepped in one batch, chosen together after it
 
 
 def text_picks(steps: list[tuple[StepResult, TextChoice]]) -> list[int]:
     """The next text token of every session whose step of this tick named
-    this pick, chosen together (:func:`choose_tokens`)."""
+    this pick, chosen together (:func:`choose_tokens`); the speech tokens'
+    are :mod:`~omnilive.engines.minicpmo.sessions.speech_choice`'s."""
     return choose_tokens([(result.logits, choice) for result, choice in steps])
-
-
-class SpeechPick(NamedTuple):
-    """What one session's next speech token's choice needs besides logits."""
-
-    previous: list[int]  # the unit's speech tokens so far (the penalty's window)
-    allow_eos: bool
-    eos: int
-    sampling: SpeechSampling
-    generator: torch.Generator
-    seen: list[torch.Tensor] | None  # the logits each choice was made from (kept)
-
-
-def speech_picks(steps: list[tuple[StepResult, SpeechPick]]) -> list[int]:
-    """The next speech token of every session whose step of this tick named
-    this pick: their logits read back at once, each chosen on the CPU."""
-    rows = torch.stack([result.logits for result, _ in steps]).float().cpu()
-    return [
-        choose_speech_token(
-            row, pick.previous, pick.sampling, pick.eos, pick.allow_eos, pick.generator, pick.seen
-        )
-        for row, (_, pick) in zip(rows, steps, strict=True)
-    ]
 
 
 # --- a unit's outcome -------------------------------------------------------------
