@@ -11,6 +11,7 @@ import gc
 import io
 import logging
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -326,6 +327,56 @@ async def test_an_answer_left_early_stops_and_frees_its_slot(engine: Any) -> Non
     assert len(whole) >= 10 and first.audio is not None
     # The slot is free again and the next answer is whole.
     chat, answer = await spoken_answer(engine)
+    try:
+        assert len([chunk async for chunk in answer]) >= 10
+    finally:
+        chat.close()
+
+
+async def test_a_reader_cancelled_while_a_piece_is_decoded_leaves_the_program_to_the_loop(
+    engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that leaves while the next piece is being decoded cancels
+    its reader's task inside ``await``: the answer's program is still on the
+    batch loop's thread then, which closes it; the answer must not."""
+    from omnilive.engines.minicpmo.sessions import simplex
+
+    armed, inside, release = threading.Event(), threading.Event(), threading.Event()
+    pieces_init = simplex._Pieces.__init__
+
+    def gated(program: Any) -> Any:  # the program, held inside once armed
+        value = None
+        try:
+            while True:
+                if armed.is_set():
+                    inside.set()
+                    release.wait(10)
+                try:
+                    item = program.send(value)
+                except StopIteration as stop:
+                    return stop.value
+                value = yield item
+        finally:
+            program.close()
+
+    def init(self: Any, program: Any, stopped: Any) -> None:
+        pieces_init(self, gated(program), stopped)
+
+    monkeypatch.setattr(simplex._Pieces, "__init__", init)
+    chat, answer = await spoken_answer(engine)
+    try:
+        await anext(answer)
+        armed.set()
+        reader = asyncio.create_task(anext(answer))
+        assert await asyncio.to_thread(inside.wait, 10)
+        reader.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await reader  # not "ValueError: generator already executing"
+    finally:
+        release.set()
+        armed.clear()
+        chat.close()
+    chat, answer = await spoken_answer(engine)  # the slot is free again
     try:
         assert len([chunk async for chunk in answer]) >= 10
     finally:

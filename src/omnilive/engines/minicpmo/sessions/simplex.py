@@ -362,8 +362,11 @@ class SlotSimplex:
         finally:
             if not running.done():
                 running.cancel()  # the loop closes the program after its batch
-            else:
-                pieces.close()
+            elif not running.cancelled():
+                pieces.close()  # between two pieces: no thread is running it
+            # Cancelled (its reader's task was, while awaiting it): the loop's
+            # thread may still be inside the program, and closes it after its
+            # batch; closing it here raised "generator already executing".
 
     def _decode(
         self,
