@@ -362,11 +362,9 @@ class SlotSimplex:
         finally:
             if not running.done():
                 running.cancel()  # the loop closes the program after its batch
-            elif not running.cancelled():
-                pieces.close()  # between two pieces: no thread is running it
-            # Cancelled (its reader's task was, while awaiting it): the loop's
-            # thread may still be inside the program, and closes it after its
-            # batch; closing it here raised "generator already executing".
+            elif not running.cancelled():  # between two pieces: no thread runs it
+                pieces.close()
+            # Cancelled, the loop's thread may be inside it still: the loop closes it.
 
     def _decode(
         self,
