@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from omnilive.audio import OUTPUT_RATE
 from omnilive.engines.base import (
     AudioPart,
     CapabilityError,
@@ -62,7 +63,7 @@ def test_text_streams_and_each_sentence_is_spoken_as_soon_as_it_ends(
 
 def quiet_tail_s(audio: np.ndarray) -> float:
     loud = np.flatnonzero(np.abs(audio) > QUIET_LEVEL)
-    return (audio.size - 1 - loud[-1]) / 24_000
+    return (audio.size - 1 - loud[-1]) / OUTPUT_RATE
 
 
 def test_the_first_piece_is_spoken_as_a_clause_with_a_short_seam(
