@@ -299,7 +299,6 @@ async def run_batched(
     budget: int,
     forced: int,
     voice: np.ndarray,
-    wav: str,
     capacity: int,
     voice_mel_mode: dict[str, Any],
     reference: list[list[UnitTrace]] | None = None,
@@ -336,7 +335,7 @@ async def run_batched(
             # The text choices draw from one generator, the speech choices from another.
             followers[id(duplex_session.generator)] = follower
             followers[id(duplex_session.speech_generator)] = follower
-        await duplex_session.prepare(given.prompt, None, voice, wav)
+        await duplex_session.prepare(given.prompt, None, voice, voice)
         units = []
         for u, audio in enumerate(given.audio):
             frames = [given.frames[u]] if given.omni else None
@@ -538,7 +537,6 @@ def check(
             budget,
             forced,
             voice,
-            wav,
             capacity,
             voice_mel_mode,
             reference,

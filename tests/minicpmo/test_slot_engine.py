@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import gc
 import io
 import logging
@@ -17,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from omnilive.config import MiniCPMoSettings
@@ -28,6 +30,7 @@ from omnilive.engines.base import (
     GenerationOptions,
     TextPart,
     UnitInput,
+    Voice,
 )
 from omnilive.engines.minicpmo import MiniCPMoEngine
 from omnilive.engines.minicpmo.backend import DeviceInfo
@@ -92,6 +95,21 @@ def engine(tiny: Path) -> Any:
     engine.load(lambda stage, fraction: None)  # warms a chat and a duplex unit up
     yield engine
     engine.close()
+
+
+def same_values(a: Any, b: Any) -> bool:
+    """Equal nested containers of tensors, arrays and plain values."""
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same_values(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return len(a) == len(b) and all(same_values(x, y) for x, y in zip(a, b, strict=True))
+    if hasattr(a, "__dataclass_fields__"):
+        return same_values(vars(a), vars(b))
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    if isinstance(a, np.ndarray):
+        return np.array_equal(a, b)
+    return a == b
 
 
 def jpeg(seed: int) -> bytes:
@@ -252,6 +270,41 @@ async def test_a_session_past_the_slots_is_refused_and_the_others_go_on(engine: 
             await session.prepare("Again.", DuplexOptions())
     finally:
         for session in again:
+            session.close()
+
+
+async def test_sessions_in_one_voice_share_its_preparations(engine: Any) -> None:
+    # The vocoder's preparation of a voice and its embeddings for the system
+    # turn are made once per voice (by its samples), not once per session.
+    shared = engine._slots.shared
+    runner = shared.voice_runner()
+    opened: list[str] = []
+    real_open = runner.open
+    runner.open = lambda prompt_wav: opened.append(prompt_wav) or real_open(prompt_wav)
+    other = Voice(np.random.default_rng(5).normal(0, 0.1, 32_000).astype(np.float32))
+    sessions = [engine.open_duplex() for _ in range(3)]
+    try:
+        for session in sessions[:2]:  # the default voice (prepared at the warm-up)
+            await session.prepare("Same voice.", DuplexOptions())
+        await sessions[2].prepare("Another.", DuplexOptions(llm_voice=other, tts_voice=other))
+        voices = [session._session.voice for session in sessions]
+        assert voices[0] is not voices[1] and voices[0].base is voices[1].base
+        assert voices[2].base is not voices[0].base
+        assert len(opened) == 1  # the other voice only
+        assert len(shared.voices) == len(shared.voice_embeddings) == 2
+        before = copy.deepcopy(voices[0].base)
+        spoke = 0
+        for k in range(4):  # the two in the default voice speak from their own streams
+            for session in sessions[:2]:
+                await session.prefill(np.random.default_rng(k).normal(0, 0.05, 16_000), [])
+                unit = await session.generate(force_listen=False)
+                spoke += unit.audio is not None
+                await session.finalize()
+        assert spoke > 0
+        assert same_values(voices[0].base, before)  # the kept preparation is only read
+    finally:
+        runner.open = real_open
+        for session in sessions:
             session.close()
 
 

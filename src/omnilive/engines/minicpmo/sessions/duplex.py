@@ -52,8 +52,8 @@ from omnilive.engines.minicpmo.sessions.encoders import (
     Failed,
     UnitRequest,
     encode_requests,
+    kept_voice_embeddings,
     prepare_unit,
-    voice_embeddings,
 )
 from omnilive.engines.minicpmo.sessions.shared import SharedModel
 from omnilive.engines.minicpmo.sessions.speech_choice import SpeechPick, Uniforms, speech_picks
@@ -138,19 +138,21 @@ class SlotDuplex:
         prefix: str | None,
         suffix: str | None,
         ref_audio: np.ndarray | None = None,
-        prompt_wav: str | None = None,
+        tts_voice: np.ndarray | None = None,
     ) -> int:
         """The system turn: prefix text, the reference voice's audio
-        embeddings, suffix text. Returns the context length."""
+        embeddings (``ref_audio``), suffix text; and the voice it speaks in
+        (``tts_voice``, 16 kHz). Returns the context length."""
         shared = self.shared
         self.audio = AudioStream(mel=await self._across(asyncio.to_thread(shared.new_mel)))
-        if prompt_wav and shared.generate_audio:
-            self.voice = await self._across(self.loop.side_call(self._open_voice, prompt_wav))
+        if tts_voice is not None and shared.generate_audio:
+            opened = self.loop.side_call(shared.open_voice, tts_voice, True)
+            self.voice = await self._across(opened)
         parts: list[torch.Tensor] = []
         if prefix:
             parts.append(shared.embed(shared.tokenizer.encode(prefix, add_special_tokens=False)))
         if ref_audio is not None:
-            embeddings = self.loop.encoder_call(voice_embeddings, shared, ref_audio)
+            embeddings = self.loop.encoder_call(kept_voice_embeddings, shared, ref_audio)
             parts.append(await self._across(embeddings))
         if suffix:
             parts.append(shared.embed(shared.tokenizer.encode(suffix, add_special_tokens=False)))
@@ -455,9 +457,6 @@ class SlotDuplex:
         else:
             decided.pop()  # the one past the budget: decided, never fed
         return decided
-
-    def _open_voice(self, prompt_wav: str) -> VoiceStream:
-        return VoiceStream(self.shared.voice_runner(), prompt_wav)
 
     # --- the LLM context ----------------------------------------------------------------
 

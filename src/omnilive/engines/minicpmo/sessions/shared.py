@@ -10,9 +10,10 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
-from omnilive.engines.minicpmo.content import KeptVoices
+from omnilive.engines.minicpmo.content import KeptVoices, VoiceFile
 from omnilive.engines.minicpmo.runtime.batch import BatchedSteps, SlotCache
 from omnilive.engines.minicpmo.runtime.fused_decoder import FusedDecoder
 from omnilive.engines.minicpmo.runtime.lanes import SideLane
@@ -48,10 +49,13 @@ class SharedModel:
     # The vocoder's chunk runner (vocoder.runner_for), made by the first voice.
     vocoder: Any = field(init=False, default=None)
     # Voices prepared for the vocoder: (the voice file, the runner's state at
-    # a turn's start); see simplex_slots.open_voice.
+    # a turn's start), by their samples (see open_voice); used on the side lane.
     voices: KeptVoices[tuple[Any, Any]] = field(
         init=False, default_factory=lambda: KeptVoices(forget=lambda kept: kept[0].close())
     )
+    # A reference voice's audio embeddings for a system turn, by its samples;
+    # used on the encoders' lane.
+    voice_embeddings: KeptVoices[torch.Tensor] = field(init=False, default_factory=KeptVoices)
     markers: dict[int, torch.Tensor] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -85,6 +89,23 @@ class SharedModel:
 
             self.vocoder = runner_for(self.model.tts.audio_tokenizer)
         return self.vocoder
+
+    def open_voice(self, samples: np.ndarray, whole_seconds: bool) -> Any:
+        """A :class:`~.vocoder.VoiceStream` of ``samples`` (16 kHz; on the
+        side lane): the vocoder's preparation of them, or the kept one of the
+        same samples. Sessions mostly speak in the server's default voice, and
+        a preparation holds the side lane for ~0.2 s on an H100: twelve
+        sessions starting at once held every session's voice back ~2.5 s."""
+        from omnilive.engines.minicpmo.sessions.vocoder import VoiceStream
+
+        runner = self.voice_runner()
+
+        def prepare(samples: np.ndarray) -> tuple[VoiceFile, Any]:
+            file = VoiceFile(samples)
+            return file, runner.open(str(file.path))
+
+        _, base = self.voices.get(np.asarray(samples, np.float32), prepare)
+        return VoiceStream(runner, base=base, whole_seconds=whole_seconds)
 
     @property
     def device(self) -> torch.device:

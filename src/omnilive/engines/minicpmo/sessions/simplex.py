@@ -57,7 +57,6 @@ import numpy as np
 import torch
 
 from omnilive.engines.base import EngineError, TextAudioChunk
-from omnilive.engines.minicpmo.content import VoiceFile
 from omnilive.engines.minicpmo.runtime.batch import StepResult
 from omnilive.engines.minicpmo.runtime.loop import BatchLoop
 from omnilive.engines.minicpmo.runtime.programs import Pick, Program, Step
@@ -293,7 +292,7 @@ class SlotSimplex:
     async def set_voice(self, samples: np.ndarray) -> None:
         """Speak in the voice of ``samples`` (16 kHz): prepared on the side
         lane, or the kept preparation of the same samples."""
-        self.voice = await self.loop.side_call(open_voice, self.shared, samples)
+        self.voice = await self.loop.side_call(self.shared.open_voice, samples, False)
 
     # --- an answer ----------------------------------------------------------------------
 
@@ -485,16 +484,3 @@ def _text_picks(steps: list[tuple[StepResult, _TextChoice]]) -> list[int]:
             session.trace.text.append(token)
         tokens.append(token)
     return tokens
-
-
-def open_voice(shared: SharedModel, samples: np.ndarray) -> VoiceStream:
-    """A voice stream of ``samples`` (on the side lane): the vocoder's
-    preparation of them, or the kept one of the same samples."""
-    runner = shared.voice_runner()
-
-    def prepare(samples: np.ndarray) -> tuple[VoiceFile, Any]:
-        file = VoiceFile(samples)
-        return file, runner.open(str(file.path))
-
-    _, base = shared.voices.get(np.asarray(samples, np.float32), prepare)
-    return VoiceStream(runner, base=base, whole_seconds=False)

@@ -49,7 +49,6 @@ from omnilive.engines.base import (
     TextAudioChunk,
     UnitInput,
 )
-from omnilive.engines.minicpmo.content import VoiceFile
 from omnilive.engines.minicpmo.reference.duplex import system_prompt_parts
 from omnilive.engines.minicpmo.reference.host import Flavour, ModelHost, model_errors
 from omnilive.engines.minicpmo.runtime.batch import SlotError
@@ -239,7 +238,6 @@ class SlotDuplexSession(DuplexSession):
             settings.force_listen_units if force_listen_units is None else force_listen_units
         )
         self._session: SlotDuplex | None = None
-        self._voice_file: VoiceFile | None = None
         self._units = 0
         self._unit_start = 0
         self.handoffs = UnitHandoffs()
@@ -264,13 +262,12 @@ class SlotDuplexSession(DuplexSession):
         tts_voice = options.tts_voice.reference if options.tts_voice else None
         llm_voice = llm_voice if llm_voice is not None else self._default_voice
         tts_voice = tts_voice if tts_voice is not None else llm_voice
-        if tts_voice is not None and self._settings.audio_output:
-            self._voice_file = VoiceFile(tts_voice)
+        if not self._settings.audio_output:
+            tts_voice = None
         prefix, suffix = system_prompt_parts(self._model.host, system_prompt, llm_voice is not None)
-        prompt_wav = str(self._voice_file.path) if self._voice_file else None
         self._units = 0
         with model_errors("duplex prepare"):
-            return await self._session.prepare(prefix, suffix, llm_voice, prompt_wav)
+            return await self._session.prepare(prefix, suffix, llm_voice, tts_voice)
 
     def _require(self) -> SlotDuplex:
         if self._session is None:
@@ -367,9 +364,6 @@ class SlotDuplexSession(DuplexSession):
                 dict(batch.speech_batch_sizes),
                 batch.busy(),
             )
-        if self._voice_file is not None:
-            self._voice_file.close()
-            self._voice_file = None
 
 
 @dataclass
