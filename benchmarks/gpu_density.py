@@ -4,7 +4,10 @@
 starts ``omnilive serve --engine minicpmo`` with as many slots as the largest
 count, then for each N runs N omni duplex sessions at once through the gateway:
 each sends one second of audio and one camera frame every second at
-wall-clock pace (not waiting for results, as a browser does), with a known
+wall-clock pace (not waiting for results, as a browser does), their first
+chunks spread over a second (``--phases spread``: independent users; until
+a session's voice was kept, its slow prepare staggered the sessions so, by
+chance) or all at once (``--phases aligned``), with a known
 listen/speak mix (a forced listen every third unit, speak units bounded to
 ``--speak-tokens`` text tokens, as ``gpu_duplex.py``). Per N: each unit's
 latency from its chunk's send to its result (p50/p95), the server's unit wall
@@ -57,13 +60,21 @@ from benchmarks.gpu_profile import Sampler
 
 REALTIME_P95_MS = 1000.0
 CHUNK_S = 1.0
+BARRIER_S = 20.0  # the longest a prepared session waits for the others to start
 
 
 async def paced_session(
-    base: str, index: int, units: int, listen_every: int, voice: Any, frames: list[str]
+    base: str,
+    index: int,
+    units: int,
+    listen_every: int,
+    voice: Any,
+    frames: list[str],
+    start: Start,
 ) -> dict[str, Any]:
-    """One omni session sending a unit every second; results are read as
-    they come, each matched to its chunk through the dropped counts."""
+    """One omni session sending a unit every second from its place in
+    ``start``; results are read as they come, each matched to its chunk
+    through the dropped counts."""
     sid = f"density_{index}_{time.monotonic_ns()}"
     speech = synthetic_voice(float(units) + 1)
     sent_at: list[float] = []
@@ -76,10 +87,11 @@ async def paced_session(
         }))  # fmt: skip
         await recv_until(ws, "prepared", timeout=120)
 
+        first = await start.first_send(index)
+
         async def send() -> None:
-            start = time.perf_counter()
             for k in range(units):
-                await asyncio.sleep(max(0.0, start + k * CHUNK_S - time.perf_counter()))
+                await asyncio.sleep(max(0.0, first + k * CHUNK_S - time.perf_counter()))
                 sent_at.append(time.perf_counter())
                 await ws.send(json.dumps({
                     "type": "audio_chunk",
@@ -110,6 +122,29 @@ async def paced_session(
         await ws.send(json.dumps({"type": "stop"}))
         await recv_until(ws, "stopped", timeout=60)
     return {"units": rows, "dropped": units - len(rows)}
+
+
+class Start:
+    """When each of ``n`` sessions sends its first chunk: once all are
+    prepared, session k at k/n of a second later (``spread``: users' chunk
+    boundaries fall anywhere in the second, independently), or all at that
+    instant (``aligned``: every session's unit arrives together, the worst
+    case for the batches' latency and the best for their size)."""
+
+    def __init__(self, n: int, phases: str) -> None:
+        self.n, self.phases = n, phases
+        self.barrier = asyncio.Barrier(n)
+        self.at: float | None = None
+
+    async def first_send(self, index: int) -> float:
+        # A session queued behind the others (an engine of fewer slots than
+        # n) never comes: the rest go on after a while, from then.
+        with contextlib.suppress(TimeoutError, asyncio.BrokenBarrierError):
+            await asyncio.wait_for(self.barrier.wait(), BARRIER_S)
+        if self.at is None:
+            self.at = time.perf_counter()
+        offset = index / self.n * CHUNK_S if self.phases == "spread" else 0.0
+        return self.at + offset
 
 
 def figures(sessions: list[dict[str, Any]], warmup_units: int) -> dict[str, Any]:
@@ -218,6 +253,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         "model_code": model_code(ckpt),
         "speak_tokens_per_unit": args.speak_tokens,
         "units_per_session": args.units,
+        "phases": args.phases,
         "baseline_mib": sampler.used_mib(),
         "runs": {},
     }
@@ -239,8 +275,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         for n in args.counts:
             sampler.peak_mib, sampler.busy_percent = 0.0, []
             started, cpu_before = time.perf_counter(), cpu_seconds(server.pid)
+            start = Start(n, args.phases)
             sessions = await asyncio.gather(
-                *(paced_session(ws, k, args.units, 3, voice, frames) for k in range(n)),
+                *(paced_session(ws, k, args.units, 3, voice, frames, start) for k in range(n)),
                 *([profile(args, server.pid, n)] if n in args.profile_at else []),
             )
             sessions = [s for s in sessions if s is not None]
@@ -298,6 +335,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--units", type=int, default=20)
     parser.add_argument("--warmup-units", type=int, default=2, help="left out of the figures")
     parser.add_argument("--speak-tokens", type=int, default=12)
+    parser.add_argument(
+        "--phases", choices=("spread", "aligned"), default="spread",
+        help="sessions' first chunks k/N s apart, or all at once (see Start)",
+    )  # fmt: skip
     parser.add_argument("--chats", type=int, default=20)
     parser.add_argument(
         "--profile-at", type=lambda s: [int(x) for x in s.split(",")], default=[],
