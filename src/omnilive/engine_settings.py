@@ -123,14 +123,6 @@ class MiniCPMoSettings(Section):
     force_listen_units: int = Field(
         3, ge=0, description="Duplex units at the start of a session that always listen."
     )
-    unit_gather_ms: int = Field(
-        150,
-        ge=0,
-        le=500,
-        description="With 8 or more sessions live, how long a duplex unit may wait for "
-        "the other sessions' to be encoded with them (batches cost the host less "
-        "than units one by one); 0: never.",
-    )
     memory_headroom_gb: float = Field(
         4.0, ge=0, description="GPU memory needed beyond the weights (caches, activations)."
     )

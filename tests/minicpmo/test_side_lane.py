@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import pytest
 import torch
 
-from omnilive.engines.minicpmo.runtime.lanes import Gathering, LaneCall, SideLane
+from omnilive.engines.minicpmo.runtime.lanes import SideLane
 
 WAIT_S = 5.0
 T = TypeVar("T")
@@ -197,57 +197,3 @@ async def test_a_lane_without_random_draws_runs_through_a_capture_and_the_other_
         for lane in (drawing, encoders):
             lane.close()
             lane.thread.join(WAIT_S)
-
-
-async def test_a_gathering_lane_holds_units_for_the_other_live_sessions_within_its_window():
-    live = [8]
-    calls: list[list[int]] = []
-
-    def encode(items: list[int]) -> list[int]:
-        calls.append(list(items))
-        return [item * 10 for item in items]
-
-    gathering = Gathering(0.3, lambda: live[0], from_sessions=8)
-    lane = SideLane(torch.device("cpu"), name="test-gather", gathering=gathering)
-
-    async def spaced(items: range, every_s: float) -> list[int]:
-        tasks = []
-        for item in items:
-            tasks.append(asyncio.create_task(lane.gather("unit", encode, item)))
-            await asyncio.sleep(every_s)
-        return list(await asyncio.gather(*tasks))
-
-    try:
-        # Eight live sessions' units arriving 20 ms apart: one call once all are there.
-        assert await spaced(range(8), 0.02) == [k * 10 for k in range(8)]
-        assert calls == [list(range(8))]
-        # Three of eight, then a fourth after the window: the window ends the hold.
-        calls.clear()
-        assert await spaced(range(4), 0.0) == [0, 10, 20, 30]  # all at once: one call
-        calls.clear()
-        first = asyncio.gather(*(lane.gather("unit", encode, k) for k in range(3)))
-        await asyncio.sleep(0.6)
-        late = await lane.gather("unit", encode, 3)
-        assert (await first, late) == ([0, 10, 20], 30)
-        assert calls == [[0, 1, 2], [3]]
-        # An unkeyed call is never held, whatever is live.
-        assert await asyncio.wait_for(lane.call(sum, [1, 2]), WAIT_S) == 3
-        # Under eight live sessions nothing is held: units 50 ms apart run alone.
-        live[0], calls[:] = 7, []
-        assert await spaced(range(3), 0.05) == [0, 10, 20]
-        assert calls == [[0], [1], [2]]
-    finally:
-        lane.close()
-        lane.thread.join(WAIT_S)
-
-
-def test_gathering_lets_a_unit_go_at_its_window_or_when_every_live_session_sent():
-    pending = [LaneCall(fn=len, key="unit", queued=10.0), LaneCall(fn=len, key="unit", queued=10.1)]
-    gathering = Gathering(0.15, lambda: 8)
-    assert not gathering.ready([], 10.0)
-    assert not gathering.ready(pending, 10.14)
-    assert gathering.ready(pending, 10.15)  # the first waited its window
-    assert Gathering(0.15, lambda: 2, from_sessions=2).ready(pending, 10.1)  # both live sent
-    assert Gathering(0.15, lambda: 7).ready(pending, 10.0)  # under eight live: no holding
-    assert Gathering(0.0, lambda: 8).ready(pending, 10.0)  # no window
-    assert gathering.ready([LaneCall(fn=len, queued=10.0), *pending], 10.0)  # unkeyed first

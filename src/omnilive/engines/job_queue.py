@@ -42,7 +42,6 @@ import asyncio
 import contextlib
 import logging
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -70,7 +69,6 @@ class Job:
     result: Any = None
     error: BaseException | None = None
     relay: Relay | None = None  # a leg of this relay: its outcome goes on to the next leg
-    queued: float = 0.0  # time.perf_counter() when it was put in its queue
 
     def abandon(self) -> None:
         """Its waiter left after it was taken: a job that runs in steps stops
@@ -189,7 +187,6 @@ class JobQueue(Generic[J]):
         with self.lock:
             if self._closed:
                 raise RuntimeError(f"{self.name} is closed")
-            job.queued = time.perf_counter()
             self._pending.append(job)
             self.handoffs += 1
             self.lock.notify_all()
@@ -237,18 +234,15 @@ class JobQueue(Generic[J]):
         choose: Callable[[Sequence[J]], tuple[Sequence[J], P]] | None = None,
         *,
         ready: Callable[[Sequence[J]], bool] | None = None,
-        recheck_s: float | None = None,
     ) -> P | list[J] | None:
         """What runs now. ``choose(pending)`` returns the jobs to start and
         what to give the thread (default: :func:`first_with_its_key`, those
         jobs); it is called under the lock, so the jobs it returns are marked
         started before any waiter can drop them. Blocks until ``ready(pending)``
-        (default: something is pending), asked again at each put and, with
-        ``recheck_s``, that often (a ``ready`` that depends on the time); None
-        once the queue is closed."""
+        (default: something is pending); None once the queue is closed."""
         with self.lock:
             while not self._closed and not (ready or bool)(self._pending):
-                self.lock.wait(recheck_s)
+                self.lock.wait()
             if self._closed:
                 return None
             if choose is None:

@@ -166,10 +166,6 @@ class SlotCache(Cache):
             raise ValueError(f"slot {slot} holds {self.lengths[slot]} positions, not {length}")
         self.lengths[slot] = length
 
-    def live_count(self) -> int:
-        """How many slots are live (from any thread: a snapshot)."""
-        return self.slots - len(self._free)
-
     def is_live(self, slot: int) -> bool:
         return 0 <= slot < self.slots and slot not in self._free
 

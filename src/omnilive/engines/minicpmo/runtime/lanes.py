@@ -39,7 +39,7 @@ import contextlib
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -49,35 +49,6 @@ from omnilive.engines.job_queue import Job, JobQueue
 from omnilive.engines.minicpmo.runtime.graphs import CAPTURE_LOCK
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Gathering:
-    """When a lane holds a gathered job for more of its key: while at least
-    ``from_sessions`` sessions are live (``live()``), until as many jobs of
-    its key wait as there are live sessions or it has waited ``window_s``.
-    Sessions' units arriving at their own phases would otherwise each be
-    encoded (and then prefilled, decoded and voiced) alone, and per unit the
-    host's work is what limits a GPU serving many sessions."""
-
-    window_s: float
-    live: Callable[[], int]
-    from_sessions: int = 8
-
-    def ready(self, pending: Sequence[Job], now: float) -> bool:
-        """Whether the first of ``pending`` may run now."""
-        if not pending:
-            return False
-        first = pending[0]
-        live = self.live()
-        if first.key is None or self.window_s <= 0 or live < self.from_sessions:
-            return True
-        if now - first.queued >= self.window_s:
-            return True
-        return sum(1 for job in pending if job.key == first.key) >= live
-
-
-RECHECK_S = 0.005  # how often a lane holding a gathered job looks at the clock
 
 
 @dataclass(eq=False, kw_only=True)
@@ -102,7 +73,6 @@ class SideLane:
         *,
         random_draws: bool = True,
         threads: int = 1,
-        gathering: Gathering | None = None,
     ) -> None:
         if threads > 1 and device.type != "cpu":
             raise ValueError("a lane of several threads runs CPU work only")
@@ -110,7 +80,6 @@ class SideLane:
         # job; one that never does (the encoders) runs through captures.
         self.capture_lock: Any = CAPTURE_LOCK if random_draws else contextlib.nullcontext()
         self.device = device
-        self.gathering = gathering
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.busy_s: Counter[str] = Counter()  # seconds per function name (bounded keys)
         self.busy_count: Counter[str] = Counter()
@@ -154,18 +123,9 @@ class SideLane:
     def _work(self) -> None:
         streamed = torch.cuda.stream(self.stream) if self.stream is not None else None
         with streamed or contextlib.nullcontext():
-            while (group := self._take()) is not None:
+            while (group := self.jobs.take()) is not None:
                 if group:
                     self._run_group(group)  # type: ignore[arg-type]
-
-    def _take(self) -> list[LaneCall] | None:
-        gathering = self.gathering
-        if gathering is None:
-            return self.jobs.take()
-        return self.jobs.take(
-            ready=lambda pending: gathering.ready(pending, time.perf_counter()),
-            recheck_s=RECHECK_S,
-        )
 
     def _run_group(self, group: list[LaneCall]) -> None:
         first = group[0]

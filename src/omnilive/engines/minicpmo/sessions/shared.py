@@ -16,7 +16,7 @@ import torch
 from omnilive.engines.minicpmo.content import KeptVoices, VoiceFile
 from omnilive.engines.minicpmo.runtime.batch import BatchedSteps, SlotCache
 from omnilive.engines.minicpmo.runtime.fused_decoder import FusedDecoder
-from omnilive.engines.minicpmo.runtime.lanes import Gathering, SideLane
+from omnilive.engines.minicpmo.runtime.lanes import SideLane
 from omnilive.engines.minicpmo.runtime.loop import BatchLoop
 from omnilive.engines.minicpmo.sessions.unit_rules import DuplexVocab, UnitRules
 
@@ -174,15 +174,12 @@ def slot_loop(
     speech_capacity: int = 4096,
     *,
     graphs: bool | None = None,
-    unit_gather_s: float = 0.0,
 ) -> BatchLoop:
     """The batch loop of one loaded model (the model code's ``MiniCPMO``):
     ``slots`` sessions of up to ``capacity`` LLM positions each and, where the
     model speaks, as many speech LM contexts of ``speech_capacity`` positions
     (a turn's speech). All of it allocated now: a session that joins later
-    needs no more memory for its contexts. With ``unit_gather_s``, the
-    encoders' lane holds a duplex unit up to that long for the other live
-    sessions' (:class:`~omnilive.engines.minicpmo.runtime.lanes.Gathering`)."""
+    needs no more memory for its contexts."""
     llm = model.llm
     weight = llm.lm_head.weight
     device, dtype = weight.device, weight.dtype
@@ -214,12 +211,7 @@ def slot_loop(
         speech=speech,
         graphs=graphs,
         side=SideLane(device),
-        encoders=SideLane(
-            device,
-            "minicpmo-encoders",
-            random_draws=False,
-            gathering=Gathering(unit_gather_s, cache.live_count) if unit_gather_s > 0 else None,
-        ),
+        encoders=SideLane(device, "minicpmo-encoders", random_draws=False),
         prep=SideLane(CPU, "minicpmo-prep", random_draws=False, threads=PREP_THREADS),
     )
 

@@ -153,10 +153,7 @@ class SlotEngine:
         unified = host.flavour is Flavour.UNIFIED
         rules = UnitRules.unified() if unified else UnitRules()
         shared = SharedModel.of_duplex(host.duplex, rules)
-        gather_s = host.settings.unit_gather_ms / 1000
-        batch = slot_loop(
-            host.model, slots, context_length, SPEECH_CAPACITY, unit_gather_s=gather_s
-        )
+        batch = slot_loop(host.model, slots, context_length, SPEECH_CAPACITY)
         sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_S))
         # No cuDNN attention in this process: it builds an execution plan for
         # every new shape (on an H200 up to ~0.8 s the first time), and the
