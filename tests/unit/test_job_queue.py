@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from omnilive.engines.job_queue import Job, JobQueue, Relay, deliver, settle
+from omnilive.engines.job_queue import Job, JobQueue, Relay, Stopped, deliver, settle
 
 WAIT_S = 5.0
 
@@ -186,6 +186,15 @@ async def test_an_outcome_settles_once_and_an_orphan_or_error_nobody_awaits_is_h
     with caplog.at_level(logging.ERROR):
         settle(nobody)
     assert "lost" in caplog.text
+
+    # Work stopped on purpose after its waiter left is nobody's failure.
+    caplog.clear()
+    left = Work(fn=print)
+    left.bind().cancel()
+    left.fail(Stopped("the program of slot 0 was stopped"))
+    with caplog.at_level(logging.DEBUG):
+        settle(left)
+    assert caplog.records == []
 
 
 def test_delivering_to_a_closed_loop_is_skipped():

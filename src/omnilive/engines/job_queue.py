@@ -16,8 +16,9 @@ What it guarantees, once, for all of them:
   when it has a ``key``, the later jobs of the same key (up to ``max_gather``),
   to run as one call;
 - **settle once**: an outcome reaches its future once; a future already done
-  (its waiter gone) keeps its state, an error nobody awaits is logged, and a
-  result nobody awaits goes to the job's ``orphan`` (e.g. a slot given back);
+  (its waiter gone) keeps its state, an error nobody awaits is logged (but a
+  :class:`Stopped` one: work ended early on purpose), and a result nobody
+  awaits goes to the job's ``orphan`` (e.g. a slot given back);
 - **closed-loop safe**: an event loop that is gone (shutdown) is skipped;
 - **StopIteration safe**: a future refuses ``StopIteration`` (it would end the
   awaiting coroutine's frame), so it is handed over as a :class:`RuntimeError`.
@@ -50,6 +51,12 @@ from typing import Any, Generic, TypeVar
 log = logging.getLogger(__name__)
 J = TypeVar("J", bound="Job")
 P = TypeVar("P")
+
+
+class Stopped(RuntimeError):
+    """A job that ended early because its waiter left or its owner ended it
+    (a program whose session was cancelled or closed): its waiter, if still
+    there, gets this error; nobody else needs to hear of it."""
 
 
 @dataclass(eq=False, kw_only=True)
@@ -88,7 +95,7 @@ def settle(job: Job) -> None:
     """On the job's event loop: its outcome to its future, once (see the module)."""
     future, error = job.future, job.error
     if future is None or future.done():  # nobody awaits it (any more)
-        if error is not None:
+        if error is not None and not isinstance(error, Stopped):
             log.error("%s nobody awaits failed", describe(job), exc_info=error)
         elif job.orphan is not None:
             job.orphan(job.result)

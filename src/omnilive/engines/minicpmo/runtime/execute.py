@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from omnilive.engines.job_queue import Stopped
 from omnilive.engines.minicpmo.runtime.batch import BatchedSteps, StepResult
 from omnilive.engines.minicpmo.runtime.graphs import SHORT_STEP, GraphCache
 from omnilive.engines.minicpmo.runtime.plan import Call, Forward, Limits, ProgramRun, fits
@@ -170,7 +171,7 @@ class Driver:
         job.inputs, job.result, job.error = None, None, None
         if job.abandoned:  # its waiter gave up, or its slot is being released
             program.close()
-            job.error = RuntimeError(f"the program of slot {job.slot} was stopped")
+            job.error = Stopped(f"the program of slot {job.slot} was stopped")
             return True
         try:
             step = program.send(result)  # type: ignore[arg-type]
