@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import functools
 import hashlib
 import os
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from omnilive.audio import INPUT_RATE, read_wav, resample
+
+if TYPE_CHECKING:
+    from omnilive.engines.cascade.piper import VoiceConfig
 
 
 @functools.lru_cache(maxsize=64)
@@ -61,10 +66,15 @@ def trimmed(samples: np.ndarray, level: float = 0.01) -> np.ndarray:
     return samples[voiced[0] : voiced[-1] + 1].copy() if voiced.size else samples.copy()
 
 
+def steady(config: VoiceConfig) -> VoiceConfig:
+    """A Piper voice's configuration that reads a text the same way every time:
+    the voice draws its pitch and durations at random (``noise_scale``,
+    ``noise_w``)."""
+    return dataclasses.replace(config, noise_scale=0.0, noise_w=0.0)
+
+
 @functools.lru_cache(maxsize=1)
 def _piper():  # the cascade's Piper voice, loaded once per process, without its noise
-    import dataclasses
-
     from omnilive.engines.cascade.piper import PiperVoice, packaged_voice
 
     voice = PiperVoice(packaged_voice(), threads=2)
@@ -73,7 +83,7 @@ def _piper():  # the cascade's Piper voice, loaded once per process, without its
     # noise_w): the same question came out 1.9 s long in one run and 2.1 s in
     # the next. Test speech is the same every time.
     assert voice.config is not None
-    voice.config = dataclasses.replace(voice.config, noise_scale=0.0, noise_w=0.0)
+    voice.config = steady(voice.config)
     return voice
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 
@@ -17,6 +15,7 @@ from omnilive.engines.base import (
 )
 from omnilive.engines.cascade import CascadeEngine
 from tests.cascade.speech import Say, overlap
+from tests.speech import steady
 
 pytestmark = pytest.mark.cascade
 
@@ -56,7 +55,7 @@ def test_whisper_understands_the_engines_spoken_answer(engine: CascadeEngine) ->
     piper = engine.stack.tts.piper
     assert piper is not None and piper.config is not None
     drawn = piper.config
-    piper.config = dataclasses.replace(drawn, noise_scale=0.0, noise_w=0.0)
+    piper.config = steady(drawn)
     try:
         chunks = list(chat.generate())
     finally:

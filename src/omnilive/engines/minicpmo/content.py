@@ -94,8 +94,9 @@ class KeptVoices(Generic[T]):
         self._voices: OrderedDict[str, T] = OrderedDict()
 
     def get(self, samples: np.ndarray, prepare: Callable[[np.ndarray], T]) -> T:
-        """The preparation of ``samples``: kept, or made by ``prepare`` now."""
-        samples = np.ascontiguousarray(samples)
+        """The preparation of ``samples`` (as float32, the engine's audio):
+        kept, or made by ``prepare`` now."""
+        samples = np.ascontiguousarray(samples, dtype=np.float32)
         key = hashlib.sha256(samples.tobytes()).hexdigest() + str(samples.dtype)
         if key in self._voices:
             self._voices.move_to_end(key)

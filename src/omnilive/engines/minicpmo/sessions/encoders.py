@@ -341,5 +341,4 @@ def kept_voice_embeddings(shared: SharedModel, ref_audio: np.ndarray) -> torch.T
     """:func:`voice_embeddings` of ``ref_audio``, or the kept ones of the same
     samples (on the encoders' lane; ~40 ms of it on an H100 each time, for
     the same default voice session after session). Read only after."""
-    samples = np.asarray(ref_audio, np.float32)
-    return shared.voice_embeddings.get(samples, partial(voice_embeddings, shared))
+    return shared.voice_embeddings.get(ref_audio, partial(voice_embeddings, shared))

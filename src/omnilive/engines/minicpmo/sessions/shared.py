@@ -104,7 +104,7 @@ class SharedModel:
             file = VoiceFile(samples)
             return file, runner.open(str(file.path))
 
-        _, base = self.voices.get(np.asarray(samples, np.float32), prepare)
+        _, base = self.voices.get(samples, prepare)
         return VoiceStream(runner, base=base, whole_seconds=whole_seconds)
 
     @property
