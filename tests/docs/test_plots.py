@@ -23,8 +23,9 @@ def test_every_plot_is_committed_and_shown() -> None:
         assert f"images/{name}" in pages, name
 
 
-def test_density_runs_are_labelled_by_gpu_kind() -> None:
+def test_the_current_density_runs_are_saved_and_labelled_by_gpu_kind() -> None:
     runs = saved.density_runs(saved.load_results())
+    assert len(runs) == len(saved.CURRENT_DENSITY)  # none renamed or missing
     labels = [label for label, _ in runs]
     assert any(label.startswith("H100") for label in labels)
     assert any(label.startswith("H200") for label in labels)

@@ -88,6 +88,15 @@ class FlowRunner:
         self._hift = Hift(self.hift, graphs=self.graphs)
         self.batch_sizes: Counter[int] = Counter()  # streams per flow batch (bounded keys)
 
+    @property
+    def block_graphs(self) -> dict[str, BlockGraphs]:
+        """Its graphed parts by name (none without graphs)."""
+        flow = {"flow": self._blocks} if isinstance(self._blocks, BlockGraphs) else {}
+        return {**flow, **self._hift.graphs}
+
+    def graph_stats(self) -> dict[str, dict[str, float]]:
+        return {name: graphs.stats() for name, graphs in self.block_graphs.items()}
+
     def open(self, prompt_wav: str) -> FlowState:
         vocoder = self.token2wav
         with swapped(vocoder, {"cache": None, "stream_cache": None}):

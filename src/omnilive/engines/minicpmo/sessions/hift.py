@@ -44,6 +44,12 @@ class Hift:
         self._f0 = BlockGraphs(f0) if graphs else f0
         self._body = BlockGraphs(body) if graphs else body
 
+    @property
+    def graphs(self) -> dict[str, BlockGraphs]:
+        """Its graphed parts by name (none without graphs)."""
+        parts = {"hift f0": self._f0, "hift body": self._body}
+        return {name: part for name, part in parts.items() if isinstance(part, BlockGraphs)}
+
     def __call__(
         self, mel: torch.Tensor, cache_source: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:

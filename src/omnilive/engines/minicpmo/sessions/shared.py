@@ -19,6 +19,7 @@ from omnilive.engines.minicpmo.runtime.fused_decoder import FusedDecoder
 from omnilive.engines.minicpmo.runtime.lanes import SideLane
 from omnilive.engines.minicpmo.runtime.loop import BatchLoop
 from omnilive.engines.minicpmo.sessions.unit_rules import DuplexVocab, UnitRules
+from omnilive.engines.minicpmo.sessions.vocoder import VoiceStream, runner_for
 
 log = logging.getLogger(__name__)
 
@@ -85,10 +86,13 @@ class SharedModel:
         """The vocoder's chunk runner (one per model: its graphs are shared),
         made at the first use (on the side lane)."""
         if self.vocoder is None:
-            from omnilive.engines.minicpmo.sessions.vocoder import runner_for
-
             self.vocoder = runner_for(self.model.tts.audio_tokenizer)
         return self.vocoder
+
+    def vocoder_graphs(self) -> dict[str, dict[str, float]]:
+        """The vocoder's graphs' counts, by part (none before the first voice)."""
+        stats = getattr(self.vocoder, "graph_stats", None)
+        return stats() if stats is not None else {}
 
     def open_voice(self, samples: np.ndarray, whole_seconds: bool) -> Any:
         """A :class:`~.vocoder.VoiceStream` of ``samples`` (16 kHz; on the
@@ -96,8 +100,6 @@ class SharedModel:
         same samples. Sessions mostly speak in the server's default voice, and
         a preparation holds the side lane for ~0.2 s on an H100: twelve
         sessions starting at once held every session's voice back ~2.5 s."""
-        from omnilive.engines.minicpmo.sessions.vocoder import VoiceStream
-
         runner = self.voice_runner()
 
         def prepare(samples: np.ndarray) -> tuple[VoiceFile, Any]:
