@@ -20,6 +20,7 @@ CURRENT_DENSITY = (
     ("H100 run 1", "gpu_density_nvidia_h100_issue35g_kept_spread_run1.json"),
     ("H100 run 2", "gpu_density_nvidia_h100_issue35g_kept_spread_run2.json"),
     ("H100 run 3", "gpu_density_nvidia_h100_issue35g_kept_spread_run3.json"),
+    ("H100 run 4", "gpu_density_nvidia_h100_issue35g_kept_spread_run4.json"),
     ("H200", "gpu_density_nvidia_h200_issue35e_spread_run1.json"),
 )
 
