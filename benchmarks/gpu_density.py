@@ -13,7 +13,10 @@ listen/speak mix (a forced listen every third unit, speak units bounded to
 latency from its chunk's send to its result (p50/p95), the server's unit wall
 clock, the chunks the server dropped, the latency of units that start a turn
 (first audio after a speak decision), the worker's CPU seconds per second,
-the engine's thread hand-offs per speaking and listening unit (from its log),
+the engine's thread hand-offs per speaking and listening unit, where its
+threads spent the level's time (``engine_busy``: the batch loop's work by
+kind, the lanes' calls; seconds, calls, mean ms, percent of the level) and
+the vocoder's CUDA graphs (all from the engine's log: ``engine_log.py``),
 GPU memory and the share of time a GPU kernel ran. The largest N with p95
 latency at most 1 s and no dropped chunk, at that N and every smaller one
 measured, is ``max_realtime_sessions``.
@@ -41,6 +44,7 @@ from typing import Any
 
 from websockets.asyncio.client import connect
 
+from benchmarks.engine_log import busy_between, counters, handoffs, slot_gib
 from benchmarks.gpu_checkpoint import synthetic_voice
 from benchmarks.gpu_duplex import (
     GpuSampler,
@@ -213,34 +217,6 @@ async def profile(args: argparse.Namespace, server_pid: int, n: int) -> None:
     await asyncio.to_thread(profiler.wait)
 
 
-def slot_gib(log: Path) -> float | None:
-    """The engine's own figure for one slot's memory, from its start-up line."""
-    found = re.search(r"session slots of \d+ positions \(([\d.]+) GiB each", log.read_text())
-    return float(found.group(1)) if found else None
-
-
-HANDOFFS = re.compile(
-    r"thread hand-offs per speaking unit ([\d.]+) \((\d+) units\), "
-    r"per listening unit ([\d.]+) \((\d+) units\)"
-)
-
-
-def handoffs(log: Path, since: int) -> tuple[dict[str, float | None], int]:
-    """The engine's thread hand-offs per speaking and per listening unit over
-    the sessions that ended since offset ``since`` of its log (each logs its
-    own when its slot is released), and the log's new offset."""
-    text = log.read_text()
-    totals = {"speak": [0.0, 0], "listen": [0.0, 0]}
-    for found in HANDOFFS.finditer(text, since):
-        for kind, per, units in (("speak", 1, 2), ("listen", 3, 4)):
-            totals[kind][0] += float(found.group(per)) * int(found.group(units))
-            totals[kind][1] += int(found.group(units))
-    per_unit = {
-        kind: round(spent / units, 1) if units else None for kind, (spent, units) in totals.items()
-    }
-    return per_unit, len(text)
-
-
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
     ckpt = args.model_path.resolve()
     port = free_port()
@@ -271,7 +247,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         report["slot_gib"] = slot_gib(args.log)
         voice = synthetic_voice(3.0)
         frames = [jpeg_b64(seed) for seed in range(8)]
-        _, log_at = handoffs(args.log, 0)
+        log_at = len(args.log.read_text())
         for n in args.counts:
             sampler.peak_mib, sampler.busy_percent = 0.0, []
             started, cpu_before = time.perf_counter(), cpu_seconds(server.pid)
@@ -288,7 +264,12 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 for name, spent in cpu_seconds(server.pid).items()
             }
             await asyncio.sleep(1.0)  # the sessions' slots released and logged
-            run["handoffs_per_unit"], log_at = handoffs(args.log, log_at)
+            text = args.log.read_text()
+            run["handoffs_per_unit"] = handoffs(text, log_at)
+            busy_before, _ = counters(text, log_at)
+            busy_after, run["vocoder_graphs"] = counters(text)
+            run["engine_busy"] = busy_between(busy_before, busy_after, run["seconds"])
+            log_at = len(text)
             run["peak_mib"] = sampler.peak_mib
             run["gpu_busy_percent"] = sampler.mean_busy()
             run["mib_per_session_beyond_slots"] = round(
