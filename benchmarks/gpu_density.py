@@ -247,7 +247,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         report["slot_gib"] = slot_gib(args.log)
         voice = synthetic_voice(3.0)
         frames = [jpeg_b64(seed) for seed in range(8)]
-        log_at = len(args.log.read_text())
+        text = args.log.read_text()
+        log_at, (busy_before, _) = len(text), counters(text)
         for n in args.counts:
             sampler.peak_mib, sampler.busy_percent = 0.0, []
             started, cpu_before = time.perf_counter(), cpu_seconds(server.pid)
@@ -266,10 +267,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             await asyncio.sleep(1.0)  # the sessions' slots released and logged
             text = args.log.read_text()
             run["handoffs_per_unit"] = handoffs(text, log_at)
-            busy_before, _ = counters(text, log_at)
             busy_after, run["vocoder_graphs"] = counters(text)
             run["engine_busy"] = busy_between(busy_before, busy_after, run["seconds"])
-            log_at = len(text)
+            log_at, busy_before = len(text), busy_after
             run["peak_mib"] = sampler.peak_mib
             run["gpu_busy_percent"] = sampler.mean_busy()
             run["mib_per_session_beyond_slots"] = round(

@@ -117,12 +117,6 @@ class BlockGraphs:
         """A graph of ``key``'s shapes over the arena's buffers. What they hold
         does not matter: the blocks branch on no value."""
         started = time.perf_counter()
-        try:
-            return self._capture_into_arena(key)
-        finally:
-            self.capture_s += time.perf_counter() - started
-
-    def _capture_into_arena(self, key: Shape) -> _Graph | None:
         static = [self.arena.view(index, *shape).zero_() for index, shape in enumerate(key)]
         while len(self.graphs) >= MAX_GRAPHS:
             self.graphs.popitem(last=False)
@@ -153,6 +147,8 @@ class BlockGraphs:
             self.failed = True
             self.graphs.clear()
             return None
+        finally:
+            self.capture_s += time.perf_counter() - started
         self.captures += 1
         captured = _Graph(graph, static, tuple(outputs))
         self.graphs[key] = captured
