@@ -1,7 +1,8 @@
 """What the GPU engine says about itself in the server's log, read by the
 density benchmark: one slot's memory (at start-up) and, from the line each
 duplex session logs when its slot is released, the thread hand-offs per unit,
-where the engine's threads spent their time and the vocoder's graphs.
+where the engine's threads spent their time and the lanes' CUDA graphs (the
+vocoder's parts, the vision encoder's).
 
 The released slot's line carries counters since the engine started; a
 level of the benchmark is the difference between the last line before it
@@ -19,8 +20,9 @@ HANDOFFS = re.compile(
     r"thread hand-offs per speaking unit ([\d.]+) \((\d+) units\), "
     r"per listening unit ([\d.]+) \((\d+) units\)"
 )
-# The released slot's counters: "busy {...}; vocoder graphs {...}" (Python reprs).
-COUNTERS = re.compile(r"; busy (\{.*?\})(?:; vocoder graphs (\{.*\}))?$", re.MULTILINE)
+# The released slot's counters: "busy {...}; lane graphs {...}" (Python reprs;
+# "vocoder graphs" before the vision encoder's graphs were counted with them).
+COUNTERS = re.compile(r"; busy (\{.*?\})(?:; (?:lane|vocoder) graphs (\{.*\}))?$", re.MULTILINE)
 
 Busy = dict[str, dict[str, float]]
 
@@ -46,7 +48,7 @@ def handoffs(text: str, since: int) -> dict[str, float | None]:
 
 
 def counters(text: str, until: int | None = None) -> tuple[Busy, dict[str, Any]]:
-    """The last released slot's busy counters and vocoder graphs before offset
+    """The last released slot's busy counters and lane graphs before offset
     ``until`` of the log's ``text`` (empty where no slot was released)."""
     found = list(COUNTERS.finditer(text, 0, len(text) if until is None else until))
     if not found:

@@ -16,13 +16,16 @@ clock, the chunks the server dropped, the latency of units that start a turn
 the engine's thread hand-offs per speaking and listening unit, where its
 threads spent the level's time (``engine_busy``: the batch loop's work by
 kind, the lanes' calls; seconds, calls, mean ms, percent of the level) and
-the vocoder's CUDA graphs (all from the engine's log: ``engine_log.py``),
+the lanes' CUDA graphs (the vocoder's and the vision encoder's;
+``vocoder_graphs`` in results before 2026-11-28; all from the engine's log:
+``engine_log.py``),
 GPU memory and the share of time a GPU kernel ran. The largest N with p95
 latency at most 1 s and no dropped chunk, at that N and every smaller one
 measured, is ``max_realtime_sessions``.
 
 Then the single-session chat figures: first audio over ``--chats`` warm
-requests one after another, and over 8 at once.
+requests one after another, and over 8 at once, each with the moments before
+it (the prompt in the context, the first text chunk).
 
 Writes ``benchmarks/results/gpu_density_<gpu>.json`` (or ``--out``); measures,
 asserts nothing about speed.
@@ -267,7 +270,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             await asyncio.sleep(1.0)  # the sessions' slots released and logged
             text = args.log.read_text()
             run["handoffs_per_unit"] = handoffs(text, log_at)
-            busy_after, run["vocoder_graphs"] = counters(text)
+            busy_after, run["lane_graphs"] = counters(text)
             run["engine_busy"] = busy_between(busy_before, busy_after, run["seconds"])
             log_at, busy_before = len(text), busy_after
             run["peak_mib"] = sampler.peak_mib
@@ -286,13 +289,21 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             first = functools.partial(chat_request, until_first_audio=True)
             await first(ws, voice, 0, max_new_tokens=8)  # warm
             alone = [await first(ws, voice, 1 + i) for i in range(args.chats)]
-            report["chat_first_audio_ms"] = summary(
-                [c["first_audio_ms"] for c in alone if c["first_audio_ms"]]
-            )
+            busy_before, started = counters(args.log.read_text())[0], time.perf_counter()
             together = await asyncio.gather(*(first(ws, voice, 100 + i) for i in range(8)))
-            report["chat_first_audio_ms_8_at_once"] = summary(
-                [c["first_audio_ms"] for c in together if c["first_audio_ms"]]
+            seconds = time.perf_counter() - started
+            await asyncio.sleep(1.0)  # the chats' slots released and logged
+            report["chat_engine_busy_8_at_once"] = busy_between(
+                busy_before, counters(args.log.read_text())[0], seconds
             )
+            for suffix, requests in (("", alone), ("_8_at_once", together)):
+                # Where the time went: the prompt in the context (its
+                # "prefill_done"), the first text chunk, the first audio.
+                for mark in ("prefill_done", "first_chunk", "first_audio"):
+                    name = "chat_first_audio_ms" if mark == "first_audio" else f"chat_{mark}_ms"
+                    report[name + suffix] = summary(
+                        [c[f"{mark}_ms"] for c in requests if c[f"{mark}_ms"]]
+                    )
             save()
     finally:
         sampler.stop()

@@ -6,10 +6,15 @@ of audio per unit, over ``--units`` units:
 
 - the vision encoder one session at a time, then over every session's frame
   as ONE call (:func:`~omnilive.engines.minicpmo.sessions.encoders.vision_pieces`, what
-  the side lane gathers);
+  the side lane gathers), its layers through CUDA graphs as the engine runs
+  them, and one session at a time again with eager layers (the largest
+  difference of their embeddings is saved: graphs replay the same kernels);
 - the streaming Whisper encoder, one session at a time (its KV cache is the
-  session's own), as the engine runs it (no cuDNN attention) and again with
-  cuDNN's attention, which builds a plan for each new cache length.
+  session's own), as the model code runs it (no cuDNN attention) and again
+  with cuDNN's attention, which builds a plan for each new cache length;
+  then as the engine runs it (``audio_embeddings_together``, one session a
+  call, as its lane mostly runs at 12 sessions), through its graphs between
+  the attentions and eagerly (the largest difference saved).
 
 Per call: the wall clock (after a synchronize) and the *launch* time (until
 the call returned, before the synchronize: the CPU's share; where it is close
@@ -114,6 +119,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         AudioStream,
         Frames,
         audio_embeddings,
+        audio_embeddings_together,
         audio_features,
         vision_pieces,
     )
@@ -137,8 +143,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # The same audio again, with cuDNN's attention kernels allowed (torch
     # tries them first on an H100/H200), which the engine turns off.
     default_streams = [AudioStream(mel=shared.new_mel()) for _ in range(n)]
+    # The engine's path over the same features, with its graphs and without.
+    engine_streams = {graphs: [AudioStream(mel=None) for _ in range(n)] for graphs in (True, False)}
+    engine: dict[bool, tuple[list[float], list[float]]] = {True: ([], []), False: ([], [])}
+    whisper_graphs_vs_eager = 0.0
 
     alone: tuple[list[float], list[float]] = ([], [])
+    alone_eager: tuple[list[float], list[float]] = ([], [])
+    graphs_vs_eager = 0.0
     together: tuple[list[float], list[float]] = ([], [])
     whisper: tuple[list[float], list[float]] = ([], [])
     whisper_default: tuple[list[float], list[float]] = ([], [])
@@ -148,6 +160,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for frame in frames[u]
         ]
         separate = [timed(lambda item=item: vision_pieces(shared, [item])) for item in items]
+        eager = [
+            timed(lambda item=item: vision_pieces(shared, [item], graphs=False)) for item in items
+        ]
         _, launch, wall = timed(lambda items=items: vision_pieces(shared, items))
         features = [audio_features(shared, s, a) for s, a in zip(streams, seconds[u], strict=True)]
         encoded = [
@@ -155,6 +170,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for s, f in zip(streams, features, strict=True)
             if f is not None
         ]
+        made: dict[bool, list[Any]] = {}
+        for graphs, own in engine_streams.items():
+            made[graphs] = [
+                timed(
+                    lambda s=s, f=f, g=graphs: audio_embeddings_together(shared, [(s, f)], graphs=g)
+                )
+                for s, f in zip(own, features, strict=True)
+                if f is not None
+            ]
         default_features = [
             audio_features(shared, s, a) for s, a in zip(default_streams, seconds[u], strict=True)
         ]
@@ -166,12 +190,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             ]
         if u < WARM:
             continue
+        for graphs, results in made.items():
+            for _, launched, walled in results:
+                engine[graphs][0].append(launched)
+                engine[graphs][1].append(walled)
+        for (a, _, _), (b, _, _) in zip(made[True], made[False], strict=True):
+            difference_ = float((a[0].float() - b[0].float()).abs().max())
+            whisper_graphs_vs_eager = max(whisper_graphs_vs_eager, difference_)
         for _, launched, walled in encoded_default:
             whisper_default[0].append(launched)
             whisper_default[1].append(walled)
         for _, launched, walled in separate:
             alone[0].append(launched)
             alone[1].append(walled)
+        for _, launched, walled in eager:
+            alone_eager[0].append(launched)
+            alone_eager[1].append(walled)
+        for (graphed, _, _), (plain, _, _) in zip(separate, eager, strict=True):
+            for a, b in zip(graphed[0], plain[0], strict=True):
+                graphs_vs_eager = max(graphs_vs_eager, float((a.float() - b.float()).abs().max()))
         together[0].append(launch)
         together[1].append(wall)
         for _, launched, walled in encoded:
@@ -188,15 +225,29 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "sessions": n,
         "units_timed": args.units - WARM,
         "vision_alone": figures(*alone),
+        "vision_alone_eager_layers": figures(*alone_eager),
+        "vision_graphs_vs_eager_max_abs": graphs_vs_eager,
+        "vision_graphs": shared.lane_graphs().get("vision"),
         "vision_batched": figures(*together, per=n),
         "vision_batched_vs_alone_max_abs": difference,
         "whisper_alone": figures(*whisper),
         "whisper_alone_cudnn_attention": figures(*whisper_default),
+        "whisper_engine_graphs": figures(*engine[True]),
+        "whisper_engine_eager": figures(*engine[False]),
+        "whisper_graphs_vs_eager_max_abs": whisper_graphs_vs_eager,
+        "whisper_graphs": shared.lane_graphs().get("whisper"),
         "profile_vision_one": profile(lambda: vision_pieces(shared, [item])),
+        "profile_vision_one_eager_layers": profile(
+            lambda: vision_pieces(shared, [item], graphs=False)
+        ),
         "profile_vision_batched": profile(lambda: vision_pieces(shared, items)),
     }
     if feature is not None:
         report["profile_whisper_one"] = profile(lambda: audio_embeddings(shared, stream, feature))
+        graphed = engine_streams[True][0]
+        report["profile_whisper_engine_graphs"] = profile(
+            lambda: audio_embeddings_together(shared, [(graphed, feature)])
+        )
     return report
 
 

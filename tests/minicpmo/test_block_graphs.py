@@ -1,4 +1,4 @@
-"""The vocoder's block graphs (runtime/flow_graphs.py) on CUDA: a shape's
+"""The vocoder's block graphs (runtime/block_graphs.py) on CUDA: a shape's
 second call captures it, a replay gives what the eager blocks give, and a
 rising batch needs new input buffers a few times and loses no graph."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from omnilive.engines.minicpmo.runtime.flow_graphs import BlockGraphs
+from omnilive.engines.minicpmo.runtime.block_graphs import BlockGraphs
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 
@@ -28,7 +28,7 @@ def same(got: tuple[torch.Tensor, ...], want: tuple[torch.Tensor, ...]) -> bool:
 
 
 def test_a_shapes_second_call_captures_and_replays_give_the_eager_result():
-    graphs = BlockGraphs(blocks)
+    graphs = BlockGraphs(blocks, "test blocks")
     for seed in range(4):
         assert same(graphs(*inputs(4, seed)), blocks(*inputs(4, seed)))
     stats = graphs.stats()
@@ -41,7 +41,7 @@ def test_a_shapes_second_call_captures_and_replays_give_the_eager_result():
 
 
 def test_a_rising_batch_gets_new_buffers_a_few_times_and_keeps_every_graph():
-    graphs = BlockGraphs(blocks)
+    graphs = BlockGraphs(blocks, "test blocks")
     sizes = [1, 2, 3, 4, 5, 6, 7, 8]
     for rows in sizes * 2:  # each size twice: captured at its second call
         assert same(graphs(*inputs(rows, rows)), blocks(*inputs(rows, rows)))

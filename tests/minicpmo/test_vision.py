@@ -70,3 +70,39 @@ def test_frames_of_mixed_sizes_and_slices_encode_as_the_model_code_does(shared: 
     compared, largest = largest_difference(shared, images, slices=4)
     assert compared > 4  # some frame was cut into slices
     assert largest < 1e-5
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_the_layers_graphs_give_the_eager_layers_embeddings_to_the_bit(
+    tiny_checkpoint: Path,
+) -> None:
+    # On CUDA the encoder's layers replay as graphs per shape: a shape's first
+    # call is eager, its second captures, its third replays; each call's
+    # embeddings equal the eager encoder's exactly, padded batch or not.
+    import torch
+    from benchmarks.duplex_equality import load_reference
+
+    from omnilive.engines.minicpmo.sessions.shared import SharedModel
+    from omnilive.engines.minicpmo.sessions.unit_rules import UnitRules
+    from omnilive.engines.minicpmo.sessions.vision import vision_embeddings
+
+    owner = load_reference(tiny_checkpoint, "unified", "cuda", "bfloat16", budget=8, forced=0)
+    cuda = SharedModel.of_duplex(owner, UnitRules())
+    layers = cuda.vision_layers()
+    assert layers is not None
+    batches = {
+        "one size": (frames([(64, 48)] * 2, seed=2), 1),
+        "padded": (frames([(64, 48), (48, 80), (900, 460)], seed=3), 4),
+    }
+    for images, slices in batches.values():
+        made = [cuda.processor.process_image([image], max_slice_nums=slices) for image in images]
+        pixels = [[piece.to("cuda") for piece in item["pixel_values"][0]] for item in made]
+        sizes = [item["tgt_sizes"][0] for item in made]
+        with torch.no_grad():
+            want = vision_embeddings(cuda.model, pixels, sizes)
+            for _ in range(3):
+                got = vision_embeddings(cuda.model, pixels, sizes, layers)
+                for mine, theirs in zip(got, want, strict=True):
+                    assert torch.equal(mine, theirs)
+    stats = cuda.lane_graphs()["vision"]
+    assert stats["captures"] == stats["graphs"] >= 2 and stats["eager"] >= 2

@@ -81,3 +81,59 @@ def test_a_cache_reaching_the_position_table_starts_over_as_the_model_code_does(
     compared, largest, _ = run(shared, starts=[0, 1], rounds=rounds)
     assert compared == 2 * rounds - 1
     assert largest < 1e-4
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_the_graphs_between_attentions_give_the_eager_encoders_embeddings_to_the_bit(
+    tiny_checkpoint: Path,
+) -> None:
+    # On CUDA, Whisper runs as graphs between its attentions (whisper_graphs.py):
+    # sessions joining at different rounds give batches of 1 to 3 rows, each
+    # shape eager at first, then captured, then replayed; past the position
+    # table's end the caches start over. Embeddings and caches equal the eager
+    # encoder's exactly.
+    import torch
+    from benchmarks.duplex_equality import load_reference
+
+    from omnilive.engines.minicpmo.sessions.encoders import (
+        AudioStream,
+        audio_embeddings_together,
+        audio_features,
+    )
+    from omnilive.engines.minicpmo.sessions.shared import SharedModel
+    from omnilive.engines.minicpmo.sessions.unit_rules import UnitRules
+
+    owner = load_reference(tiny_checkpoint, "unified", "cuda", "bfloat16", budget=8, forced=0)
+    cuda = SharedModel.of_duplex(owner, UnitRules())
+    assert cuda.audio_graphs() is not None
+    starts = [0, 1, 3]
+    mels = [AudioStream(mel=cuda.new_mel()) for _ in starts]
+    graphed = [AudioStream(mel=None) for _ in starts]
+    eager = [AudioStream(mel=None) for _ in starts]
+    rngs = [np.random.default_rng(index) for index in range(len(starts))]
+    table = int(cuda.model.apm.embed_positions.weight.shape[0])
+    compared = 0
+    for round_ in range(table // 50 + 4):
+        features = {}
+        for index, start in enumerate(starts):
+            if round_ >= start:
+                audio = rngs[index].normal(0, 0.1, 16_000).astype(np.float32)
+                feature = audio_features(cuda, mels[index], audio)
+                if feature is not None:
+                    features[index] = feature
+        if not features:
+            continue
+        with torch.no_grad():
+            got = audio_embeddings_together(cuda, [(graphed[i], f) for i, f in features.items()])
+            want = audio_embeddings_together(
+                cuda, [(eager[i], f) for i, f in features.items()], graphs=False
+            )
+        for mine, theirs in zip(got, want, strict=True):
+            assert torch.equal(mine, theirs)
+            compared += 1
+    for mine, theirs in zip(graphed, eager, strict=True):
+        pairs = zip(mine.whisper_kv.keys + mine.whisper_kv.values,
+                    theirs.whisper_kv.keys + theirs.whisper_kv.values, strict=True)  # fmt: skip
+        assert all(torch.equal(a, b) for a, b in pairs)
+    stats = cuda.lane_graphs()["whisper"]
+    assert compared > 20 and stats["captures"] >= 2 and stats["eager"] >= 2

@@ -197,7 +197,9 @@ def encode_units(
     return [(pieces.get(index, []), embeds.get(index)) for index in range(len(batch))]
 
 
-def vision_pieces(shared: SharedModel, batch: list[Frames]) -> list[list[torch.Tensor]]:
+def vision_pieces(
+    shared: SharedModel, batch: list[Frames], *, graphs: bool = True
+) -> list[list[torch.Tensor]]:
     """Per item of ``batch``: every frame as ``<image>`` source ``</image>``
     then ``<slice>`` x ``</slice>`` per high-resolution slice, in the model
     code's order; the vision encoder runs once over all of them
@@ -221,7 +223,8 @@ def vision_pieces(shared: SharedModel, batch: list[Frames]) -> list[list[torch.T
         counts.append(len(pixels))
     with torch.no_grad():
         if fused_vision(model):
-            hidden = vision_embeddings(model, pixel_values, tgt_sizes)
+            layers = shared.vision_layers() if graphs else None
+            hidden = vision_embeddings(model, pixel_values, tgt_sizes, layers)
         else:
             data = {"pixel_values": pixel_values, "tgt_sizes": tgt_sizes}
             hidden = model.get_vision_embedding(data)
@@ -300,11 +303,13 @@ def audio_embeddings(shared: SharedModel, stream: AudioStream, feature: Any) -> 
 
 
 def audio_embeddings_together(
-    shared: SharedModel, items: list[tuple[AudioStream, Any]]
+    shared: SharedModel, items: list[tuple[AudioStream, Any]], *, graphs: bool = True
 ) -> list[torch.Tensor]:
     """:func:`audio_embeddings` of every (stream, feature) at once
     (:mod:`~omnilive.engines.minicpmo.sessions.whisper_batch`; one by one through the
-    model code where that does not restate the model's encoder)."""
+    model code where that does not restate the model's encoder), through
+    CUDA graphs where :meth:`SharedModel.audio_graphs` makes them, unless
+    not ``graphs``."""
     model = shared.model
     if not batchable(model):
         return [audio_embeddings(shared, stream, feature) for stream, feature in items]
@@ -318,7 +323,9 @@ def audio_embeddings_together(
         for stream, feature in items
     ]
     embeddings = []
-    for (stream, _), (embeds, cache) in zip(items, encode_together(model, chunks), strict=True):
+    whisper = shared.audio_graphs() if graphs else None
+    encoded = encode_together(model, chunks, whisper)
+    for (stream, _), (embeds, cache) in zip(items, encoded, strict=True):
         stream.whisper_kv = cache
         stream.chunks += 1
         embeddings.append(embeds)

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from omnilive.engines.minicpmo.runtime.flow_graphs import BlockGraphs
+from omnilive.engines.minicpmo.runtime.block_graphs import BlockGraphs
 from omnilive.engines.minicpmo.runtime.tensors import swapped
 from omnilive.engines.minicpmo.sessions.hift import Hift
 
@@ -69,7 +69,7 @@ class FlowRunner:
     flow's steps are written here over the package's modules (its own loop
     keeps its caches in scratch buffers of two rows); the estimator's blocks,
     nearly all of a chunk's kernels, are CUDA graphs per batch and cache
-    shape on CUDA (:class:`~omnilive.engines.minicpmo.runtime.flow_graphs.BlockGraphs`),
+    shape on CUDA (:class:`~omnilive.engines.minicpmo.runtime.block_graphs.BlockGraphs`),
     and so are HiFT's launch-bound parts
     (:class:`~omnilive.engines.minicpmo.sessions.hift.Hift`)."""
 
@@ -84,7 +84,7 @@ class FlowRunner:
         self.device = next(self.hift.parameters()).device
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
         blocks = partial(estimator_blocks, self.estimator)
-        self._blocks = BlockGraphs(blocks) if self.graphs else blocks
+        self._blocks = BlockGraphs(blocks, "the flow estimator") if self.graphs else blocks
         self._hift = Hift(self.hift, graphs=self.graphs)
         self.batch_sizes: Counter[int] = Counter()  # streams per flow batch (bounded keys)
 
@@ -361,7 +361,8 @@ def graph_model_code_flow(token2wav: Any, graphs: bool | None = None) -> bool:
         return False
     device = next(estimator.parameters()).device
     eager = partial(estimator_blocks, estimator)
-    run = BlockGraphs(eager) if (device.type == "cuda" if graphs is None else graphs) else eager
+    on = device.type == "cuda" if graphs is None else graphs
+    run = BlockGraphs(eager, "the model code's flow estimator") if on else eager
     blocks = len(estimator.blocks)
 
     def blocks_forward_chunk(

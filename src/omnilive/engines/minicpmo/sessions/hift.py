@@ -6,7 +6,7 @@ A chunk's HiFT is about 750 small kernels (three upsampling stages of
 Snake activations and weight-normed convolutions), launched one by one from
 the side lane's thread: at 12 sessions on an H100 it held that thread
 longer than the flow model. Two parts are pure functions of their inputs and
-replay as graphs per shape (:class:`~omnilive.engines.minicpmo.runtime.flow_graphs.BlockGraphs`):
+replay as graphs per shape (:class:`~omnilive.engines.minicpmo.runtime.block_graphs.BlockGraphs`):
 the F0 predictor, and the decoder from the mel frames and the source's
 spectrum to the spectrum of the speech. The rest stays eager, as the
 package runs it: the source's sines and noise (random draws, and a table
@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from omnilive.engines.minicpmo.runtime.flow_graphs import BlockGraphs
+from omnilive.engines.minicpmo.runtime.block_graphs import BlockGraphs
 
 BUCKETS = (1, 2, 4, 8, 16)
 
@@ -41,8 +41,8 @@ class Hift:
         self.windows: dict[torch.device, torch.Tensor] = {}
         f0 = partial(_f0, hift)
         body = partial(_decode_body, hift)
-        self._f0 = BlockGraphs(f0) if graphs else f0
-        self._body = BlockGraphs(body) if graphs else body
+        self._f0 = BlockGraphs(f0, "HiFT's F0 predictor") if graphs else f0
+        self._body = BlockGraphs(body, "HiFT's decoder") if graphs else body
 
     @property
     def graphs(self) -> dict[str, BlockGraphs]:

@@ -15,11 +15,15 @@ import torch
 
 from omnilive.engines.minicpmo.content import KeptVoices, VoiceFile
 from omnilive.engines.minicpmo.runtime.batch import BatchedSteps, SlotCache
+from omnilive.engines.minicpmo.runtime.block_graphs import BlockGraphs
 from omnilive.engines.minicpmo.runtime.fused_decoder import FusedDecoder
 from omnilive.engines.minicpmo.runtime.lanes import SideLane
 from omnilive.engines.minicpmo.runtime.loop import BatchLoop
 from omnilive.engines.minicpmo.sessions.unit_rules import DuplexVocab, UnitRules
+from omnilive.engines.minicpmo.sessions.vision import Layers, encoder_layers, fused_vision
 from omnilive.engines.minicpmo.sessions.vocoder import VoiceStream, runner_for
+from omnilive.engines.minicpmo.sessions.whisper_batch import batchable
+from omnilive.engines.minicpmo.sessions.whisper_graphs import WhisperGraphs
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +53,12 @@ class SharedModel:
     audio_state_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
     # The vocoder's chunk runner (vocoder.runner_for), made by the first voice.
     vocoder: Any = field(init=False, default=None)
+    # The vision encoder's layers as CUDA graphs (see vision_layers); on the
+    # encoders' lane.
+    vision_graphs: BlockGraphs | None = field(init=False, default=None)
+    # Whisper between its attentions as CUDA graphs (see audio_graphs); on the
+    # encoders' lane.
+    whisper_graphs: WhisperGraphs | None = field(init=False, default=None)
     # Voices prepared for the vocoder: (the voice file, the runner's state at
     # a turn's start), by their samples (see open_voice); used on the side lane.
     voices: KeptVoices[tuple[Any, Any]] = field(
@@ -89,10 +99,38 @@ class SharedModel:
             self.vocoder = runner_for(self.model.tts.audio_tokenizer)
         return self.vocoder
 
-    def vocoder_graphs(self) -> dict[str, dict[str, float]]:
-        """The vocoder's graphs' counts, by part (none before the first voice)."""
+    def vision_layers(self) -> Layers | None:
+        """The vision encoder's layers through CUDA graphs (on CUDA, where
+        :mod:`~omnilive.engines.minicpmo.sessions.vision` restates the
+        model's encoder), made at the first use; None: eager."""
+        if self.vision_graphs is None and self.device.type == "cuda" and fused_vision(self.model):
+            self.vision_graphs = BlockGraphs(encoder_layers(self.model.vpm), "the vision encoder")
+        return self.vision_graphs
+
+    def audio_graphs(self) -> WhisperGraphs | None:
+        """The streaming Whisper encoder through CUDA graphs (on CUDA, where
+        :mod:`~omnilive.engines.minicpmo.sessions.whisper_batch` restates the
+        model's encoder, unless in float16), made at the first use; None: eager."""
+        model = self.model
+        if (
+            self.whisper_graphs is None
+            and self.device.type == "cuda"
+            and batchable(model)
+            and model.apm.conv1.weight.dtype != torch.float16
+        ):
+            self.whisper_graphs = WhisperGraphs(model)
+        return self.whisper_graphs
+
+    def lane_graphs(self) -> dict[str, dict[str, float]]:
+        """The lanes' CUDA graphs' counts, by part: the vocoder's (none
+        before the first voice), the vision encoder's (none before the first
+        frame) and Whisper's."""
         stats = getattr(self.vocoder, "graph_stats", None)
-        return stats() if stats is not None else {}
+        parts = stats() if stats is not None else {}
+        for name, graphs in (("vision", self.vision_graphs), ("whisper", self.whisper_graphs)):
+            if graphs is not None:
+                parts[name] = graphs.stats()
+        return parts
 
     def open_voice(self, samples: np.ndarray, whole_seconds: bool) -> Any:
         """A :class:`~.vocoder.VoiceStream` of ``samples`` (16 kHz; on the

@@ -133,6 +133,14 @@ class _SlotSimplexView:
                 self._model.batch.release_nowait(session.slot)
             except RuntimeError:  # the loop is closed: the slot goes with it
                 log.info("minicpmo: slot %d left with its closed loop", session.slot)
+            # The engine's counters so far, in the duplex sessions' format
+            # (benchmarks/engine_log.py reads them).
+            log.info(
+                "slot %d released (simplex); busy %s; lane graphs %s",
+                session.slot,
+                self._model.batch.busy(),
+                self._model.shared.lane_graphs(),
+            )
 
     @property
     def warnings(self) -> list[str]:

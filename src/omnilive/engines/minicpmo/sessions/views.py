@@ -357,13 +357,13 @@ class SlotDuplexSession(DuplexSession):
             except RuntimeError:  # the loop is closed: the slot goes with it
                 log.info("minicpmo: slot %d left with its closed loop", session.slot)
             log.info(
-                "slot %d released; %s; batch sizes %s, speech %s; busy %s; vocoder graphs %s",
+                "slot %d released; %s; batch sizes %s, speech %s; busy %s; lane graphs %s",
                 session.slot,
                 self.handoffs,
                 dict(batch.batch_sizes),
                 dict(batch.speech_batch_sizes),
                 batch.busy(),
-                self._model.shared.vocoder_graphs(),
+                self._model.shared.lane_graphs(),
             )
 
 

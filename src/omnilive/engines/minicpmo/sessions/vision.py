@@ -16,13 +16,28 @@ model's own modules, the same arithmetic in fewer passes and waits.
 - The patch mask stays on the CPU, where the embeddings read it a frame at
   a time (each read of a GPU mask waits for the stream); the attention's
   key mask goes to the GPU once, and not at all when no frame is padded.
+- On CUDA the encoder's layers (nearly all of its ~430 kernels a call)
+  replay as a CUDA graph per input shape
+  (:class:`~omnilive.engines.minicpmo.runtime.block_graphs.BlockGraphs`,
+  made by :meth:`~omnilive.engines.minicpmo.sessions.shared.SharedModel.vision_layers`):
+  a call at one frame is bound by launching them one at a time, on the
+  encoders' lane, whose thread shares the interpreter with the batch loop's
+  and the side lane's. A replay runs the kernels the capture recorded, so
+  the embeddings are the eager layers' to the bit. The patch embeddings and
+  the resampler stay eager: they read the slices' sizes on the CPU.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
+
+# SigLIP's layers and its last norm over ``(hidden, *allowed)`` (``allowed``:
+# the key mask, absent when no frame is padded), a tuple of one tensor out: the
+# shape :class:`~omnilive.engines.minicpmo.runtime.block_graphs.BlockGraphs` replays.
+Layers = Callable[..., tuple[torch.Tensor, ...]]
 
 
 def fused_vision(model: Any) -> bool:
@@ -37,13 +52,18 @@ def fused_vision(model: Any) -> bool:
 
 
 def vision_embeddings(
-    model: Any, pixel_values: list[list[torch.Tensor]], tgt_sizes: list[Any]
+    model: Any,
+    pixel_values: list[list[torch.Tensor]],
+    tgt_sizes: list[Any],
+    layers: Layers | None = None,
 ) -> list[Any]:
     """Per item of ``pixel_values`` (each a list of slices ``[3, 14, n]`` on
     the model's device), its slices' embeddings ``[slices, queries, hidden]``
     (``[]`` for an item without slices), as ``get_vision_embedding`` makes
     them. ``tgt_sizes``: every item's slice sizes (tensors ``[slices, 2]``,
-    on the CPU)."""
+    on the CPU). ``layers``: SigLIP's layers as :func:`encoder_layers` runs
+    them, or through graphs of them (None: eagerly)."""
+    layers = layers or encoder_layers(model.vpm)
     dtype = model.llm.model.embed_tokens.weight.dtype
     counts = [len(item) for item in pixel_values]
     flat = [piece.flatten(end_dim=1).permute(1, 0) for item in pixel_values for piece in item]
@@ -62,7 +82,7 @@ def vision_embeddings(
     parts = []
     for start in range(0, rows, step):
         part = slice(start, start + step)
-        parts.append(_siglip(model.vpm, pixels[part], mask[part], sizes[part]))
+        parts.append(_siglip(model.vpm, layers, pixels[part], mask[part], sizes[part]))
     embedded = model.resampler(torch.cat(parts), sizes)
     results: list[Any] = []
     start = 0
@@ -73,10 +93,10 @@ def vision_embeddings(
 
 
 def _siglip(
-    vpm: Any, pixels: torch.Tensor, mask: torch.Tensor, sizes: torch.Tensor
+    vpm: Any, layers: Layers, pixels: torch.Tensor, mask: torch.Tensor, sizes: torch.Tensor
 ) -> torch.Tensor:
     """SigLIP's last hidden state over ``pixels`` (the model's
-    ``SiglipVisionTransformer.forward``, its attention as :func:`_attention`)."""
+    ``SiglipVisionTransformer.forward``, its layers ``layers``)."""
     hidden = vpm.embeddings(pixel_values=pixels, patch_attention_mask=mask, tgt_sizes=sizes)
     keys = mask.view(mask.shape[0], -1)
     # What each query's scores get added (``[rows, 1, 1, patches]``: the
@@ -87,10 +107,22 @@ def _siglip(
         lowest = torch.finfo(hidden.dtype).min
         added = torch.zeros(keys.shape, dtype=hidden.dtype).masked_fill(~keys, lowest)
         allowed = added[:, None, None, :].to(hidden.device)
-    for layer in vpm.encoder.layers:
-        hidden = hidden + _attention(layer.self_attn, layer.layer_norm1(hidden), allowed)
-        hidden = hidden + layer.mlp(layer.layer_norm2(hidden))
-    return vpm.post_layernorm(hidden)
+    (last,) = layers(hidden) if allowed is None else layers(hidden, allowed)
+    return last
+
+
+def encoder_layers(vpm: Any) -> Layers:
+    """SigLIP's layers, then its last norm (:data:`Layers`; the attention as
+    :func:`_attention`): branches on no value, so it captures as a graph."""
+
+    def run(hidden: torch.Tensor, *allowed: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        mask = allowed[0] if allowed else None
+        for layer in vpm.encoder.layers:
+            hidden = hidden + _attention(layer.self_attn, layer.layer_norm1(hidden), mask)
+            hidden = hidden + layer.mlp(layer.layer_norm2(hidden))
+        return (vpm.post_layernorm(hidden),)
+
+    return run
 
 
 def _attention(attention: Any, hidden: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:

@@ -11,7 +11,7 @@ the caches cut back to the prompt plus 100 frames, HiFT with its mel and
 source caches, the cross-fade, the held-back tail), the chunks of streams of
 one shape as one batch (:func:`voice_together` runs many sessions' pushes in
 rounds of one chunk each). On CUDA the flow estimator's blocks are CUDA
-graphs (:mod:`~omnilive.engines.minicpmo.runtime.flow_graphs`).
+graphs (:mod:`~omnilive.engines.minicpmo.runtime.block_graphs`).
 :class:`ModelCodeRunner` calls the vocoder's own ``stream()`` with the
 session's caches swapped in (and copied out after, breaking the aliasing);
 it serves vocoders without a flow model (the test stand-ins).

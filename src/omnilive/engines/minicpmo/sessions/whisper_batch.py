@@ -66,9 +66,11 @@ def batchable(model: Any) -> bool:
 Encoded = tuple[torch.Tensor, WhisperCache]  # a chunk's embeddings, the cache after it
 
 
-def encode_together(model: Any, chunks: list[AudioChunk]) -> list[Encoded]:
+def encode_together(model: Any, chunks: list[AudioChunk], graphs: Any = None) -> list[Encoded]:
     """Per chunk: its audio embeddings ``[tokens, hidden]`` and the cache
-    after it. Chunks of one shape (mel frames, context) run as one batch."""
+    after it. Chunks of one shape (mel frames, context) run as one batch,
+    through ``graphs`` (a :class:`~omnilive.engines.minicpmo.sessions.whisper_graphs.WhisperGraphs`)
+    where given."""
     done: list[Encoded | None] = [None] * len(chunks)
     groups: dict[tuple[int, int], list[int]] = {}
     for index, chunk in enumerate(chunks):
@@ -76,13 +78,13 @@ def encode_together(model: Any, chunks: list[AudioChunk]) -> list[Encoded]:
     with torch.no_grad():
         for indices in groups.values():
             for index, result in zip(
-                indices, _encode([chunks[i] for i in indices], model), strict=True
+                indices, _encode([chunks[i] for i in indices], model, graphs), strict=True
             ):
                 done[index] = result
     return [result for result in done if result is not None]
 
 
-def _encode(chunks: list[AudioChunk], model: Any) -> list[Encoded]:
+def _encode(chunks: list[AudioChunk], model: Any, graphs: Any = None) -> list[Encoded]:
     apm = model.apm
     weight = apm.conv1.weight
     features = torch.cat([chunk.features for chunk in chunks]).to(weight.device, weight.dtype)
@@ -96,25 +98,14 @@ def _encode(chunks: list[AudioChunk], model: Any) -> list[Encoded]:
         else None
         for chunk in chunks
     ]
-    hidden = torch.nn.functional.gelu(apm.conv1(features))
-    hidden = torch.nn.functional.gelu(apm.conv2(hidden))
     prefix = chunks[0].prefix_frames
-    head = (prefix + 1) // 2 if prefix > 0 else 0
-    tail = (SUFFIX_EXTRA_FRAMES + 1) // 2
-    hidden = hidden[:, :, head:]
-    if 0 < tail < hidden.shape[2]:
-        hidden = hidden[:, :, :-tail]
-    hidden = hidden.permute(0, 2, 1)
-    width = hidden.shape[1]
+    width = width_of(frames, prefix)
     past = [cache.length if cache is not None else 0 for cache in caches]
-    hidden = hidden + torch.stack([table[start : start + width] for start in past])
+    positions = torch.stack([table[start : start + width] for start in past])
     keys: list[list[torch.Tensor]] = [[] for _ in chunks]
     values: list[list[torch.Tensor]] = [[] for _ in chunks]
-    for index, layer in enumerate(apm.layers):
-        hidden = _layer(layer, index, hidden, caches, keys, values)
-    hidden = apm.layer_norm(hidden)
-    embeds = model.audio_projection_layer(hidden)
-    embeds = model.audio_avg_pooler(embeds.transpose(1, 2)).transpose(1, 2)
+    run = graphs.run if graphs is not None else run_eagerly
+    embeds = run(model, features, positions, prefix, Attention(caches, keys, values))
     results = []
     for row, chunk in enumerate(chunks):
         lengths = chunk.lengths
@@ -125,39 +116,104 @@ def _encode(chunks: list[AudioChunk], model: Any) -> list[Encoded]:
     return results
 
 
-def _layer(
-    layer: Any,
-    index: int,
-    hidden: torch.Tensor,
-    caches: list[WhisperCache | None],
-    keys: list[list[torch.Tensor]],
-    values: list[list[torch.Tensor]],
+def width_of(frames: int, prefix: int) -> int:
+    """The positions a chunk of ``frames`` (after the convolutions) adds to
+    the cache: less its context frames before and after."""
+    head = (prefix + 1) // 2 if prefix > 0 else 0
+    tail = (SUFFIX_EXTRA_FRAMES + 1) // 2
+    return frames - head - (tail if 0 < tail < frames - head else 0)
+
+
+def run_eagerly(
+    model: Any, features: torch.Tensor, positions: torch.Tensor, prefix: int, attend: Attention
 ) -> torch.Tensor:
-    """One encoder layer (pre-norm attention, then the feed-forward) over
-    every row, each row's attention over its cache and its new positions."""
+    """The encoder over ``features`` (``[rows, mels, frames]``), its
+    positions added, every layer's attention by ``attend``: the embeddings
+    ``[rows, tokens, hidden]``. The same parts, in the same order, as the
+    graphs of :mod:`~omnilive.engines.minicpmo.sessions.whisper_graphs` run."""
+    hidden = front(model.apm, features, prefix, positions)
+    layers = model.apm.layers
+    for index, layer in enumerate(layers):
+        query, key, value = projected(layer, hidden)
+        hidden = finished(layer, hidden, attend(index, query, key, value))
+    return tail(model, hidden)
+
+
+def front(apm: Any, features: torch.Tensor, prefix: int, positions: torch.Tensor) -> torch.Tensor:
+    """The convolutions, less the context frames, the positions added:
+    ``[rows, width, dim]``."""
+    hidden = torch.nn.functional.gelu(apm.conv1(features))
+    hidden = torch.nn.functional.gelu(apm.conv2(hidden))
+    head = (prefix + 1) // 2 if prefix > 0 else 0
+    tail_frames = (SUFFIX_EXTRA_FRAMES + 1) // 2
+    hidden = hidden[:, :, head:]
+    if 0 < tail_frames < hidden.shape[2]:
+        hidden = hidden[:, :, :-tail_frames]
+    return hidden.permute(0, 2, 1) + positions
+
+
+def projected(layer: Any, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A layer's queries (scaled), keys and values ``[rows, heads, width, head_dim]``."""
     attention = layer.self_attn
     rows, width, dim = hidden.shape
     heads = attention.num_heads
-    residual = hidden
     normed = layer.self_attn_layer_norm(hidden)
 
     def split(states: torch.Tensor) -> torch.Tensor:
         return states.view(rows, width, heads, dim // heads).transpose(1, 2)
 
     query = split(attention.q_proj(normed) * attention.scaling)
-    key, value = split(attention.k_proj(normed)), split(attention.v_proj(normed))
-    outputs = []
-    for row, cache in enumerate(caches):
-        row_key, row_value = key[row], value[row]
-        if cache is not None:
-            row_key = torch.cat([cache.keys[index], row_key], 1)
-            row_value = torch.cat([cache.values[index], row_value], 1)
-        keys[row].append(row_key)
-        values[row].append(row_value)
-        weights = torch.softmax(query[row] @ row_key.transpose(1, 2), dim=-1)
-        outputs.append(weights @ row_value)
-    attended = torch.stack(outputs).transpose(1, 2).reshape(rows, width, dim)
-    hidden = residual + attention.out_proj(attended)
+    return query, split(attention.k_proj(normed)), split(attention.v_proj(normed))
+
+
+@dataclass(frozen=True)
+class Attention:
+    """Each row's attention over its cache and its new positions (the new
+    cache kept in ``keys``/``values``, a layer at a time)."""
+
+    caches: list[WhisperCache | None]
+    keys: list[list[torch.Tensor]]
+    values: list[list[torch.Tensor]]
+
+    def __call__(
+        self,
+        index: int,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        out: torch.Tensor | None = None,
+        keep: Any = None,
+    ) -> torch.Tensor:
+        """Layer ``index``'s attention ``[rows, heads, width, head_dim]``
+        (into ``out`` if given). ``keep`` makes what the cache keeps of a row
+        with none before (the new keys themselves; a copy where they are a
+        graph's outputs, which its next replay overwrites)."""
+        outputs = []
+        for row, cache in enumerate(self.caches):
+            row_key, row_value = key[row], value[row]
+            if cache is not None:
+                row_key = torch.cat([cache.keys[index], row_key], 1)
+                row_value = torch.cat([cache.values[index], row_value], 1)
+                kept_key, kept_value = row_key, row_value
+            else:
+                kept_key = keep(row_key) if keep else row_key
+                kept_value = keep(row_value) if keep else row_value
+            self.keys[row].append(kept_key)
+            self.values[row].append(kept_value)
+            weights = torch.softmax(query[row] @ row_key.transpose(1, 2), dim=-1)
+            if out is None:
+                outputs.append(weights @ row_value)
+            else:
+                torch.matmul(weights, row_value, out=out[row])
+        return torch.stack(outputs) if out is None else out
+
+
+def finished(layer: Any, hidden: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+    """The rest of a layer after its attention (``[rows, heads, width,
+    head_dim]``): the output projection, the feed-forward."""
+    rows, width, dim = hidden.shape
+    attended = attended.transpose(1, 2).reshape(rows, width, dim)
+    hidden = hidden + layer.self_attn.out_proj(attended)
     residual = hidden
     hidden = layer.activation_fn(layer.fc1(layer.final_layer_norm(hidden)))
     hidden = residual + layer.fc2(hidden)
@@ -165,3 +221,9 @@ def _layer(
         limit = torch.finfo(hidden.dtype).max - 1000  # as the model's layer
         hidden = torch.clamp(hidden, min=-limit, max=limit)
     return hidden
+
+
+def tail(model: Any, hidden: torch.Tensor) -> torch.Tensor:
+    """The last norm, the projection into the LLM's width, the pooling."""
+    embeds = model.audio_projection_layer(model.apm.layer_norm(hidden))
+    return model.audio_avg_pooler(embeds.transpose(1, 2)).transpose(1, 2)
