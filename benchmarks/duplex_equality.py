@@ -303,8 +303,10 @@ async def run_batched(
     voice_mel_mode: dict[str, Any],
     reference: list[list[UnitTrace]] | None = None,
     tie: float = 1e-4,
+    encoder_graphs: bool = False,
 ) -> tuple[list[list[UnitTrace]], dict[str, Any]]:
-    """Every session at once, each in a slot, over the same modules."""
+    """Every session at once, each in a slot, over the same modules (the
+    encoders through CUDA graphs with ``encoder_graphs``, on CUDA)."""
     from omnilive.engines.minicpmo.sessions.duplex import SlotDuplex
     from omnilive.engines.minicpmo.sessions.shared import SharedModel, slot_loop
     from omnilive.engines.minicpmo.sessions.unit_rules import (
@@ -316,6 +318,7 @@ async def run_batched(
     rules = UnitRules.unified() if flavour == "unified" else UnitRules()
     shared = SharedModel.of_duplex(duplex, rules)
     shared.voice_mel_mode = dict(voice_mel_mode)
+    shared.encoder_graphs = encoder_graphs
     loop = slot_loop(duplex.model, len(inputs), capacity)
 
     async def session(index: int, given: SessionInput) -> list[UnitTrace]:
@@ -498,6 +501,7 @@ def check(
     tie: float = 1e-4,
     traces: Path | None = None,
     phase: str = "both",
+    encoder_graphs: bool = False,
 ) -> dict[str, Any]:
     """Both runs and their comparison (what the tests and the GPU run call).
 
@@ -541,6 +545,7 @@ def check(
             voice_mel_mode,
             reference,
             tie,
+            encoder_graphs,
         )
     )
     together_s = time.perf_counter() - started
@@ -549,6 +554,7 @@ def check(
         flavour=flavour,
         device=device,
         dtype=dtype,
+        encoder_graphs=encoder_graphs,
         reference_s=round(alone_s, 2),
         batched_s=round(together_s, 2),
         **stats,
@@ -570,6 +576,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--traces", type=Path, help="where the reference's traces are kept")
     parser.add_argument("--phase", choices=["both", "reference", "batched"], default="both")
+    parser.add_argument(
+        "--encoder-graphs",
+        action="store_true",
+        help="the batched run's encoders as CUDA graphs (minicpmo.encoder_graphs)",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     report = check(
@@ -583,6 +594,7 @@ def main(argv: list[str] | None = None) -> int:
         tie=args.tie,
         traces=args.traces,
         phase=args.phase,
+        encoder_graphs=args.encoder_graphs,
     )
     print(json.dumps(report, indent=2, default=str))
     if args.out:

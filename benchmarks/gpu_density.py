@@ -224,7 +224,10 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     ckpt = args.model_path.resolve()
     port = free_port()
     env = server_env(
-        ckpt, args.speak_tokens, OMNILIVE_MINICPMO__SLOTS=str(args.slots or max(args.counts))
+        ckpt,
+        args.speak_tokens,
+        OMNILIVE_MINICPMO__SLOTS=str(args.slots or max(args.counts)),
+        OMNILIVE_MINICPMO__ENCODER_GRAPHS=str(args.encoder_graphs).lower(),
     )
     sampler = GpuSampler()
     report: dict[str, Any] = {
@@ -233,6 +236,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         "speak_tokens_per_unit": args.speak_tokens,
         "units_per_session": args.units,
         "phases": args.phases,
+        "encoder_graphs": args.encoder_graphs,
         "baseline_mib": sampler.used_mib(),
         "runs": {},
     }
@@ -332,6 +336,11 @@ def main(argv: list[str] | None = None) -> int:
         help="sessions' first chunks k/N s apart, or all at once (see Start)",
     )  # fmt: skip
     parser.add_argument("--chats", type=int, default=20)
+    parser.add_argument(
+        "--encoder-graphs",
+        action="store_true",
+        help="the server's vision encoder and Whisper as CUDA graphs (minicpmo.encoder_graphs)",
+    )
     parser.add_argument(
         "--profile-at", type=lambda s: [int(x) for x in s.split(",")], default=[],
         help="py-spy the workers while N sessions run (N,M,...)",

@@ -129,6 +129,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     duplex = load_reference(args.ckpt, "unified", args.device, args.dtype, 20, 0)
     torch.backends.cuda.enable_cudnn_sdp(False)  # as the engine runs
     shared = SharedModel.of_duplex(duplex, UnitRules.unified())
+    shared.encoder_graphs = True  # measured against the eager path below
     rng = np.random.default_rng(0)
     n = args.sessions
     frames = [

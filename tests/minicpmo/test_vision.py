@@ -88,6 +88,7 @@ def test_the_layers_graphs_give_the_eager_layers_embeddings_to_the_bit(
 
     owner = load_reference(tiny_checkpoint, "unified", "cuda", "bfloat16", budget=8, forced=0)
     cuda = SharedModel.of_duplex(owner, UnitRules())
+    cuda.encoder_graphs = True  # minicpmo.encoder_graphs
     layers = cuda.vision_layers()
     assert layers is not None
     batches = {

@@ -105,6 +105,7 @@ def test_the_graphs_between_attentions_give_the_eager_encoders_embeddings_to_the
 
     owner = load_reference(tiny_checkpoint, "unified", "cuda", "bfloat16", budget=8, forced=0)
     cuda = SharedModel.of_duplex(owner, UnitRules())
+    cuda.encoder_graphs = True  # minicpmo.encoder_graphs
     assert cuda.audio_graphs() is not None
     starts = [0, 1, 3]
     mels = [AudioStream(mel=cuda.new_mel()) for _ in starts]

@@ -41,6 +41,8 @@ class SharedModel:
     chunk_ms: int = 1000
     first_chunk_ms: int = 1035
     cnn_redundancy_ms: int = 20
+    # The vision encoder and Whisper through CUDA graphs (minicpmo.encoder_graphs).
+    encoder_graphs: bool = False
     vocab: DuplexVocab = field(init=False)
     # The audio feature extractor's log-mel floor as loaded: the streaming mel
     # processors switch the shared extractor's mode as their audio grows, so a
@@ -102,18 +104,26 @@ class SharedModel:
     def vision_layers(self) -> Layers | None:
         """The vision encoder's layers through CUDA graphs (on CUDA, where
         :mod:`~omnilive.engines.minicpmo.sessions.vision` restates the
-        model's encoder), made at the first use; None: eager."""
-        if self.vision_graphs is None and self.device.type == "cuda" and fused_vision(self.model):
+        model's encoder) where ``encoder_graphs`` is on, made at the first
+        use; None: eager."""
+        if (
+            self.vision_graphs is None
+            and self.encoder_graphs
+            and self.device.type == "cuda"
+            and fused_vision(self.model)
+        ):
             self.vision_graphs = BlockGraphs(encoder_layers(self.model.vpm), "the vision encoder")
         return self.vision_graphs
 
     def audio_graphs(self) -> WhisperGraphs | None:
         """The streaming Whisper encoder through CUDA graphs (on CUDA, where
         :mod:`~omnilive.engines.minicpmo.sessions.whisper_batch` restates the
-        model's encoder, unless in float16), made at the first use; None: eager."""
+        model's encoder, unless in float16) where ``encoder_graphs`` is on,
+        made at the first use; None: eager."""
         model = self.model
         if (
             self.whisper_graphs is None
+            and self.encoder_graphs
             and self.device.type == "cuda"
             and batchable(model)
             and model.apm.conv1.weight.dtype != torch.float16

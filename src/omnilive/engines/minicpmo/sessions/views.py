@@ -153,6 +153,7 @@ class SlotEngine:
         unified = host.flavour is Flavour.UNIFIED
         rules = UnitRules.unified() if unified else UnitRules()
         shared = SharedModel.of_duplex(host.duplex, rules)
+        shared.encoder_graphs = host.settings.encoder_graphs
         batch = slot_loop(host.model, slots, context_length, SPEECH_CAPACITY)
         sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_S))
         # No cuDNN attention in this process: it builds an execution plan for

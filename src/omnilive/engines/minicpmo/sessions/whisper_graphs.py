@@ -111,14 +111,7 @@ def _capture_chain(
     chain = _Chain(features=torch.zeros_like(features), positions=torch.zeros_like(positions))
 
     def stretch(fn: Any) -> Any:
-        if pool is None:
-            return fn()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
-            out = fn()
-        chain.graphs.append(graph)
-        chain.outputs += out
-        return out
+        return fn() if pool is None else _captured(chain, fn, pool)
 
     def first() -> tuple[torch.Tensor, ...]:
         hidden = front(apm, chain.features, prefix, chain.positions)
@@ -143,6 +136,16 @@ def _capture_chain(
             chain.projections.append(tuple(qkv))  # type: ignore[arg-type]
     chain.embeds = hidden
     return chain
+
+
+def _captured(chain: _Chain, fn: Any, pool: Any) -> tuple[torch.Tensor, ...]:
+    """``fn()`` captured as the chain's next graph; its outputs, held by the chain."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+        out = fn()
+    chain.graphs.append(graph)
+    chain.outputs += out
+    return out
 
 
 def _replay(
