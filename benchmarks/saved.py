@@ -21,6 +21,7 @@ CURRENT_DENSITY = (
     ("H100 run 2", "gpu_density_nvidia_h100_issue35g_kept_spread_run2.json"),
     ("H100 run 3", "gpu_density_nvidia_h100_issue35g_kept_spread_run3.json"),
     ("H100 run 4", "gpu_density_nvidia_h100_issue35g_kept_spread_run4.json"),
+    ("H100 run 5", "gpu_density_nvidia_h100_issue35h_head.json"),
     ("H200", "gpu_density_nvidia_h200_issue35e_spread_run1.json"),
 )
 
