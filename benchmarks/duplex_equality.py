@@ -555,6 +555,7 @@ def check(
         device=device,
         dtype=dtype,
         encoder_graphs=encoder_graphs,
+        tie=tie,
         reference_s=round(alone_s, 2),
         batched_s=round(together_s, 2),
         **stats,
@@ -572,7 +573,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--budget", type=int, default=8, help="max speak tokens per unit")
     parser.add_argument(
-        "--tie", type=float, default=1e-4, help="logit gap within which a choice may flip"
+        "--tie",
+        type=float,
+        help="logit gap within which a choice may flip (default: 0.5 in bfloat16 and float16, "
+        "whose rounding random weights' near-flat logits flip, as in the full-size protocol of "
+        "docs/benchmarks/notes.md; 1e-4 in float32)",
     )
     parser.add_argument("--traces", type=Path, help="where the reference's traces are kept")
     parser.add_argument("--phase", choices=["both", "reference", "batched"], default="both")
@@ -591,7 +596,7 @@ def main(argv: list[str] | None = None) -> int:
         device=args.device,
         dtype=args.dtype,
         budget=args.budget,
-        tie=args.tie,
+        tie=args.tie if args.tie is not None else (1e-4 if args.dtype == "float32" else 0.5),
         traces=args.traces,
         phase=args.phase,
         encoder_graphs=args.encoder_graphs,
