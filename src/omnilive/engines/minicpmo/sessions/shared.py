@@ -106,12 +106,7 @@ class SharedModel:
         :mod:`~omnilive.engines.minicpmo.sessions.vision` restates the
         model's encoder) where ``encoder_graphs`` is on, made at the first
         use; None: eager."""
-        if (
-            self.vision_graphs is None
-            and self.encoder_graphs
-            and self.device.type == "cuda"
-            and fused_vision(self.model)
-        ):
+        if self.vision_graphs is None and self._encoder_graphs_on() and fused_vision(self.model):
             self.vision_graphs = BlockGraphs(encoder_layers(self.model.vpm), "the vision encoder")
         return self.vision_graphs
 
@@ -123,13 +118,15 @@ class SharedModel:
         model = self.model
         if (
             self.whisper_graphs is None
-            and self.encoder_graphs
-            and self.device.type == "cuda"
+            and self._encoder_graphs_on()
             and batchable(model)
             and model.apm.conv1.weight.dtype != torch.float16
         ):
             self.whisper_graphs = WhisperGraphs(model)
         return self.whisper_graphs
+
+    def _encoder_graphs_on(self) -> bool:
+        return self.encoder_graphs and self.device.type == "cuda"
 
     def lane_graphs(self) -> dict[str, dict[str, float]]:
         """The lanes' CUDA graphs' counts, by part: the vocoder's (none
