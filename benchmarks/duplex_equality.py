@@ -305,7 +305,7 @@ async def run_batched(
     voice_mel_mode: dict[str, Any],
     reference: list[list[UnitTrace]] | None = None,
     tie: float = 1e-4,
-    encoder_graphs: bool = False,
+    encoder_graphs: bool = True,
 ) -> tuple[list[list[UnitTrace]], dict[str, Any]]:
     """Every session at once, each in a slot, over the same modules (the
     encoders through CUDA graphs with ``encoder_graphs``, on CUDA)."""
@@ -403,7 +403,7 @@ def check(
     tie: float = 1e-4,
     traces: Path | None = None,
     phase: str = "both",
-    encoder_graphs: bool = False,
+    encoder_graphs: bool = True,
 ) -> dict[str, Any]:
     """Both runs and their comparison (what the tests and the GPU run call).
 
@@ -485,7 +485,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--phase", choices=["both", "reference", "batched"], default="both")
     parser.add_argument(
         "--encoder-graphs",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=True,
         help="the batched run's encoders as CUDA graphs (minicpmo.encoder_graphs)",
     )
     parser.add_argument("--out", type=Path)

@@ -338,7 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chats", type=int, default=20)
     parser.add_argument(
         "--encoder-graphs",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=True,
         help="the server's vision encoder and Whisper as CUDA graphs (minicpmo.encoder_graphs)",
     )
     parser.add_argument(

@@ -133,10 +133,10 @@ class MiniCPMoSettings(Section):
         description="Run duplex LLM and speech-LM steps from CUDA graphs (not with torch_compile).",
     )
     encoder_graphs: bool = Field(
-        False,
+        True,
         description="Slot sessions' vision encoder and streaming Whisper as CUDA graphs (fewer "
-        "kernel launches on the encoders' lane: Whisper ~10 -> ~2.6 ms a unit on an H100). Off "
-        "until the duplex equality harness passes with them at full size.",
+        "kernel launches on the encoders' lane: Whisper ~10 -> ~2.6 ms a unit on an H100); off: "
+        "eager, as before (the same embeddings to the bit).",
     )
     vocoder_tf32: bool = Field(
         True,

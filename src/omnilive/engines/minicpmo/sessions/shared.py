@@ -42,7 +42,7 @@ class SharedModel:
     first_chunk_ms: int = 1035
     cnn_redundancy_ms: int = 20
     # The vision encoder and Whisper through CUDA graphs (minicpmo.encoder_graphs).
-    encoder_graphs: bool = False
+    encoder_graphs: bool = True
     vocab: DuplexVocab = field(init=False)
     # The audio feature extractor's log-mel floor as loaded: the streaming mel
     # processors switch the shared extractor's mode as their audio grows, so a
