@@ -10,15 +10,24 @@ import torch
 from transformers import TopKLogitsWarper, TopPLogitsWarper
 
 from omnilive.engines.minicpmo.sessions.simplex_rules import (
+    AnswerRow,
     AnswerSampling,
     ChunkSpeechSampling,
     SimplexVocab,
+    SpeechRow,
+    _divided,
     choose_answer_token,
+    choose_answer_tokens,
     choose_chunk_speech_token,
+    choose_chunk_speech_tokens,
 )
 
 VOCAB = SimplexVocab(terminators=(30, 31), forbidden=(5, 6))
 GREEDY = AnswerSampling(greedy=True)
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")),
+]
 
 
 def test_greedy_takes_the_best_token_after_masking_the_forbidden() -> None:
@@ -101,3 +110,82 @@ def test_a_turns_first_speech_token_is_not_penalized() -> None:
     logits[3], logits[4] = 2.0, 1.9
     assert choose_chunk_speech_token(logits, [], sampling)[0] == 3
     assert choose_chunk_speech_token(logits, [3], sampling)[0] == 4
+
+
+# --- a tick's rows at once ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_row_is_divided_as_torch_divides_by_a_python_number(device: str) -> None:
+    """The batch divides each row by its own number as the per-row rule (and
+    the model code) divide by a Python float: on CUDA torch multiplies by the
+    float32 reciprocal, which can differ from a true division in the last bit."""
+    scores = torch.randn(4, 4096, generator=torch.Generator().manual_seed(0)).to(device)
+    by = [0.7, 1.02, 1.3, 0.3]
+    rows = _divided(scores, by)
+    for k, number in enumerate(by):
+        assert torch.equal(rows[k], scores[k] / number)
+
+
+def _random_rows(seed: int, device: str) -> tuple[list[AnswerRow], list[SpeechRow]]:
+    rng = np.random.default_rng(seed)
+    answers, speech = [], []
+    for k in range(6):
+        logits = torch.from_numpy(rng.normal(0, 3, 300).astype(np.float32)).to(torch.bfloat16)
+        sampling = AnswerSampling(
+            greedy=k % 3 == 0,
+            temperature=(0.7, 1.0, 0.3)[k % 3],
+            top_k=(100, 5, 0)[k % 3],
+            top_p=(0.8, 1.0)[k % 2],
+            repetition_penalty=(1.02, 1.3, 1.0)[k % 3],
+            length_penalty=(1.0, 1.5)[k % 2],
+        )
+        window = [int(t) for t in rng.integers(0, 300, 3 * k)]
+        generator = torch.Generator().manual_seed(seed * 10 + k)
+        answers.append(AnswerRow(logits.to(device), window, sampling, VOCAB, k % 2 == 0, generator))
+        speech_sampling = ChunkSpeechSampling(
+            temperature=(0.8, 1e-6, 1.0)[k % 3],
+            top_p=(0.85, 1.0)[k % 2],
+            top_k=(25, 0, 3)[k % 3],
+            repetition_penalty=(1.05, 1.5, 1.0)[k % 3],
+            min_kept=(3, 1)[k % 2],
+        )
+        previous = [int(t) for t in rng.integers(0, 40, 4 * k)] or None
+        generator = torch.Generator().manual_seed(seed * 10 + k + 5)
+        speech.append(SpeechRow(logits.to(device), previous, speech_sampling, generator))
+    return answers, speech
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("seed", range(4))
+def test_a_batch_chooses_what_each_row_would_alone(device: str, seed: int) -> None:
+    """Rows of different windows, penalties, top-k, top-p and temperatures in
+    one batch: each row's scores are bit for bit its own batch of one's, and
+    its token the same (the same draw of its own generator)."""
+    answers, speech = _random_rows(seed, device)
+    tokens, scores = choose_answer_tokens(answers)
+    alone_answers, _ = _random_rows(seed, device)  # fresh generators
+    for k, row in enumerate(alone_answers):
+        token, row_scores = choose_answer_token(*row)
+        assert torch.equal(scores[k], row_scores)
+        assert token == tokens[k]
+    tokens, scores = choose_chunk_speech_tokens(speech)
+    _, alone_speech = _random_rows(seed, device)
+    for k, row in enumerate(alone_speech):
+        token, row_scores = choose_chunk_speech_token(*row)
+        assert np.array_equal(scores[k].cpu().numpy(), row_scores)
+        assert token == tokens[k]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
+@pytest.mark.parametrize("seed", range(4))
+def test_the_speech_rule_scores_on_cuda_as_on_the_cpu(seed: int) -> None:
+    """The speech rule divides truly on both devices (tensor by tensor), so a
+    row's kept scores, and with near-greedy temperatures its token, are the
+    CPU's."""
+    _, on_cpu = _random_rows(seed, "cpu")
+    _, on_cuda = _random_rows(seed, "cuda")
+    tokens, scores = choose_chunk_speech_tokens(on_cpu)
+    cuda_tokens, cuda_scores = choose_chunk_speech_tokens(on_cuda)
+    assert torch.equal(scores, cuda_scores.cpu())
+    assert tokens == cuda_tokens

@@ -65,10 +65,11 @@ from omnilive.engines.minicpmo.sessions.duplex import VOICE_KEY
 from omnilive.engines.minicpmo.sessions.shared import SharedModel
 from omnilive.engines.minicpmo.sessions.simplex_rules import (
     PENALTY_WINDOW,
+    AnswerRow,
     AnswerSampling,
     ChunkSpeechSampling,
     SimplexVocab,
-    choose_answer_token,
+    choose_answer_tokens,
 )
 from omnilive.engines.minicpmo.sessions.simplex_speech import Piece, SpeechTurn
 from omnilive.engines.minicpmo.sessions.vocoder import VoiceStream, voice_together
@@ -465,22 +466,17 @@ def _placeholder(item: Any) -> str:
 
 def _text_picks(steps: list[tuple[StepResult, _TextChoice]]) -> list[int]:
     """The next text token of every answer whose step of this tick named
-    this pick."""
-    tokens = []
-    for result, (session, window, sampling, suppress) in steps:
-        token, scores = choose_answer_token(
-            result.logits,  # type: ignore[arg-type]
-            window,
-            sampling,
-            session.vocab,
-            suppress,
-            session.generator,
-        )
+    this pick, chosen together (:func:`choose_answer_tokens`)."""
+    rows = [
+        AnswerRow(result.logits, window, sampling, session.vocab, suppress, session.generator)  # type: ignore[arg-type]
+        for result, (session, window, sampling, suppress) in steps
+    ]
+    tokens, scores = choose_answer_tokens(rows)
+    for k, (result, (session, *_)) in enumerate(steps):
         if session.keep_trace:
             session.trace.logits.append(result.logits.detach().float().cpu())  # type: ignore[union-attr]
         if session.follow is not None:
-            token = session.follow("text", token, scores)
+            tokens[k] = session.follow("text", tokens[k], scores[k])
         if session.keep_trace:
-            session.trace.text.append(token)
-        tokens.append(token)
+            session.trace.text.append(tokens[k])
     return tokens

@@ -14,7 +14,7 @@ import torch
 from omnilive.engines.base import EngineError
 from omnilive.engines.minicpmo.runtime.batch import StepResult
 from omnilive.engines.minicpmo.runtime.programs import Pick, Program, Step
-from omnilive.engines.minicpmo.sessions.simplex_rules import choose_chunk_speech_token
+from omnilive.engines.minicpmo.sessions.simplex_rules import SpeechRow, choose_chunk_speech_tokens
 from omnilive.engines.minicpmo.sessions.vocoder import VOCODER_CHUNK
 
 # Speech tokens of an answer's first piece: 0.4 s of audio (with the three
@@ -129,14 +129,18 @@ class SpeechTurn:
 
 def speech_picks(steps: list[tuple[StepResult, SpeechChoice]]) -> list[int]:
     """The next speech token of every answer whose step of this tick named
-    this pick: their logits read back at once, each chosen on the CPU."""
-    rows = torch.stack([result.logits for result, _ in steps]).float().cpu()  # type: ignore[misc]
-    tokens = []
-    for row, (_, (session, previous)) in zip(rows, steps, strict=True):
-        token, scores = choose_chunk_speech_token(
-            row, previous, session.speech_sampling, session.speech_generator
-        )
+    this pick, chosen together on the logits' device
+    (:func:`choose_chunk_speech_tokens`)."""
+    rows = [
+        SpeechRow(result.logits, previous, session.speech_sampling, session.speech_generator)  # type: ignore[arg-type]
+        for result, (session, previous) in steps
+    ]
+    tokens, scores = choose_chunk_speech_tokens(rows)
+    if all(session.follow is None for _, (session, _) in steps):
+        return tokens
+    seen = scores.cpu().numpy()
+    for k, (_, (session, _)) in enumerate(steps):
         if session.follow is not None:  # in logit units, as the text's
-            token = session.follow("speech", token, scores * session.speech_sampling.temperature)
-        tokens.append(token)
+            temperature = session.speech_sampling.temperature
+            tokens[k] = session.follow("speech", tokens[k], seen[k] * temperature)
     return tokens
