@@ -15,7 +15,8 @@ from omnilive.engines.minicpmo.sessions.simplex_rules import (
     ChunkSpeechSampling,
     SimplexVocab,
     SpeechRow,
-    _divided,
+    _divide,
+    _divisor,
     choose_answer_token,
     choose_answer_tokens,
     choose_chunk_speech_token,
@@ -122,7 +123,8 @@ def test_a_row_is_divided_as_torch_divides_by_a_python_number(device: str) -> No
     float32 reciprocal, which can differ from a true division in the last bit."""
     scores = torch.randn(4, 4096, generator=torch.Generator().manual_seed(0)).to(device)
     by = [0.7, 1.02, 1.3, 0.3]
-    rows = _divided(scores, by)
+    divisors = [[_divisor(number, scores.is_cuda)] for number in by]
+    rows = _divide(scores, torch.tensor(divisors, dtype=torch.float64, device=device))
     for k, number in enumerate(by):
         assert torch.equal(rows[k], scores[k] / number)
 

@@ -130,10 +130,12 @@ def test_a_sessions_numbers_drawn_ahead_are_its_generators_one_by_one() -> None:
 def test_the_kernel_chooses_as_the_tensor_rule() -> None:
     """The CUDA path's one kernel (in Triton's interpreter here) against
     :func:`choose_rows`: the same scores bit for bit, the same tokens."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # a real GPU's Triton, if any
     for seed in (1, 2):
         rows = random_picks(seed, 7)
-        logits = torch.stack([row for row, _ in rows])
+        logits = torch.stack([row for row, _ in rows]).to(device)
         table = torch.tensor([table_row(pick, EOS + 1) for _, pick in rows], dtype=torch.float64)
+        table = table.to(device)
         tokens, scores = choose_fused(logits, table)
         expected_tokens, expected_scores = choose_rows(logits, table)
         assert tokens.tolist() == expected_tokens.tolist()

@@ -125,45 +125,62 @@ def choose_answer_tokens(rows: Sequence[AnswerRow]) -> tuple[list[int], torch.Te
     (repetition penalty: positive logits divided, others multiplied), the
     terminators damped likewise (length penalty); then the best, or a draw
     with temperature, top-k and top-p. Every row's penalties, best token and
-    top-k in one pass over the batch and one read-back; the draws on the
-    CPU over each row's few kept tokens."""
+    top-k at once on the logits' device, from one table copied there and
+    one read-back (each copy and read-back lets go of the interpreter lock,
+    which the lanes' threads then hold for a while); the draws on the CPU
+    over each row's few kept tokens."""
     scores = torch.stack([row.logits.detach().reshape(-1) for row in rows]).float()
-    count, size = scores.shape
-    device = scores.device
-    for vocab in {row.vocab for row in rows if row.suppress and row.vocab.forbidden}:
-        masked = [i for i, row in enumerate(rows) if row.suppress and row.vocab == vocab]
-        at = torch.tensor(masked, device=device)[:, None], _index(vocab.forbidden, device)[None, :]
-        scores[at] = float("-inf")
-    padded = torch.nn.functional.pad(scores, (0, 1))  # a scratch column for short rows
-    repeated = [
+    size, device = scores.shape[1], scores.device
+    # A divisor as the device divides by a Python number (see _divisor).
+    windows = [
         sorted(set(row.window)) if row.sampling.repetition_penalty != 1.0 else [] for row in rows
     ]
-    _damp_rows(padded, repeated, [row.sampling.repetition_penalty for row in rows])
     ends = [
         list(row.vocab.terminators) if row.sampling.length_penalty != 1.0 else [] for row in rows
     ]
-    _damp_rows(padded, ends, [row.sampling.length_penalty for row in rows])
+    wide, ending = max(map(len, windows), default=0), max(map(len, ends), default=0)
+    table = [
+        [
+            float(row.suppress),
+            *_penalty(row.sampling.repetition_penalty, scores.is_cuda),
+            *_penalty(row.sampling.length_penalty, scores.is_cuda),
+            _divisor(row.sampling.temperature, scores.is_cuda),
+            *_padded(window, wide, size),
+            *_padded(end, ending, size),
+        ]
+        for row, window, end in zip(rows, windows, ends, strict=True)
+    ]
+    on = torch.tensor(table, dtype=torch.float64, device=device)
+    for vocab in {row.vocab for row in rows if row.suppress and row.vocab.forbidden}:
+        forbidden = _index(vocab.forbidden, device)
+        masked = on[:, :1] > 0
+        if len({row.vocab for row in rows}) > 1:  # rows of other vocabularies left alone
+            mine = [row.vocab == vocab for row in rows]
+            masked = masked & torch.tensor(mine, device=device)[:, None]
+        scores[:, forbidden] = scores[:, forbidden].masked_fill(masked, float("-inf"))
+    padded = torch.nn.functional.pad(scores, (0, 1))  # a scratch column for short rows
+    _damp_rows(padded, on[:, 6 : 6 + wide], on[:, 1:3])
+    _damp_rows(padded, on[:, 6 + wide :], on[:, 3:5])
     scores = padded[:, :size]
     sampled = [i for i, row in enumerate(rows) if not row.sampling.greedy]
-    keeps = [_top_k(rows[i].sampling.top_k, size) for i in sampled]
     best = scores.argmax(-1).double()
     if not sampled:
         return [int(token) for token in best.tolist()], scores
-    temperatures = [rows[i].sampling.temperature for i in sampled]
-    scaled = _divided(scores[torch.tensor(sampled, device=device)], temperatures)
-    values, index = torch.topk(scaled, max(keeps))
+    keeps = [_top_k(row.sampling.top_k, size) for row in rows]
+    values, index = torch.topk(_divide(scores, on[:, 5:6]), max(keeps[i] for i in sampled))
+    count = len(rows)
     host = torch.cat([best, values.double().reshape(-1), index.double().reshape(-1)]).cpu()
     tokens = [int(token) for token in host[:count].tolist()]
-    values_at, index_at = host[count:].reshape(2, len(sampled), -1).numpy()
-    for k, (i, keep) in enumerate(zip(sampled, keeps, strict=True)):
+    values_at, index_at = host[count:].reshape(2, count, -1).numpy()
+    for i in sampled:
         row = rows[i]
         # Equal scores by token id, so that a row's draw does not depend on
         # the other rows (top-k's order of equals may change with the batch).
-        order = np.lexsort((index_at[k], -values_at[k]))[:keep]
-        ordered = values_at[k, order].astype(np.float32)
+        order = np.lexsort((index_at[i], -values_at[i]))[: keeps[i]]
+        ordered = values_at[i, order].astype(np.float32)
         top_p = row.sampling.top_p if row.sampling.top_p < 1.0 else 0.0
         kept = kept_count(ordered, 0, top_p)
-        tokens[i] = int(index_at[k, order[draw(ordered[:kept], row.generator)]])
+        tokens[i] = int(index_at[i, order[draw(ordered[:kept], row.generator)]])
     return tokens, scores
 
 
@@ -186,30 +203,43 @@ def _top_k(top_k: int, size: int) -> int:
     return min(top_k, size) if top_k > 0 else size
 
 
-def _divided(scores: torch.Tensor, by: Sequence[float]) -> torch.Tensor:
-    """Each row of ``scores`` divided by its number of ``by`` as torch divides
-    a float32 tensor by a Python number (what the per-row rule, and the
-    model code, do): on CUDA by multiplying with the number's float32
-    reciprocal, on the CPU truly."""
+def _divisor(number: float, cuda: bool) -> float:
+    """What :func:`_divide` takes to divide as torch divides a float32 tensor
+    by the Python ``number`` (as the model code and the per-row rule did):
+    on CUDA torch multiplies by the number's float32 reciprocal, which can
+    differ from a true division in the last bit; on the CPU it divides."""
+    if cuda:
+        return float(np.float32(1.0) / np.float32(number))
+    return float(np.float32(number))
+
+
+def _divide(scores: torch.Tensor, divisors: torch.Tensor) -> torch.Tensor:
+    """``scores`` divided by a column of :func:`_divisor` s (float64 holding float32s)."""
     if scores.is_cuda:
-        inverse = [float(np.float32(1.0) / np.float32(value)) for value in by]
-        return scores * torch.tensor(inverse, dtype=torch.float32, device=scores.device)[:, None]
-    return scores / torch.tensor(by, dtype=torch.float32)[:, None]
+        return scores * divisors.float()
+    return scores / divisors.float()
 
 
-def _damp_rows(padded: torch.Tensor, at: list[list[int]], penalties: list[float]) -> None:
+def _penalty(penalty: float, cuda: bool) -> tuple[float, float]:
+    """A penalty's factor (for negative scores) and divisor (for positive)."""
+    return float(np.float32(penalty)), _divisor(penalty, cuda)
+
+
+def _padded(tokens: list[int], width: int, scratch: int) -> list[float]:
+    return [*map(float, tokens), *[float(scratch)] * (width - len(tokens))]
+
+
+def _damp_rows(padded: torch.Tensor, at: torch.Tensor, penalties: torch.Tensor) -> None:
     """In each row of ``padded`` (the scores and a scratch column), the
-    positive scores at its tokens of ``at`` divided by its penalty, the
-    others multiplied."""
-    width = max(map(len, at))
-    if not width:
+    positive scores at its tokens ``at`` divided by its penalty, the others
+    multiplied (``penalties``: each row's factor and divisor)."""
+    if not at.shape[1]:
         return
-    scratch = padded.shape[1] - 1
-    index = torch.tensor([tokens + [scratch] * (width - len(tokens)) for tokens in at])
-    index = index.to(padded.device)
+    index = at.long()
     values = padded.gather(1, index)
-    factors = torch.tensor(penalties, dtype=torch.float32, device=padded.device)[:, None]
-    damped = torch.where(values > 0, _divided(values, penalties), values * factors)
+    damped = torch.where(
+        values > 0, _divide(values, penalties[:, 1:2]), values * penalties[:, :1].float()
+    )
     padded.scatter_(1, index, damped)
 
 
@@ -231,65 +261,78 @@ def choose_chunk_speech_tokens(rows: Sequence[SpeechRow]) -> tuple[list[int], to
     the last :data:`SPEECH_PENALTY_WINDOW` of ``previous``, then top-p and
     top-k (each keeping at least ``min_kept``, top-k keeping ties), then a
     draw at the row's uniform number. Every row at once on the logits'
-    device, float32 up to the draw (its softmax and sums in float64), one
-    read-back of the tokens: the per-row numpy rule it replaced read every
-    row back and let go of the interpreter lock some twenty times a row."""
+    device, float32 up to the draw (its softmax and sums in float64), from
+    one table copied there and one read-back of the tokens: the per-row
+    numpy rule it replaced read every row back and let go of the
+    interpreter lock some twenty times a row."""
     logits = torch.stack([row.logits.detach().reshape(-1) for row in rows]).float()
     size, device = logits.shape[1], logits.device
-
-    def column(values: list[float], dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return torch.tensor(values, dtype=dtype, device=device)[:, None]
-
-    scores = logits / column([row.sampling.temperature for row in rows])
-    penalised, factors = [], []
-    for row in rows:
-        tokens, alphas = [], []
-        penalty = np.float32(row.sampling.repetition_penalty)
-        if row.previous and penalty != 1.0:
-            for token, times in Counter(row.previous[-SPEECH_PENALTY_WINDOW:]).items():
-                if token < size:
-                    tokens.append(token)
-                    alphas.append(float(penalty ** np.float32(times)))
-        padding = SPEECH_PENALTY_WINDOW - len(tokens)
-        penalised.append(tokens + [size] * padding)
-        factors.append(alphas + [1.0] * padding)
-    padded = torch.nn.functional.pad(scores, (0, 1))
-    index = torch.tensor(penalised, device=device)
-    alpha = torch.tensor(factors, dtype=torch.float32, device=device)
+    table = [_speech_row(row, size) for row in rows]
+    on = torch.tensor(table, dtype=torch.float64, device=device)
+    scores = logits / on[:, _TEMPERATURE : _TEMPERATURE + 1].float()  # truly, on both devices
+    padded = torch.nn.functional.pad(scores, (0, 1))  # a scratch column for the padding
+    index = on[:, _PENALISED:_FACTORS].long()
+    alpha = on[:, _FACTORS:].float()
     values = padded.gather(1, index)
     padded.scatter_(1, index, torch.where(values < 0, values * alpha, values / alpha))
     scores = padded[:, :size]
     columns = torch.arange(size, device=device)[None, :]
-    limits = [1 - row.sampling.top_p if row.sampling.top_p < 1.0 else -1.0 for row in rows]
-    if max(limits) >= 0:
+    if any(row.sampling.top_p < 1.0 for row in rows):
         ascending, rising = torch.sort(scores, dim=-1, stable=True)
         wide = ascending.double()
         probability = (wide - wide[:, -1:]).exp()
         cumulative = (probability / probability.sum(-1, keepdim=True)).cumsum(-1)
-        drop = cumulative <= column(limits, torch.float64)
-        # The min_kept best always stay (a min_kept of 0 keeps all, as numpy's [-0:]).
-        kept_from = [size - row.sampling.min_kept if row.sampling.min_kept else 0 for row in rows]
-        drop &= columns < column(kept_from, torch.long)
+        drop = cumulative <= on[:, _LIMIT : _LIMIT + 1]
+        drop &= columns < on[:, _KEPT_FROM : _KEPT_FROM + 1].long()
         scores = scores.masked_fill(torch.zeros_like(drop).scatter_(1, rising, drop), -torch.inf)
-    keeps = [max(row.sampling.top_k, row.sampling.min_kept) for row in rows]
-    cut = [
-        keep if row.sampling.top_k > 0 and keep < size else 0
-        for keep, row in zip(keeps, rows, strict=True)
-    ]
-    if any(cut):
-        ranked = torch.topk(scores, max(cut)).values
-        kth = ranked.gather(1, column([max(k, 1) - 1 for k in cut], torch.long))
-        kth = torch.where(column(cut, torch.long) > 0, kth, -torch.inf)
+    if cut := max(int(line[_CUT]) for line in table):
+        keep = on[:, _CUT : _CUT + 1].long()
+        kth = torch.topk(scores, cut).values.gather(1, (keep - 1).clamp(min=0))
+        kth = torch.where(keep > 0, kth, -torch.inf)
         scores = scores.masked_fill(scores < kth, -torch.inf)
     finite = torch.isfinite(scores)
     wide = scores.double()
     shifted = (wide - wide.max(-1, keepdim=True).values).exp()
     cumulative = (shifted / shifted.sum(-1, keepdim=True)).cumsum(-1)
-    uniforms = [float(torch.rand(1, generator=row.generator)) for row in rows]
-    at = column(uniforms, torch.float64) * cumulative[:, -1:]
+    at = on[:, _UNIFORM : _UNIFORM + 1] * cumulative[:, -1:]
     drawn = torch.searchsorted(cumulative, at, right=True).squeeze(-1)
     last = torch.where(finite, columns, -1).amax(-1)  # the last token a draw may reach
     return [int(token) for token in torch.minimum(drawn, last).tolist()], scores
+
+
+# The columns of a speech row's table: its temperature, its top-p's limit
+# (-1: no top-p), the sorted position its min_kept best start at, its top-k
+# (0: none), its uniform number, the penalised tokens (padded with the scratch
+# column past the vocabulary) and their factors (padded with 1).
+_TEMPERATURE, _LIMIT, _KEPT_FROM, _CUT, _UNIFORM, _PENALISED = range(6)
+_FACTORS = _PENALISED + SPEECH_PENALTY_WINDOW
+
+
+def _speech_row(row: SpeechRow, size: int) -> list[float]:
+    """``row``'s line of the table (token ids and float32s are exact in
+    float64); it draws the row's uniform number from its generator."""
+    sampling = row.sampling
+    tokens, alphas = [], []
+    penalty = np.float32(sampling.repetition_penalty)
+    if row.previous and penalty != 1.0:
+        for token, times in Counter(row.previous[-SPEECH_PENALTY_WINDOW:]).items():
+            if token < size:
+                tokens.append(float(token))
+                alphas.append(float(penalty ** np.float32(times)))
+    padding = SPEECH_PENALTY_WINDOW - len(tokens)
+    keep = max(sampling.top_k, sampling.min_kept)
+    return [
+        float(np.float32(sampling.temperature)),
+        1 - sampling.top_p if sampling.top_p < 1.0 else -1.0,
+        # The min_kept best always stay (a min_kept of 0 keeps all, as numpy's [-0:]).
+        float(size - sampling.min_kept if sampling.min_kept else 0),
+        float(keep if sampling.top_k > 0 and keep < size else 0),
+        float(torch.rand(1, generator=row.generator)),
+        *tokens,
+        *[float(size)] * padding,
+        *alphas,
+        *[1.0] * padding,
+    ]
 
 
 def choose_chunk_speech_token(
