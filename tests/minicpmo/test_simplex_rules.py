@@ -9,18 +9,20 @@ import pytest
 import torch
 from transformers import TopKLogitsWarper, TopPLogitsWarper
 
+from omnilive.engines.minicpmo.sessions.chunk_speech_choice import (
+    SpeechRow,
+    choose_chunk_speech_token,
+    choose_chunk_speech_tokens,
+)
 from omnilive.engines.minicpmo.sessions.simplex_rules import (
     AnswerRow,
     AnswerSampling,
     ChunkSpeechSampling,
     SimplexVocab,
-    SpeechRow,
     _divide,
     _divisor,
     choose_answer_token,
     choose_answer_tokens,
-    choose_chunk_speech_token,
-    choose_chunk_speech_tokens,
 )
 
 VOCAB = SimplexVocab(terminators=(30, 31), forbidden=(5, 6))

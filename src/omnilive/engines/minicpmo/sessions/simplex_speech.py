@@ -14,7 +14,10 @@ import torch
 from omnilive.engines.base import EngineError
 from omnilive.engines.minicpmo.runtime.batch import StepResult
 from omnilive.engines.minicpmo.runtime.programs import Pick, Program, Step
-from omnilive.engines.minicpmo.sessions.simplex_rules import SpeechRow, choose_chunk_speech_tokens
+from omnilive.engines.minicpmo.sessions.chunk_speech_choice import (
+    SpeechRow,
+    choose_chunk_speech_tokens,
+)
 from omnilive.engines.minicpmo.sessions.vocoder import VOCODER_CHUNK
 
 # Speech tokens of an answer's first piece: 0.4 s of audio (with the three

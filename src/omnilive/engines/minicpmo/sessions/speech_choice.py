@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import torch
@@ -176,24 +176,23 @@ def warm(device: torch.device, size: int, dtypes: Sequence[torch.dtype]) -> None
 
 def choose_fused(logits: torch.Tensor, table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`choose_rows` as one launch of :func:`_choose_kernel`."""
+    return launch_per_row(_choose_kernel, logits, table)
+
+
+def launch_per_row(
+    kernel: Any, logits: torch.Tensor, table: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A speech-token kernel over ``logits`` ``[rows, size]`` and a table of
+    this module's layout (its first :data:`FACTORS` + window columns: the
+    divisor, then four of the kernel's own, the penalised tokens and their
+    factors), a program per row: the tokens ``[rows]`` and the scores."""
     rows, size = logits.shape
     tokens = torch.empty(rows, dtype=torch.int64, device=logits.device)
     scores = torch.empty(rows, size, dtype=torch.float32, device=logits.device)
-    block = triton.next_power_of_2(size)
-    _choose_kernel[(rows,)](
-        logits,
-        table,
-        tokens,
-        scores,
-        size,
-        logits.stride(0),
-        COLUMNS,
-        PENALISED,
-        FACTORS,
-        SPEECH_PENALTY_WINDOW,
-        block,
+    kernel[(rows,)](
+        logits, table, tokens, scores, size, logits.stride(0), triton.next_power_of_2(size),
         num_warps=16,
-    )
+    )  # fmt: skip
     return tokens, scores
 
 
@@ -201,36 +200,38 @@ if AVAILABLE:
     import triton
     import triton.language as tl
 
+    # The table's layout inside the kernels (Triton reads globals as constexprs).
+    _COLUMNS = tl.constexpr(COLUMNS)
+    _PENALISED = tl.constexpr(PENALISED)
+    _FACTORS = tl.constexpr(FACTORS)
+    _WINDOW = tl.constexpr(SPEECH_PENALTY_WINDOW)
+
     @triton.jit
-    def _choose_kernel(
-        LOGITS,
-        TABLE,
-        TOKENS,
-        SCORES,
-        size,
-        stride,
-        COLUMNS_: tl.constexpr,
-        PENALISED_: tl.constexpr,
-        FACTORS_: tl.constexpr,
-        WINDOW: tl.constexpr,
-        BLOCK: tl.constexpr,
-    ):
-        # One program per row, the row's whole vocabulary in one block. The
-        # float32 divisions are IEEE's (div_rn: Triton's plain one is not), so
-        # every score is the torch rule's bit for bit.
+    def penalised_row(LOGITS, TABLE, size, stride, BLOCK: tl.constexpr):
+        """The program's row of logits divided by its divisor (column 0) and
+        its penalties applied; with the row's columns, which of them are
+        inside the vocabulary, and its table line. The float32 divisions are
+        IEEE's (div_rn: Triton's plain one is not), so every score is the
+        torch rules' bit for bit."""
         row = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
         inside = cols < size
-        t = TABLE + row * COLUMNS_
+        t = TABLE + row * _COLUMNS
         x = tl.load(LOGITS + row * stride + cols, mask=inside, other=0.0).to(tl.float32)
-        # The table's columns as named at the module's top: DIVISOR 0,
-        # ALLOW_EOS 1, EOS 2, GREEDY 3, UNIFORM 4.
         x = tl.math.div_rn(x, tl.load(t).to(tl.float32))
-        for j in tl.static_range(WINDOW):
-            token = tl.load(t + PENALISED_ + j).to(tl.int32)
-            factor = tl.load(t + FACTORS_ + j).to(tl.float32)
+        for j in tl.static_range(_WINDOW):
+            token = tl.load(t + _PENALISED + j).to(tl.int32)
+            factor = tl.load(t + _FACTORS + j).to(tl.float32)
             penalised = tl.where(x < 0, x * factor, tl.math.div_rn(x, factor))
             x = tl.where(cols == token, penalised, x)
+        return x, row, cols, inside, t
+
+    @triton.jit
+    def _choose_kernel(LOGITS, TABLE, TOKENS, SCORES, size, stride, BLOCK: tl.constexpr):
+        # One program per row, the row's whole vocabulary in one block. The
+        # table's columns as named at the module's top: DIVISOR 0,
+        # ALLOW_EOS 1, EOS 2, GREEDY 3, UNIFORM 4.
+        x, row, cols, inside, t = penalised_row(LOGITS, TABLE, size, stride, BLOCK)
         eos = tl.load(t + 2).to(tl.int32)
         x = tl.where(cols == eos, tl.where(tl.load(t + 1) > 0, x, float("-inf")), x)
         x = tl.where(inside, x, float("-inf"))

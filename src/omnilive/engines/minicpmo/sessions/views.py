@@ -55,7 +55,7 @@ from omnilive.engines.minicpmo.runtime.batch import SlotError
 from omnilive.engines.minicpmo.runtime.lanes import LaneCall
 from omnilive.engines.minicpmo.runtime.loop import BatchLoop
 from omnilive.engines.minicpmo.runtime.tensors import clone_tensors
-from omnilive.engines.minicpmo.sessions import speech_choice
+from omnilive.engines.minicpmo.sessions import chunk_speech_choice, speech_choice
 from omnilive.engines.minicpmo.sessions.duplex import SlotDuplex
 from omnilive.engines.minicpmo.sessions.shared import SharedModel
 from omnilive.engines.minicpmo.sessions.simplex import speech_supported
@@ -184,9 +184,10 @@ class SlotEngine:
         started = time.perf_counter()
         captured = await self.batch.warm_graphs()
         log.info("%d step graphs captured in %.1f s", captured, time.perf_counter() - started)
-        if self.batch.speech is not None:  # the speech tokens' kernel, compiled
+        if self.batch.speech is not None:  # the speech tokens' kernels, compiled
             head = self.host.model.tts.head_code[0].weight
-            await self.batch.call(speech_choice.warm, head.device, head.shape[0], [head.dtype])
+            for warm in (speech_choice.warm, chunk_speech_choice.warm):
+                await self.batch.call(warm, head.device, head.shape[0], [head.dtype])
 
     async def on_side_lane(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` (a step of the model's own code) on the side lane,
