@@ -12,6 +12,7 @@ import torch
 
 from omnilive.engines.minicpmo.runtime import kernels
 from omnilive.engines.minicpmo.sessions.speech_choice import (
+    KernelChoice,
     SpeechPick,
     Uniforms,
     choose_fused,
@@ -140,3 +141,30 @@ def test_the_kernel_chooses_as_the_tensor_rule() -> None:
         expected_tokens, expected_scores = choose_rows(logits, table)
         assert tokens.tolist() == expected_tokens.tolist()
         assert torch.equal(scores, expected_scores)
+
+
+def test_a_kernel_that_fails_at_warm_up_leaves_its_tensor_rule(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    choice = KernelChoice("a kernel")
+    choice.on = True  # as on a GPU with Triton
+    cuda = torch.device("cuda")  # a device object only: nothing runs on it
+    ran = []
+
+    def choose() -> None:
+        ran.append(choice.on)
+        if choice.on:
+            raise RuntimeError("does not compile")
+
+    choice.warm(choose, cuda)
+    assert ran == [True, False] and not choice.uses(cuda)
+    assert "a kernel failed (does not compile)" in caplog.text
+    with pytest.raises(ZeroDivisionError):  # the tensor rule's own failure is not hidden
+        choice.warm(lambda: 1 / 0, torch.device("cpu"))
+
+
+def test_a_kernel_that_compiles_stays() -> None:
+    choice = KernelChoice("a kernel")
+    choice.on = True
+    choice.warm(lambda: None, torch.device("cuda"))
+    assert choice.uses(torch.device("cuda")) and not choice.uses(torch.device("cpu"))

@@ -25,7 +25,6 @@ much as the per-row numpy rule before it).
 
 from __future__ import annotations
 
-import logging
 from collections import Counter
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -49,8 +48,7 @@ TEMPERATURE, LIMIT, KEPT_FROM, CUT, UNIFORM = range(5)
 PENALISED, FACTORS, COLUMNS = speech_choice.PENALISED, speech_choice.FACTORS, speech_choice.COLUMNS
 launch_per_row = speech_choice.launch_per_row
 
-log = logging.getLogger(__name__)
-_kernel = AVAILABLE  # the kernel on CUDA, unless it failed to compile (see warm)
+KERNEL = speech_choice.KernelChoice("the chats' speech tokens' kernel")
 
 
 class SpeechRow(NamedTuple):
@@ -103,7 +101,7 @@ def choose_chunk_speech_tokens(rows: Sequence[SpeechRow]) -> tuple[list[int], to
         logits = torch.stack([row.logits.detach().reshape(-1) for row in rows])
     size, device = int(logits.shape[1]), logits.device
     table = torch.tensor([table_row(row, size) for row in rows], dtype=torch.float64, device=device)
-    choose = choose_chunk_fused if device.type == "cuda" and _kernel else choose_chunk_rows
+    choose = choose_chunk_fused if KERNEL.uses(device) else choose_chunk_rows
     tokens, scores = choose(logits, table)
     return tokens.tolist(), scores
 
@@ -122,21 +120,10 @@ def choose_chunk_speech_token(
 
 def warm(device: torch.device, size: int, dtypes: Sequence[torch.dtype]) -> None:
     """Compile the kernel for logits of ``size`` tokens in each of ``dtypes``
-    now, not at the first answer's first speech token (a second or so). A
-    kernel that does not compile here (a Triton or GPU it was never built
-    on) leaves the tensor rule to every answer, with one warning."""
-    global _kernel  # decided once, at the engine's start
+    now, not at the first answer's first speech token (a second or so)."""
     for dtype in dtypes:
         row = SpeechRow(torch.zeros(size, dtype=dtype, device=device), None, ChunkSpeechSampling())
-        try:
-            choose_chunk_speech_tokens([row])
-        except Exception as exc:  # any compile failure: the rule still works
-            if _kernel and device.type == "cuda":
-                log.warning("the speech tokens' kernel failed (%s): the tensor rule runs", exc)
-                _kernel = False
-                choose_chunk_speech_tokens([row])
-            else:
-                raise
+        KERNEL.warm(lambda row=row: choose_chunk_speech_tokens([row]), device)
 
 
 def choose_chunk_rows(

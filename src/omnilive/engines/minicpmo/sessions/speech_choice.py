@@ -25,8 +25,9 @@ those threads' work.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -34,6 +35,8 @@ import torch
 
 from omnilive.engines.minicpmo.runtime.kernels import AVAILABLE
 from omnilive.engines.minicpmo.sessions.unit_rules import SPEECH_PENALTY_WINDOW, SpeechSampling
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from omnilive.engines.minicpmo.runtime.batch import StepResult
@@ -134,7 +137,7 @@ def choose_speech_tokens(rows: Sequence[tuple[torch.Tensor, SpeechPick]]) -> lis
         logits = torch.stack([row for row, _ in rows])
     size, device = int(logits.shape[1]), logits.device
     table = [table_row(pick, size) for _, pick in rows]
-    choose = choose_fused if device.type == "cuda" and AVAILABLE else choose_rows
+    choose = choose_fused if KERNEL.uses(device) else choose_rows
     tokens, scores = choose(logits, torch.tensor(table, dtype=torch.float64, device=device))
     chosen = tokens.tolist()
     if any(pick.seen is not None for _, pick in rows):
@@ -165,13 +168,42 @@ def speech_picks(steps: list[tuple[StepResult, SpeechPick]]) -> list[int]:
     return choose_speech_tokens([(result.logits, pick) for result, pick in steps])  # type: ignore[misc]
 
 
+class KernelChoice:
+    """Whether a speech-token kernel runs (on CUDA, where Triton is), decided
+    at warm-up: a kernel that fails to compile (a Triton or GPU it was never
+    built on) leaves its tensor rule to every session, with one warning,
+    instead of stopping the engine."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.on = AVAILABLE
+
+    def uses(self, device: torch.device) -> bool:
+        return device.type == "cuda" and self.on
+
+    def warm(self, choose: Callable[[], object], device: torch.device) -> None:
+        """``choose()`` (a choice on ``device``), again with the tensor rule if
+        the kernel fails."""
+        try:
+            choose()
+        except Exception as exc:  # any compile failure: the tensor rule still works
+            if not self.uses(device):
+                raise
+            log.warning("%s failed (%s): its tensor rule runs", self.name, exc)
+            self.on = False
+            choose()
+
+
+KERNEL = KernelChoice("the duplex speech tokens' kernel")
+
+
 def warm(device: torch.device, size: int, dtypes: Sequence[torch.dtype]) -> None:
     """Compile the kernel for logits of ``size`` tokens in each of ``dtypes``
     now, not at the first session's first speech token (a second or so)."""
     for dtype in dtypes:
         rows = torch.zeros(1, size, dtype=dtype, device=device)
         pick = SpeechPick([], True, size - 1, SpeechSampling(), Uniforms(None, 1), None)
-        choose_speech_tokens([(rows[0], pick)])
+        KERNEL.warm(lambda rows=rows, pick=pick: choose_speech_tokens([(rows[0], pick)]), device)
 
 
 def choose_fused(logits: torch.Tensor, table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -189,10 +221,8 @@ def launch_per_row(
     rows, size = logits.shape
     tokens = torch.empty(rows, dtype=torch.int64, device=logits.device)
     scores = torch.empty(rows, size, dtype=torch.float32, device=logits.device)
-    kernel[(rows,)](
-        logits, table, tokens, scores, size, logits.stride(0), triton.next_power_of_2(size),
-        num_warps=16,
-    )  # fmt: skip
+    block = triton.next_power_of_2(size)
+    kernel[(rows,)](logits, table, tokens, scores, size, logits.stride(0), block, num_warps=16)
     return tokens, scores
 
 
