@@ -17,11 +17,14 @@ RESULTS = Path(__file__).resolve().parent / "results"
 # history and listed on the results page. Named here, not found by a pattern:
 # which runs are current is a choice made when they are measured.
 CURRENT_DENSITY = (
-    ("H100 run 1", "gpu_density_nvidia_h100_issue35g_kept_spread_run1.json"),
-    ("H100 run 2", "gpu_density_nvidia_h100_issue35g_kept_spread_run2.json"),
-    ("H100 run 3", "gpu_density_nvidia_h100_issue35g_kept_spread_run3.json"),
-    ("H100 run 4", "gpu_density_nvidia_h100_issue35g_kept_spread_run4.json"),
-    ("H100 run 5", "gpu_density_nvidia_h100_issue35h_head.json"),
+    # The encoders' CUDA graphs on (the default since issue 35): runs 1-3 on
+    # one H100 machine (issue35h), 4-6 on another, slower one (issue35i).
+    ("H100 run 1", "gpu_density_nvidia_h100_issue35h_graphs_run1.json"),
+    ("H100 run 2", "gpu_density_nvidia_h100_issue35h_graphs_run2.json"),
+    ("H100 run 3", "gpu_density_nvidia_h100_issue35h_graphs_run3.json"),
+    ("H100 run 4", "gpu_density_nvidia_h100_issue35i_run1.json"),
+    ("H100 run 5", "gpu_density_nvidia_h100_issue35i_run2.json"),
+    ("H100 run 6", "gpu_density_nvidia_h100_issue35i_run3.json"),
     ("H200", "gpu_density_nvidia_h200_issue35e_spread_run1.json"),
 )
 
