@@ -25,7 +25,6 @@ much as the per-row numpy rule before it).
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -33,10 +32,14 @@ import numpy as np
 import torch
 
 from omnilive.engines.minicpmo.runtime.kernels import AVAILABLE
-from omnilive.engines.minicpmo.sessions import speech_choice
-from omnilive.engines.minicpmo.sessions.simplex_rules import (
-    SPEECH_PENALTY_WINDOW,
-    ChunkSpeechSampling,
+from omnilive.engines.minicpmo.sessions.simplex_rules import ChunkSpeechSampling
+from omnilive.engines.minicpmo.sessions.speech_choice import (
+    COLUMNS,
+    FACTORS,
+    PENALISED,
+    KernelChoice,
+    launch_per_row,
+    penalty_columns,
 )
 
 # The table's columns: the row's temperature, its top-p's limit (-1: no
@@ -45,10 +48,7 @@ from omnilive.engines.minicpmo.sessions.simplex_rules import (
 # scratch column past the vocabulary) and their factors (padded with 1):
 # the duplex table's layout, whose kernel's launch and first steps are shared.
 TEMPERATURE, LIMIT, KEPT_FROM, CUT, UNIFORM = range(5)
-PENALISED, FACTORS, COLUMNS = speech_choice.PENALISED, speech_choice.FACTORS, speech_choice.COLUMNS
-launch_per_row = speech_choice.launch_per_row
-
-KERNEL = speech_choice.KernelChoice("the chats' speech tokens' kernel")
+KERNEL = KernelChoice("the chats' speech tokens' kernel")
 
 
 class SpeechRow(NamedTuple):
@@ -64,20 +64,9 @@ class SpeechRow(NamedTuple):
 
 
 def table_row(row: SpeechRow, size: int) -> list[float]:
-    """``row``'s line of the table for logits of ``size`` tokens (token ids
-    and float32 numbers are exact in float64); it draws the row's uniform
-    number from its generator."""
+    """``row``'s line of the table for logits of ``size`` tokens; it draws the
+    row's uniform number from its generator."""
     sampling = row.sampling
-    tokens: list[float] = []
-    factors: list[float] = []
-    penalty = np.float32(sampling.repetition_penalty)
-    if row.previous and penalty != 1.0:
-        for token, times in Counter(row.previous[-SPEECH_PENALTY_WINDOW:]).items():
-            if token < size:
-                tokens.append(float(token))
-                # In float32, as the model code's penalty.
-                factors.append(float(penalty ** np.float32(times)))
-    padding = SPEECH_PENALTY_WINDOW - len(tokens)
     keep = max(sampling.top_k, sampling.min_kept)
     return [
         float(np.float32(sampling.temperature)),
@@ -86,10 +75,7 @@ def table_row(row: SpeechRow, size: int) -> list[float]:
         float(size - sampling.min_kept if sampling.min_kept else 0),
         float(keep if sampling.top_k > 0 and keep < size else 0),
         float(torch.rand(1, generator=row.generator)),
-        *tokens,
-        *[float(size)] * padding,
-        *factors,
-        *[1.0] * padding,
+        *penalty_columns(row.previous, sampling.repetition_penalty, size),
     ]
 
 

@@ -130,7 +130,6 @@ def choose_answer_tokens(rows: Sequence[AnswerRow]) -> tuple[list[int], torch.Te
     over each row's few kept tokens."""
     scores = torch.stack([row.logits.detach().reshape(-1) for row in rows]).float()
     size, device = scores.shape[1], scores.device
-    # A divisor as the device divides by a Python number (see _divisor).
     windows = [
         sorted(set(row.window)) if row.sampling.repetition_penalty != 1.0 else [] for row in rows
     ]
@@ -138,6 +137,9 @@ def choose_answer_tokens(rows: Sequence[AnswerRow]) -> tuple[list[int], torch.Te
         list(row.vocab.terminators) if row.sampling.length_penalty != 1.0 else [] for row in rows
     ]
     wide, ending = max(map(len, windows), default=0), max(map(len, ends), default=0)
+    # Columns: suppress; the repetition and length penalties' factors and
+    # divisors, the temperature's divisor (as the device divides by a Python
+    # number, see _divisor); the window's tokens; the terminators.
     table = [
         [
             float(row.suppress),
@@ -150,10 +152,11 @@ def choose_answer_tokens(rows: Sequence[AnswerRow]) -> tuple[list[int], torch.Te
         for row, window, end in zip(rows, windows, ends, strict=True)
     ]
     on = torch.tensor(table, dtype=torch.float64, device=device)
+    vocabs = {row.vocab for row in rows}
     for vocab in {row.vocab for row in rows if row.suppress and row.vocab.forbidden}:
         forbidden = _index(vocab.forbidden, device)
         masked = on[:, :1] > 0
-        if len({row.vocab for row in rows}) > 1:  # rows of other vocabularies left alone
+        if len(vocabs) > 1:  # rows of other vocabularies left alone
             mine = [row.vocab == vocab for row in rows]
             masked = masked & torch.tensor(mine, device=device)[:, None]
         scores[:, forbidden] = scores[:, forbidden].masked_fill(masked, float("-inf"))

@@ -79,24 +79,32 @@ class SpeechPick(NamedTuple):
 
 def table_row(pick: SpeechPick, size: int) -> list[float]:
     """``pick``'s row of the table (see the module's columns), for logits of
-    ``size`` tokens; a sampled row takes its uniform number here. Token ids
-    and float32 factors are exact in float64."""
+    ``size`` tokens; a sampled row takes its uniform number here."""
     sampling = pick.sampling
     sampled = sampling.temperature > 0
-    tokens: list[float] = []
-    factors: list[float] = []
-    if pick.previous and sampling.repetition_penalty != 1.0:
-        penalty = np.float32(sampling.repetition_penalty)
-        for token, count in Counter(pick.previous[-SPEECH_PENALTY_WINDOW:]).items():
-            if token < size:
-                tokens.append(token)
-                # In float32, as the model code's penalty: the same factor whatever its device.
-                factors.append(float(penalty ** np.float32(count)))
-    padding = SPEECH_PENALTY_WINDOW - len(tokens)
     uniform = pick.uniforms.next() if sampled else 0.0
     divisor = float(np.float32(sampling.temperature)) if sampled else 1.0
     head = [divisor, float(pick.allow_eos), float(pick.eos), float(not sampled), uniform]
-    return [*head, *tokens, *[float(size)] * padding, *factors, *[1.0] * padding]
+    return [*head, *penalty_columns(pick.previous, sampling.repetition_penalty, size)]
+
+
+def penalty_columns(previous: Sequence[int] | None, penalty: float, size: int) -> list[float]:
+    """A table row's last columns (from :data:`PENALISED` on): the tokens of
+    ``previous``'s last :data:`SPEECH_PENALTY_WINDOW` that the repetition
+    ``penalty`` damps, padded with the scratch column ``size``, then their
+    factors ``penalty ** count``, padded with 1. Token ids and float32
+    factors are exact in float64."""
+    tokens: list[float] = []
+    factors: list[float] = []
+    if previous and penalty != 1.0:
+        base = np.float32(penalty)
+        for token, count in Counter(previous[-SPEECH_PENALTY_WINDOW:]).items():
+            if token < size:
+                tokens.append(float(token))
+                # In float32, as the model code's penalty: the same factor whatever its device.
+                factors.append(float(base ** np.float32(count)))
+    padding = SPEECH_PENALTY_WINDOW - len(tokens)
+    return [*tokens, *[float(size)] * padding, *factors, *[1.0] * padding]
 
 
 def choose_rows(logits: torch.Tensor, table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
