@@ -204,7 +204,8 @@ class Follower:
     """Keeps a batched session on the reference's path through near-ties
     (bf16 forwards batched differently round differently): where our choice
     differs from the reference's by no more than ``tie`` in the scores it was
-    chosen from, the reference's is taken (counted)."""
+    chosen from (before top-p and top-k drop any: a token rounding moved just
+    out of the kept few is still a near-tie), the reference's is taken (counted)."""
 
     def __init__(self, reference: list[TurnTrace], tie: float, terminators: tuple[int, ...]):
         self.reference, self.tie, self.terminators = reference, tie, terminators

@@ -18,6 +18,7 @@ from omnilive.engines.minicpmo.sessions.chunk_speech_choice import (
     choose_chunk_speech_token,
     choose_chunk_speech_tokens,
     table_row,
+    unfiltered_scores,
 )
 from omnilive.engines.minicpmo.sessions.simplex_rules import (
     SPEECH_PENALTY_WINDOW,
@@ -100,6 +101,26 @@ def test_top_k_keeps_every_token_tied_with_its_last() -> None:
     sampling = ChunkSpeechSampling(temperature=1.0, top_p=1.0, top_k=3, min_kept=1)
     _, scores = choose_chunk_speech_token(logits, None, sampling)
     assert np.isfinite(scores).tolist() == [True] * 5 + [False] * 3
+
+
+def test_unfiltered_scores_are_the_chosen_ones_before_top_p_and_top_k() -> None:
+    """What the equality harness measures a near-tie in: every token's
+    tempered, penalised score, where the choice keeps only the best; no
+    uniform number is drawn for it."""
+    logits = torch.tensor([2.0, -1.0, 1.5, 0.5, 3.0])
+    sampling = ChunkSpeechSampling(
+        temperature=0.5, top_p=0.5, top_k=1, repetition_penalty=2.0, min_kept=1
+    )
+    generator = torch.Generator().manual_seed(7)
+    row = SpeechRow(logits.to(DEVICE), [0, 1, 0], sampling, generator)
+    scores = unfiltered_scores([row]).cpu().numpy()
+    expected = np.array([2.0 / 0.5 / 4.0, -1.0 / 0.5 * 2.0, 3.0, 1.0, 6.0], dtype=np.float32)
+    assert np.array_equal(scores[0], expected)
+    _, chosen = choose_chunk_speech_tokens([row])
+    assert np.isfinite(chosen[0].cpu().numpy()).tolist() == [False, False, False, False, True]
+    fresh = torch.Generator().manual_seed(7)
+    draws = [torch.rand(1, generator=fresh) for _ in range(2)]
+    assert torch.equal(torch.rand(1, generator=generator), draws[1])  # only the choice drew
 
 
 def test_the_duplex_tables_layout_fits_the_simplex_window() -> None:

@@ -104,6 +104,21 @@ def choose_chunk_speech_token(
     return tokens[0], scores[0].cpu().numpy()
 
 
+def unfiltered_scores(rows: Sequence[SpeechRow]) -> torch.Tensor:
+    """``[rows, audio tokens]``: the scores each row's choice starts from
+    (tempered and penalised), before top-p and top-k drop any; the rows'
+    generators are not drawn from. What the equality harness measures a
+    near-tie in: a token bf16's rounding moved just out of the kept few is
+    ``-inf`` in the chosen scores, yet a hair from the best."""
+    with torch.no_grad():
+        logits = torch.stack([row.logits.detach().reshape(-1) for row in rows])
+    size = int(logits.shape[1])
+    lines = [table_row(row._replace(generator=torch.Generator()), size) for row in rows]
+    table = torch.tensor(lines, dtype=torch.float64, device=logits.device)
+    table[:, LIMIT], table[:, CUT] = -1.0, 0.0
+    return choose_chunk_rows(logits, table)[1]
+
+
 def warm(device: torch.device, size: int, dtypes: Sequence[torch.dtype]) -> None:
     """Compile the kernel for logits of ``size`` tokens in each of ``dtypes``
     now, not at the first answer's first speech token (a second or so)."""

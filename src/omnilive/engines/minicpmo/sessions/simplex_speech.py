@@ -17,6 +17,7 @@ from omnilive.engines.minicpmo.runtime.programs import Pick, Program, Step
 from omnilive.engines.minicpmo.sessions.chunk_speech_choice import (
     SpeechRow,
     choose_chunk_speech_tokens,
+    unfiltered_scores,
 )
 from omnilive.engines.minicpmo.sessions.vocoder import VOCODER_CHUNK
 
@@ -138,10 +139,10 @@ def speech_picks(steps: list[tuple[StepResult, SpeechChoice]]) -> list[int]:
         SpeechRow(result.logits, previous, session.speech_sampling, session.speech_generator)  # type: ignore[arg-type]
         for result, (session, previous) in steps
     ]
-    tokens, scores = choose_chunk_speech_tokens(rows)
+    tokens, _ = choose_chunk_speech_tokens(rows)
     if all(session.follow is None for _, (session, _) in steps):
         return tokens
-    seen = scores.cpu().numpy()
+    seen = unfiltered_scores(rows).cpu().numpy()
     for k, (_, (session, _)) in enumerate(steps):
         if session.follow is not None:  # in logit units, as the text's
             temperature = session.speech_sampling.temperature
