@@ -36,10 +36,23 @@ class Talked:
     err: str
 
 
+def _as_from_a_terminal() -> None:
+    """Ctrl-C's signal as a terminal's program has it. A test run started in
+    the background of a script (``make test &``, CI's runners) ignores
+    SIGINT, and a program started with it ignored keeps ignoring it: the
+    pressed Ctrl-C would be lost and the conversation run to its end."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 async def talk(*args: str, timeout: float = 60, interrupt_after: str | None = None) -> Talked:
     """Run ``omnilive talk``; with ``interrupt_after``, press Ctrl-C once that line shows."""
     process = await asyncio.create_subprocess_exec(
-        *TALK, *args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        *TALK,
+        *args,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=_as_from_a_terminal,
     )
     assert process.stdout is not None
     lines: list[bytes] = []
