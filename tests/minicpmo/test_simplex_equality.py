@@ -30,3 +30,15 @@ def test_batched_conversations_answer_as_the_model_code_alone(
     assert report["max_logit_difference"] < 1e-3
     assert max(report["batch_sizes"]) > 1  # the conversations shared forwards
     assert max(report["speech_batch_sizes"]) > 1
+
+
+def test_the_near_tie_follower_leaves_equal_choices_alone(tiny_checkpoint: Path) -> None:
+    """The GPU runs' follower (``--tie``) on, reading every speech pick's
+    scores before top-p and top-k: in float32 on the CPU the batch rounds as
+    each alone, so there is no near-tie to follow and nothing changes."""
+    from benchmarks.simplex_equality import check
+
+    report = check(tiny_checkpoint, "standalone", 2, 2, max_new_tokens=16, tie=0.5)
+    assert report["mismatches"] == []
+    assert report["speech_tokens"] > 0
+    assert report["followed_ties"] == []
