@@ -39,4 +39,9 @@ async def test_a_spoken_question_gets_an_answer_whisper_understands(
     whisper = WhisperASR(cascade.tmp / "data" / "cache" / "whisper-base", threads=2)
     whisper.load()
     heard = whisper.transcribe(load_wav(answer)).text
-    assert overlap(said, heard) >= 0.6, (said, heard)
+    # Half the words, not more: Piper draws noise for every rendering, and the
+    # answer's two-word first piece ("Paris is," then "the capital of
+    # France.") is heard as one word ("Erisis") in most renderings and with
+    # "France" as "friends" too in about one in ten (0.5 in 4 of 80 of them,
+    # 0.67 in 70, none under 0.5). Audio that is not this answer shares none.
+    assert overlap(said, heard) >= 0.5, (said, heard)
