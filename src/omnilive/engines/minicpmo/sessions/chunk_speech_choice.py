@@ -83,13 +83,20 @@ def choose_chunk_speech_tokens(rows: Sequence[SpeechRow]) -> tuple[list[int], to
     """Each row's next speech token and the float32 scores it was drawn from
     (``[rows, audio tokens]``, ``-inf`` where top-p or top-k dropped a
     token): the kernel on CUDA, :func:`choose_chunk_rows` elsewhere."""
-    with torch.no_grad():
-        logits = torch.stack([row.logits.detach().reshape(-1) for row in rows])
-    size, device = int(logits.shape[1]), logits.device
-    table = torch.tensor([table_row(row, size) for row in rows], dtype=torch.float64, device=device)
-    choose = choose_chunk_fused if KERNEL.uses(device) else choose_chunk_rows
+    logits, table = _logits_and_table(rows)
+    choose = choose_chunk_fused if KERNEL.uses(logits.device) else choose_chunk_rows
     tokens, scores = choose(logits, table)
     return tokens.tolist(), scores
+
+
+def _logits_and_table(rows: Sequence[SpeechRow]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows' logits ``[rows, audio tokens]`` and their table (float64, on
+    the logits' device); each row's uniform number drawn from its generator."""
+    with torch.no_grad():
+        logits = torch.stack([row.logits.detach().reshape(-1) for row in rows])
+    size = int(logits.shape[1])
+    lines = [table_row(row, size) for row in rows]
+    return logits, torch.tensor(lines, dtype=torch.float64, device=logits.device)
 
 
 def choose_chunk_speech_token(
@@ -110,11 +117,9 @@ def unfiltered_scores(rows: Sequence[SpeechRow]) -> torch.Tensor:
     generators are not drawn from. What the equality harness measures a
     near-tie in: a token bf16's rounding moved just out of the kept few is
     ``-inf`` in the chosen scores, yet a hair from the best."""
-    with torch.no_grad():
-        logits = torch.stack([row.logits.detach().reshape(-1) for row in rows])
-    size = int(logits.shape[1])
-    lines = [table_row(row._replace(generator=torch.Generator()), size) for row in rows]
-    table = torch.tensor(lines, dtype=torch.float64, device=logits.device)
+    # Throwaway generators: the sessions' own stay where the choice left them.
+    spare = [row._replace(generator=torch.Generator()) for row in rows]
+    logits, table = _logits_and_table(spare)
     table[:, LIMIT], table[:, CUT] = -1.0, 0.0
     return choose_chunk_rows(logits, table)[1]
 
