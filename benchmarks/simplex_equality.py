@@ -298,6 +298,8 @@ async def run_batched(
     return list(traces), {
         "batch_sizes": dict(loop.batch_sizes),
         "speech_batch_sizes": dict(loop.speech_batch_sizes),
+        # prompts per encoders' lane call (its only gathered work in a chat)
+        "prompt_batch_sizes": dict(loop.encoders.gathered) if loop.encoders else {},
         "followed_ties": ties,
     }
 

@@ -152,3 +152,16 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.minicpmo.model_code import tiny_checkpoint as build_tiny
 
     return build_tiny(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def tiny_shared(tiny_checkpoint: Path) -> Any:
+    """The shared parts (:class:`SharedModel`) of the tiny checkpoint loaded
+    through the unified model code, on the CPU in float32."""
+    from benchmarks.duplex_equality import load_reference
+
+    from omnilive.engines.minicpmo.sessions.shared import SharedModel
+    from omnilive.engines.minicpmo.sessions.unit_rules import UnitRules
+
+    owner = load_reference(tiny_checkpoint, "unified", "cpu", "float32", budget=8, forced=0)
+    return SharedModel.of_duplex(owner, UnitRules())

@@ -18,14 +18,8 @@ pytestmark = needs_model_code
 
 
 @pytest.fixture(scope="module")
-def shared(tiny_checkpoint: Path) -> Any:
-    from benchmarks.duplex_equality import load_reference
-
-    from omnilive.engines.minicpmo.sessions.shared import SharedModel
-    from omnilive.engines.minicpmo.sessions.unit_rules import UnitRules
-
-    owner = load_reference(tiny_checkpoint, "unified", "cpu", "float32", budget=8, forced=0)
-    return SharedModel.of_duplex(owner, UnitRules())
+def shared(tiny_shared: Any) -> Any:
+    return tiny_shared
 
 
 def frames(sizes: list[tuple[int, int]], seed: int) -> list[Image.Image]:

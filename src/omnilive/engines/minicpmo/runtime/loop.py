@@ -233,9 +233,20 @@ class BatchLoop:
     async def side_gather(self, key: str, fn: Callable[[list[Any]], list[T]], item: Any) -> T:
         """``fn`` over ``item`` and the other sessions' items of ``key``
         waiting with it, as one call on the side lane (:meth:`SideLane.gather`)."""
-        if self.side is None:  # no lanes: on this loop's thread, alone
+        return await self._gather(self.side, key, fn, item)
+
+    async def encoder_gather(self, key: str, fn: Callable[[list[Any]], list[T]], item: Any) -> T:
+        """``fn`` over ``item`` and the other sessions' items of ``key``
+        waiting with it, as one call on the encoders' lane (or the side lane
+        where there is none)."""
+        return await self._gather(self.encoders or self.side, key, fn, item)
+
+    async def _gather(
+        self, lane: SideLane | None, key: str, fn: Callable[[list[Any]], list[T]], item: Any
+    ) -> T:
+        if lane is None:  # no lanes: on this loop's thread, alone
             return await self.call(_alone, fn, item)
-        return await self.side.gather(key, fn, item)
+        return await lane.gather(key, fn, item)
 
     async def encoder_call(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on the encoders' lane (beside the side lane's vocoder

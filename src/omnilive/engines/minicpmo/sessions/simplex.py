@@ -7,7 +7,9 @@ slot of the batch loop's cache. A message's prompt is built as the model code
 builds it (the first message through the chat template, a user turn after an
 answer opened with ``<|tts_eos|><|im_end|>``, ...); its text, images and
 audio become embeddings through the model code's own ``get_vllm_embedding``
-and ``get_omni_embedding`` (on the encoders' lane); the embeddings go into
+and ``get_audio_embedding`` (on the encoders' lane, every chat's prompt
+waiting for it in one call: :mod:`~omnilive.engines.minicpmo.sessions.prompts`);
+the embeddings go into
 the slot as one forward, batched with the other sessions' steps. A message's
 audio is a whole recording, encoded at once, as the unified code does when
 asked (the checkpoint's code encodes it as a live stream, which only takes
@@ -60,8 +62,13 @@ from omnilive.engines.base import EngineError, TextAudioChunk
 from omnilive.engines.minicpmo.runtime.batch import StepResult
 from omnilive.engines.minicpmo.runtime.loop import BatchLoop
 from omnilive.engines.minicpmo.runtime.programs import Pick, Program, Step
-from omnilive.engines.minicpmo.runtime.tensors import swapped
 from omnilive.engines.minicpmo.sessions.duplex import VOICE_KEY
+from omnilive.engines.minicpmo.sessions.encoders import Failed
+from omnilive.engines.minicpmo.sessions.prompts import (
+    PROMPT_KEY,
+    prompt_embeddings,
+    prompt_inputs,
+)
 from omnilive.engines.minicpmo.sessions.shared import SharedModel
 from omnilive.engines.minicpmo.sessions.simplex_rules import (
     PENALTY_WINDOW,
@@ -238,8 +245,14 @@ class SlotSimplex:
     async def _forward(
         self, prompt: str, images: list[Any], audios: list[np.ndarray], max_slice_nums: int | None
     ) -> int:
-        inputs = await asyncio.to_thread(self._processed, prompt, images, audios, max_slice_nums)
-        embeds = await self.loop.encoder_call(self._embedded, inputs)
+        inputs = await asyncio.to_thread(
+            prompt_inputs, self.shared, prompt, images, audios, max_slice_nums, first=self.first
+        )
+        embeds = await self.loop.encoder_gather(
+            PROMPT_KEY, partial(prompt_embeddings, self.shared), inputs
+        )
+        if isinstance(embeds, Failed):
+            raise EngineError(f"this message could not be encoded: {embeds.error}")
         self.first = False
         capacity = self.loop.steps.cache.capacity
         if self.kv_length + int(embeds.shape[0]) + TEXT_CHUNK > capacity:
@@ -250,43 +263,6 @@ class SlotSimplex:
         await self.loop.forward(self.slot, embeds)
         self.kv_length += int(embeds.shape[0])
         return self.kv_length
-
-    def _processed(
-        self,
-        prompt: str,
-        images: list[Any],
-        audios: list[np.ndarray],
-        max_slice_nums: int | None,
-    ) -> Any:
-        """The processor's inputs for ``prompt`` (CPU work). A recording's
-        features are made in the extractor's mode as loaded (the duplex
-        sessions' streaming processors switch it as their audio grows)."""
-        shared = self.shared
-        processor = shared.processor
-        with shared.mel_lock, swapped(processor.audio_processor, dict(shared.voice_mel_mode)):
-            return processor(
-                [prompt],
-                [images],
-                [audios],
-                max_slice_nums=1 if max_slice_nums is None else max_slice_nums,
-                use_image_id=False,
-                chunk_input=True,
-                return_tensors="pt",
-                max_length=None,
-                sampling_rate=16000,
-                add_special_tokens=self.first,
-                online_streaming=False,
-            )
-
-    def _embedded(self, inputs: Any) -> torch.Tensor:
-        """``[n, hidden]``: the prompt's embeddings, images and audio in place
-        (the model code's own functions; nothing of theirs keeps state)."""
-        model = self.shared.model
-        inputs = inputs.to(self.shared.device)
-        with torch.no_grad():
-            embeds, _ = model.get_vllm_embedding(inputs)
-            embeds = model.get_omni_embedding(inputs, input_embeddings=embeds, stream_input=False)
-        return embeds[0]
 
     # --- the voice ----------------------------------------------------------------------
 

@@ -1,0 +1,122 @@
+"""The chats' prompts as embeddings, every prompt waiting for the encoders'
+lane in one call.
+
+A chat or half-duplex message (:meth:`SlotSimplex.prefill
+<omnilive.engines.minicpmo.sessions.simplex.SlotSimplex.prefill>`) becomes
+embeddings as the model code makes them: its text and images through
+``get_vllm_embedding``, its recording through ``get_audio_embedding`` (the
+whole recording at once, as ``get_omni_embedding`` does when not streaming),
+placed over the prompt's audio placeholders. Whisper at batch 1 is bound by
+kernel launches, not arithmetic (about 23 ms a prompt on an H200), so eight
+chats arriving together waited ~200 ms for the last one's turn. Here the
+recordings of every prompt in the call go through ``get_audio_embedding``
+together, the prompts whose features have the same width as ONE batch: the
+model code's own batched call over them, whose padding is that of each
+prompt alone, so each prompt's audio is what it would be encoded alone (the
+batch's size aside, which moves bf16 sums as any batching does). Prompts of
+different widths go in a call each (padding one to another's width would
+change its last frames through Whisper's convolutions).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from omnilive.engines.minicpmo.runtime.tensors import swapped
+from omnilive.engines.minicpmo.sessions.encoders import Failed
+
+if TYPE_CHECKING:
+    from omnilive.engines.minicpmo.sessions.shared import SharedModel
+
+PROMPT_KEY = "prompt"  # the encoders' lane's gather key for prompt_embeddings
+
+
+def prompt_inputs(
+    shared: SharedModel,
+    prompt: str,
+    images: list[Any],
+    audios: list[np.ndarray],
+    max_slice_nums: int | None,
+    *,
+    first: bool,
+) -> Any:
+    """The processor's inputs for ``prompt`` (CPU work; ``first``: the
+    conversation's first, which opens with the special tokens). A
+    recording's features are made in the extractor's mode as loaded (the
+    duplex sessions' streaming processors switch it as their audio grows)."""
+    processor = shared.processor
+    with shared.mel_lock, swapped(processor.audio_processor, dict(shared.voice_mel_mode)):
+        return processor(
+            [prompt],
+            [images],
+            [audios],
+            max_slice_nums=1 if max_slice_nums is None else max_slice_nums,
+            use_image_id=False,
+            chunk_input=True,
+            return_tensors="pt",
+            max_length=None,
+            sampling_rate=16000,
+            add_special_tokens=first,
+            online_streaming=False,
+        )
+
+
+def prompt_embeddings(shared: SharedModel, batch: list[Any]) -> list[torch.Tensor | Failed]:
+    """Per processor output of ``batch`` (one prompt each): its ``[n, hidden]``
+    embeddings, or what it failed with (the others go on)."""
+    model = shared.model
+    batch = [inputs.to(shared.device) for inputs in batch]
+    recordings = _recordings(model, batch)
+    results: list[torch.Tensor | Failed] = []
+    for index, inputs in enumerate(batch):
+        try:
+            with torch.no_grad():
+                embeds, _ = model.get_vllm_embedding(inputs)
+                if index in recordings:
+                    _place(embeds[0], recordings[index], inputs["audio_bounds"][0])
+            results.append(embeds[0])
+        except Exception as exc:  # that session's to handle
+            results.append(Failed(exc))
+    return results
+
+
+def _recordings(model: Any, batch: list[Any]) -> dict[int, list[torch.Tensor]]:
+    """Per prompt of ``batch`` with audio: its clips' embeddings, in order;
+    one ``get_audio_embedding`` call per width of features."""
+    by_width: defaultdict[int, list[int]] = defaultdict(list)
+    for index, inputs in enumerate(batch):
+        features = inputs.get("audio_features", [])
+        if len(features) > 0:
+            by_width[int(features.shape[-1])].append(index)
+    made: dict[int, list[torch.Tensor]] = {}
+    for indices in by_width.values():
+        data = {
+            "audio_features": torch.cat([batch[i]["audio_features"] for i in indices], 0),
+            "audio_feature_lens": [batch[i]["audio_feature_lens"][0] for i in indices],
+        }
+        with torch.no_grad():
+            clips = model.get_audio_embedding(data, chunk_length=-1)
+        made.update(zip(indices, clips, strict=True))
+    return made
+
+
+def _place(embeds: torch.Tensor, clips: list[torch.Tensor], bounds: Any) -> None:
+    """The clips' embeddings, one after another, over the prompt's audio
+    placeholders (``bounds``: start and end positions, in order), as the
+    model code places them; a prompt whose placeholders do not hold exactly
+    its embeddings is refused (the model code would raise or misplace)."""
+    audio = torch.cat(clips, 0).to(embeds.dtype)
+    spans = [(int(start), int(end)) for start, end in bounds]
+    if sum(end - start for start, end in spans) != int(audio.shape[0]):
+        raise ValueError(
+            f"the prompt's {len(spans)} audio placeholders do not hold its "
+            f"{int(audio.shape[0])} audio embeddings"
+        )
+    at = 0
+    for start, end in spans:
+        embeds[start:end] = audio[at : at + end - start]
+        at += end - start

@@ -1,0 +1,74 @@
+"""The chats' prompts encoded together (sessions/prompts.py) against the
+model code's own ``get_vllm_embedding`` + ``get_omni_embedding`` one prompt
+at a time, on the CPU with the tiny checkpoint of the published
+architecture. Skipped where the model code is not at hand (``model_code.py``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from tests.minicpmo.model_code import needs_model_code
+
+pytestmark = needs_model_code
+
+
+@pytest.fixture(scope="module")
+def shared(tiny_shared: Any) -> Any:
+    return tiny_shared
+
+
+def inputs(shared: Any, text: str, seconds: float | None, seed: int) -> Any:
+    from omnilive.engines.minicpmo.sessions.prompts import prompt_inputs
+
+    audios = []
+    prompt = f"<|im_start|>user\n{text}"
+    if seconds is not None:
+        rng = np.random.default_rng(seed)
+        audios = [rng.normal(0, 0.1, int(16_000 * seconds)).astype(np.float32)]
+        prompt += "<audio>./</audio>"
+    return prompt_inputs(shared, prompt, [], audios, None, first=True)
+
+
+def alone(shared: Any, given: Any) -> torch.Tensor:
+    """The model code's own path for one prompt."""
+    model = shared.model
+    with torch.no_grad():
+        embeds, _ = model.get_vllm_embedding(given)
+        embeds = model.get_omni_embedding(given, input_embeddings=embeds, stream_input=False)
+    return embeds[0]
+
+
+def test_prompts_of_mixed_lengths_encode_together_as_each_alone(shared: Any) -> None:
+    from omnilive.engines.minicpmo.sessions.prompts import prompt_embeddings
+
+    lengths = [2.0, None, 1.5, 2.0, 1.0, 2.0]  # three of one width, one text-only
+    batch = [inputs(shared, f"question {i}", s, i) for i, s in enumerate(lengths)]
+    assert sum(1 for s in lengths if s is not None) == 5
+    expected = [alone(shared, given) for given in batch]
+    got = prompt_embeddings(shared, batch)
+    for given, want, made, seconds in zip(batch, expected, got, lengths, strict=True):
+        assert isinstance(made, torch.Tensor)
+        assert made.shape == want.shape
+        assert float((made - want).abs().max()) < 1e-4
+        if seconds is not None:  # the audio was placed: not the placeholders' embeddings
+            with torch.no_grad():
+                text_only, _ = shared.model.get_vllm_embedding(given)
+            assert float((made - text_only[0]).abs().max()) > 1e-3
+
+
+def test_a_prompt_whose_placeholders_do_not_fit_its_audio_fails_alone(shared: Any) -> None:
+    from omnilive.engines.minicpmo.sessions.encoders import Failed
+    from omnilive.engines.minicpmo.sessions.prompts import prompt_embeddings
+
+    good = inputs(shared, "fine", 1.0, 0)
+    bad = inputs(shared, "broken", 1.0, 1)
+    bounds = bad["audio_bounds"][0]
+    bad["audio_bounds"] = [bounds[:, :] - torch.tensor([0, 1])]  # one placeholder short
+    got = prompt_embeddings(shared, [bad, good])
+    assert isinstance(got[0], Failed) and "placeholders" in str(got[0].error)
+    assert isinstance(got[1], torch.Tensor)
+    assert float((got[1] - alone(shared, good)).abs().max()) < 1e-4
