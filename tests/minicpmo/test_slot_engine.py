@@ -448,3 +448,34 @@ def test_too_many_slots_for_the_memory_is_one_clear_refusal(tiny: Path) -> None:
             engine.load(lambda stage, fraction: None)
     finally:
         engine.close()
+
+
+async def test_sessions_in_a_kept_voice_start_while_the_side_lane_is_busy(engine: Any) -> None:
+    """A kept voice is read without the side lane: a chat and a duplex
+    session in the default voice (prepared at the warm-up) start while a
+    long vocoder call holds that lane, where they waited for it to end."""
+    loop = engine._slots.batch
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        held.set()
+        release.wait(timeout=60)
+
+    holding = asyncio.create_task(loop.side_call(hold), name="hold-the-side-lane")
+    chat, duplex = engine.open_chat(), engine.open_duplex()
+    try:
+        await asyncio.to_thread(held.wait, 10)
+        options = ChatOptions(generation=GenerationOptions(max_new_tokens=6))
+        message = [ChatMessage("user", (TextPart("Hello there."),))]
+        started = asyncio.gather(
+            chat.prefill(message, options), duplex.prepare("Same voice.", DuplexOptions())
+        )
+        lengths = await asyncio.wait_for(started, timeout=30)
+        assert not holding.done()  # the lane was held all along
+        assert all(length > 0 for length in lengths)
+        assert chat._session.voice is not None and duplex._session.voice is not None
+    finally:
+        release.set()
+        await holding
+        chat.close()
+        duplex.close()

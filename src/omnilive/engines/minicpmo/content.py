@@ -10,6 +10,7 @@ import hashlib
 import io
 import os
 import tempfile
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -92,21 +93,41 @@ class KeptVoices(Generic[T]):
         self.kept = kept
         self.forget = forget  # called with what leaves
         self._voices: OrderedDict[str, T] = OrderedDict()
+        # Preparations are made on one lane; peek() reads from any thread.
+        self._lock = threading.Lock()
 
     def get(self, samples: np.ndarray, prepare: Callable[[np.ndarray], T]) -> T:
         """The preparation of ``samples`` (as float32, the engine's audio):
-        kept, or made by ``prepare`` now."""
+        kept, or made by ``prepare`` now (by one thread at a time)."""
         samples = np.ascontiguousarray(samples, dtype=np.float32)
-        key = hashlib.sha256(samples.tobytes()).hexdigest() + str(samples.dtype)
-        if key in self._voices:
-            self._voices.move_to_end(key)
-            return self._voices[key]
-        made = self._voices[key] = prepare(samples)
-        while len(self._voices) > self.kept:
-            _, old = self._voices.popitem(last=False)
-            if self.forget is not None:
+        key = _key(samples)
+        kept = self._kept(key)
+        if kept is not None:
+            return kept
+        made = prepare(samples)
+        with self._lock:
+            self._voices[key] = made
+            left = [self._voices.popitem(last=False)[1] for _ in range(len(self) - self.kept)]
+        if self.forget is not None:
+            for old in left:
                 self.forget(old)
         return made
 
+    def peek(self, samples: np.ndarray) -> T | None:
+        """The kept preparation of ``samples``, or None; prepares nothing (any
+        thread: what is kept needs no lane to be read)."""
+        return self._kept(_key(np.ascontiguousarray(samples, dtype=np.float32)))
+
+    def _kept(self, key: str) -> T | None:
+        with self._lock:
+            if key not in self._voices:
+                return None
+            self._voices.move_to_end(key)
+            return self._voices[key]
+
     def __len__(self) -> int:
         return len(self._voices)
+
+
+def _key(samples: np.ndarray) -> str:
+    return hashlib.sha256(samples.tobytes()).hexdigest() + str(samples.dtype)

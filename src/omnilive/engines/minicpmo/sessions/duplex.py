@@ -146,8 +146,10 @@ class SlotDuplex:
         shared = self.shared
         self.audio = AudioStream(mel=await self._across(asyncio.to_thread(shared.new_mel)))
         if tts_voice is not None and shared.generate_audio:
-            opened = self.loop.side_call(shared.open_voice, tts_voice, True)
-            self.voice = await self._across(opened)
+            self.voice = shared.kept_voice(tts_voice, True)
+            if self.voice is None:
+                opened = self.loop.side_call(shared.open_voice, tts_voice, True)
+                self.voice = await self._across(opened)
         parts: list[torch.Tensor] = []
         if prefix:
             parts.append(shared.embed(shared.tokenizer.encode(prefix, add_special_tokens=False)))

@@ -269,7 +269,10 @@ class SlotSimplex:
     async def set_voice(self, samples: np.ndarray) -> None:
         """Speak in the voice of ``samples`` (16 kHz): prepared on the side
         lane, or the kept preparation of the same samples."""
-        self.voice = await self.loop.side_call(self.shared.open_voice, samples, False)
+        voice = self.shared.kept_voice(samples, False)  # kept: no lane to wait for
+        if voice is None:
+            voice = await self.loop.side_call(self.shared.open_voice, samples, False)
+        self.voice = voice
 
     # --- an answer ----------------------------------------------------------------------
 
