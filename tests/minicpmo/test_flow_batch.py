@@ -221,6 +221,27 @@ def test_the_model_codes_own_stream_through_the_pure_blocks_makes_the_same(vocod
             torch.testing.assert_close(cache[name], value, atol=1e-6, rtol=1e-5)
 
 
+def test_the_warm_up_voices_answers_together_at_every_batch_size(vocoder: SmallVocoder):
+    """What the engine's warm-up runs on CUDA (warm_answer_voices): every
+    batch size given, each twice (a graphed shape runs eagerly, then is
+    captured), each push of an answer's start one batched chunk."""
+    from omnilive.engines.minicpmo.sessions.simplex_speech import warm_answer_voices
+
+    runner = FlowRunner(vocoder, graphs=False)
+    base = runner.open("voice-a.wav")
+    opened: list[bool] = []
+
+    def open_voice(samples: np.ndarray, whole_seconds: bool) -> VoiceStream:
+        opened.append(whole_seconds)
+        return VoiceStream(runner, base=base, whole_seconds=whole_seconds)
+
+    shared = types.SimpleNamespace(voice_runner=lambda: runner, open_voice=open_voice)
+    calls = warm_answer_voices(shared, np.zeros(16_000, np.float32), (1, 2), 1)  # type: ignore[arg-type]
+    assert calls == 2 * 2 * 3  # two sizes, twice, a first piece + a second + the end
+    assert runner.batch_sizes == {1: 6, 2: 6}
+    assert opened == [False] * (1 + 1 + 2 + 2)  # an answer's streams, not whole seconds
+
+
 def test_kept_frequencies_embed_as_the_package() -> None:
     """The timestep embedder with its frequencies kept (no copy a flow step)
     makes the package's embeddings exactly, odd widths too."""

@@ -175,7 +175,7 @@ class MiniCPMoEngine(Engine):
 
     async def _warm_up_views(self) -> None:
         if self._slots is not None:
-            await self._slots.warm_graphs()
+            await self._slots.warm_graphs(self._default_voice)
         chat = self.open_chat()
         try:
             options = ChatOptions(generation=GenerationOptions(max_new_tokens=8))

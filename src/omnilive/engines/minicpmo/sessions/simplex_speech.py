@@ -7,7 +7,7 @@ and handed out in :class:`Piece` s for the vocoder."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -19,7 +19,14 @@ from omnilive.engines.minicpmo.sessions.chunk_speech_choice import (
     choose_chunk_speech_tokens,
     unfiltered_scores,
 )
-from omnilive.engines.minicpmo.sessions.vocoder import VOCODER_CHUNK
+from omnilive.engines.minicpmo.sessions.flow import BATCH_BUCKETS
+from omnilive.engines.minicpmo.sessions.unit_rules import SILENCE_TOKEN
+from omnilive.engines.minicpmo.sessions.vocoder import VOCODER_CHUNK, voice_together
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from omnilive.engines.minicpmo.sessions.shared import SharedModel
 
 # Speech tokens of an answer's first piece: 0.4 s of audio (with the three
 # silent tokens the vocoder starts a turn with), out about 50 ms before a
@@ -148,3 +155,32 @@ def speech_picks(steps: list[tuple[StepResult, SpeechChoice]]) -> list[int]:
             temperature = session.speech_sampling.temperature
             tokens[k] = session.follow("speech", tokens[k], seen[k] * temperature)
     return tokens
+
+
+def warm_answer_voices(
+    shared: SharedModel,
+    samples: np.ndarray,
+    buckets: tuple[int, ...] = BATCH_BUCKETS,
+    seconds: int = 3,
+) -> int:
+    """The vocoder's shapes of spoken answers starting together in the voice
+    of ``samples`` (a first piece, ``seconds`` whole seconds, the end), at
+    each batch size of ``buckets``, each twice: a graphed shape runs eagerly
+    the first time and is captured the second. Eight chats answering at once
+    met these in the serving path, holding the side lane (and every random
+    draw's lock) for the eager runs and captures (16 of its 148 py-spy
+    samples in such a round on an H200). On the side lane, at the warm-up;
+    returns the vocoder calls made."""
+    runner = shared.voice_runner()
+    pushes = [
+        (FIRST_PIECE, False, True),
+        *[(VOCODER_CHUNK, False, False)] * seconds,
+        (2, True, False),
+    ]
+    calls = 0
+    for streams in (bucket for bucket in buckets for _ in range(2)):
+        voices = [shared.open_voice(samples, False) for _ in range(streams)]
+        for count, last, flush in pushes:
+            voice_together(runner, [(v, [SILENCE_TOKEN] * count, last, flush) for v in voices])
+            calls += 1
+    return calls

@@ -59,6 +59,7 @@ from omnilive.engines.minicpmo.sessions import chunk_speech_choice, speech_choic
 from omnilive.engines.minicpmo.sessions.duplex import SlotDuplex
 from omnilive.engines.minicpmo.sessions.shared import SharedModel
 from omnilive.engines.minicpmo.sessions.simplex import speech_supported
+from omnilive.engines.minicpmo.sessions.simplex_speech import warm_answer_voices
 from omnilive.engines.minicpmo.sessions.unit_rules import (
     SpeechSampling,
     TextSampling,
@@ -179,8 +180,9 @@ class SlotEngine:
             simplex_suppress_text_only=not unified,
         )
 
-    async def warm_graphs(self) -> None:
-        """Every batch and step bucket's CUDA graphs, captured before any session."""
+    async def warm_graphs(self, voice: np.ndarray | None = None) -> None:
+        """Every batch and step bucket's CUDA graphs, captured before any
+        session; on CUDA, the vocoder's for answers in ``voice`` too."""
         started = time.perf_counter()
         captured = await self.batch.warm_graphs()
         log.info("%d step graphs captured in %.1f s", captured, time.perf_counter() - started)
@@ -188,6 +190,9 @@ class SlotEngine:
             head = self.host.model.tts.head_code[0].weight
             for warm in (speech_choice.warm, chunk_speech_choice.warm):
                 await self.batch.call(warm, head.device, head.shape[0], [head.dtype])
+            if voice is not None and self.shared.generate_audio and head.device.type == "cuda":
+                calls = await self.batch.side_call(warm_answer_voices, self.shared, voice)
+                log.info("vocoder warmed for answers: %d calls", calls)  # timed in its busy
 
     async def on_side_lane(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` (a step of the model's own code) on the side lane,
