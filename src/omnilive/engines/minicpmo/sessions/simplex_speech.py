@@ -6,6 +6,7 @@ and handed out in :class:`Piece` s for the vocoder."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
     import numpy as np
 
     from omnilive.engines.minicpmo.sessions.shared import SharedModel
+
+log = logging.getLogger(__name__)
 
 # Speech tokens of an answer's first piece: 0.4 s of audio (with the three
 # silent tokens the vocoder starts a turn with), out about 50 ms before a
@@ -170,17 +173,21 @@ def warm_answer_voices(
     met these in the serving path, holding the side lane (and every random
     draw's lock) for the eager runs and captures (16 of its 148 py-spy
     samples in such a round on an H200). On the side lane, at the warm-up;
-    returns the vocoder calls made."""
-    runner = shared.voice_runner()
+    returns the vocoder calls made. A failure is logged, not raised: serving
+    makes the same shapes when it first needs them."""
     pushes = [
         (FIRST_PIECE, False, True),
         *[(VOCODER_CHUNK, False, False)] * seconds,
         (2, True, False),
     ]
     calls = 0
-    for streams in (bucket for bucket in buckets for _ in range(2)):
-        voices = [shared.open_voice(samples, False) for _ in range(streams)]
-        for count, last, flush in pushes:
-            voice_together(runner, [(v, [SILENCE_TOKEN] * count, last, flush) for v in voices])
-            calls += 1
+    try:
+        runner = shared.voice_runner()
+        for streams in (bucket for bucket in buckets for _ in range(2)):
+            voices = [shared.open_voice(samples, False) for _ in range(streams)]
+            for count, last, flush in pushes:
+                voice_together(runner, [(v, [SILENCE_TOKEN] * count, last, flush) for v in voices])
+                calls += 1
+    except Exception:
+        log.warning("the vocoder's warm-up for answers stopped", exc_info=True)
     return calls
