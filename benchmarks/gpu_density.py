@@ -251,6 +251,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     sampler = GpuSampler()
     report: dict[str, Any] = {
         "gpu": GpuSampler.query("name") or "no GPU",
+        "chat_voice": "default" if args.chat_default_voice else "own",
         "model_code": model_code(ckpt),
         "speak_tokens_per_unit": args.speak_tokens,
         "units_per_session": args.units,
@@ -310,19 +311,20 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             # Each request leaves once its first audio came: with random weights
             # an answer's speech would run for its whole token budget.
             first = functools.partial(chat_request, until_first_audio=True)
-            await first(ws, voice, 0, max_new_tokens=8)  # warm
-            alone = [await first(ws, voice, 1 + i) for i in range(args.chats)]
+            chat_voice = None if args.chat_default_voice else voice
+            await first(ws, chat_voice, 0, max_new_tokens=8)  # warm
+            alone = [await first(ws, chat_voice, 1 + i) for i in range(args.chats)]
             # Eight at once twice: the first time the vocoder's lane meets the
             # shapes of eight first pieces together it runs them eagerly and
             # captures their graphs (reported apart); the second is the figure.
-            at_once = await asyncio.gather(*(first(ws, voice, 100 + i) for i in range(8)))
+            at_once = await asyncio.gather(*(first(ws, chat_voice, 100 + i) for i in range(8)))
             # Their answers cancelled and their slots released first: without
             # this pause the second round's prompts all waited ~350 ms for the
             # first round's ending (issue35n's results).
             await asyncio.sleep(1.0)
             profiler = profile_chats(args, server.pid) if args.profile_chats else None
             busy_before, started = counters(args.log.read_text())[0], time.perf_counter()
-            together = await asyncio.gather(*(first(ws, voice, 200 + i) for i in range(8)))
+            together = await asyncio.gather(*(first(ws, chat_voice, 200 + i) for i in range(8)))
             if profiler is not None:
                 await asyncio.to_thread(profiler.wait)
             seconds = time.perf_counter() - started
@@ -376,6 +378,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--profile-at", type=lambda s: [int(x) for x in s.split(",")], default=[],
         help="py-spy the workers while N sessions run (N,M,...)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--chat-default-voice", action="store_true",
+        help="the chats speak in the server's default voice (prepared at the warm-up), "
+        "not a reference voice of their own",
     )  # fmt: skip
     parser.add_argument(
         "--profile-chats", action="store_true", help="py-spy the server while 8 chats run at once"

@@ -128,13 +128,14 @@ async def recv_until(ws: Any, *types: str, timeout: float = 120) -> dict[str, An
 
 async def chat_request(
     base: str,
-    voice: np.ndarray,
+    voice: np.ndarray | None,
     index: int,
     max_new_tokens: int = 48,
     until_first_audio: bool = False,
 ) -> dict[str, Any]:
-    """One streamed spoken chat answer's timings; with ``until_first_audio``
-    the client leaves at the first audio chunk (the server cancels the rest)."""
+    """One streamed spoken chat answer's timings, in ``voice`` (None: the
+    server's default); with ``until_first_audio`` the client leaves at the
+    first audio chunk (the server cancels the rest)."""
     speech = synthetic_voice(2.0)
     payload = {
         "messages": [{"role": "user", "content": [
@@ -143,7 +144,7 @@ async def chat_request(
         ]}],
         "streaming": True,
         "generation": {"max_new_tokens": max_new_tokens},
-        "tts": {"enabled": True, "ref_audio_data": b64(voice)},
+        "tts": {"enabled": True, **({"ref_audio_data": b64(voice)} if voice is not None else {})},
     }  # fmt: skip
     started = time.perf_counter()
     first_chunk = first_audio = prefill = None
