@@ -224,7 +224,7 @@ async def profile(args: argparse.Namespace, server_pid: int, n: int) -> None:
     await asyncio.to_thread(profiler.wait)
 
 
-def profile_chats(args: argparse.Namespace, server_pid: int) -> Sampler | None:
+async def profile_chats(args: argparse.Namespace, server_pid: int) -> Sampler | None:
     """py-spy on the gateway and the workers for the 8 chats at once (their
     first audio comes within about a second; the recordings run for two)."""
     import psutil
@@ -235,7 +235,7 @@ def profile_chats(args: argparse.Namespace, server_pid: int) -> Sampler | None:
         return None
     root = psutil.Process(server_pid)
     profiler.start([server_pid, *(p.pid for p in root.children(recursive=True))], 2, "chats8")
-    time.sleep(0.5)  # py-spy attached before the chats start
+    await asyncio.sleep(0.5)  # py-spy attached before the chats start
     return profiler
 
 
@@ -322,7 +322,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             # this pause the second round's prompts all waited ~350 ms for the
             # first round's ending (issue35n's results).
             await asyncio.sleep(1.0)
-            profiler = profile_chats(args, server.pid) if args.profile_chats else None
+            profiler = await profile_chats(args, server.pid) if args.profile_chats else None
             busy_before, started = counters(args.log.read_text())[0], time.perf_counter()
             together = await asyncio.gather(*(first(ws, chat_voice, 200 + i) for i in range(8)))
             if profiler is not None:
