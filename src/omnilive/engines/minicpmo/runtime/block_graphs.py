@@ -36,7 +36,12 @@ from omnilive.engines.minicpmo.runtime.graphs import CAPTURE_LOCK
 
 log = logging.getLogger(__name__)
 
-MAX_GRAPHS = 24  # shapes kept a part: a voice's flow needs about four per batch size
+# Shapes kept a part. A voice's flow needs about five per batch size: the
+# warm-up's default voice alone makes 23 (issue35o on an H200), and with 24
+# kept a second voice's eight chats at once evicted and recaptured shapes
+# in every round (first audio 757 ms p50 against 500 in the default voice).
+# With one memory pool (see _graph) a kept graph holds only its outputs.
+MAX_GRAPHS = 64
 
 Blocks = Callable[..., tuple[torch.Tensor, ...]]
 
