@@ -72,3 +72,20 @@ def test_a_prompt_whose_placeholders_do_not_fit_its_audio_fails_alone(shared: An
     assert isinstance(got[0], Failed) and "placeholders" in str(got[0].error)
     assert isinstance(got[1], torch.Tensor)
     assert float((got[1] - alone(shared, good)).abs().max()) < 1e-4
+
+
+def test_a_prompt_that_breaks_its_width_groups_whisper_call_fails_alone(shared: Any) -> None:
+    from omnilive.engines.minicpmo.sessions.encoders import Failed
+    from omnilive.engines.minicpmo.sessions.prompts import prompt_embeddings
+
+    first = inputs(shared, "first", 1.0, 0)
+    bad = inputs(shared, "broken", 1.0, 1)
+    last = inputs(shared, "last", 1.0, 2)
+    # One mel bin short, at the group's width: the group's batched call cannot run.
+    bad["audio_features"] = bad["audio_features"][:, :-1, :]
+    assert bad["audio_features"].shape[-1] == first["audio_features"].shape[-1]
+    got = prompt_embeddings(shared, [first, bad, last])
+    assert isinstance(got[1], Failed)
+    for given, made in ((first, got[0]), (last, got[2])):
+        assert isinstance(made, torch.Tensor)
+        assert float((made - alone(shared, given)).abs().max()) < 1e-4

@@ -67,41 +67,74 @@ def prompt_inputs(
 
 def prompt_embeddings(shared: SharedModel, batch: list[Any]) -> list[torch.Tensor | Failed]:
     """Per processor output of ``batch`` (one prompt each): its ``[n, hidden]``
-    embeddings, or what it failed with (the others go on)."""
+    embeddings, or what it failed with. A failure stays with its prompt: one
+    that cannot move to the GPU, or whose width group's Whisper call fails
+    (that group's prompts are then encoded one by one), fails alone."""
     model = shared.model
-    batch = [inputs.to(shared.device) for inputs in batch]
-    recordings = _recordings(model, batch)
+    moved = [_moved(inputs, shared.device) for inputs in batch]
+    recordings = _recordings(model, moved)
     results: list[torch.Tensor | Failed] = []
-    for index, inputs in enumerate(batch):
+    for index, inputs in enumerate(moved):
+        clips = recordings.get(index)
+        failed = inputs if isinstance(inputs, Failed) else clips
+        if isinstance(failed, Failed):
+            results.append(failed)
+            continue
         try:
             with torch.no_grad():
                 embeds, _ = model.get_vllm_embedding(inputs)
-                if index in recordings:
-                    _place(embeds[0], recordings[index], inputs["audio_bounds"][0])
+                if clips is not None:
+                    _place(embeds[0], clips, inputs["audio_bounds"][0])
             results.append(embeds[0])
         except Exception as exc:  # that session's to handle
             results.append(Failed(exc))
     return results
 
 
-def _recordings(model: Any, batch: list[Any]) -> dict[int, list[torch.Tensor]]:
+def _moved(inputs: Any, device: torch.device) -> Any:
+    try:
+        return inputs.to(device)
+    except Exception as exc:
+        return Failed(exc)
+
+
+Clips = list[torch.Tensor]
+
+
+def _recordings(model: Any, batch: list[Any]) -> dict[int, Clips | Failed]:
     """Per prompt of ``batch`` with audio: its clips' embeddings, in order;
-    one ``get_audio_embedding`` call per width of features."""
+    one ``get_audio_embedding`` call per width of features, and where a
+    group's call fails, one per prompt of it."""
     by_width: defaultdict[int, list[int]] = defaultdict(list)
     for index, inputs in enumerate(batch):
-        features = inputs.get("audio_features", [])
+        features = [] if isinstance(inputs, Failed) else inputs.get("audio_features", [])
         if len(features) > 0:
             by_width[int(features.shape[-1])].append(index)
-    made: dict[int, list[torch.Tensor]] = {}
+    made: dict[int, Clips | Failed] = {}
     for indices in by_width.values():
-        data = {
-            "audio_features": torch.cat([batch[i]["audio_features"] for i in indices], 0),
-            "audio_feature_lens": [batch[i]["audio_feature_lens"][0] for i in indices],
-        }
-        with torch.no_grad():
-            clips = model.get_audio_embedding(data, chunk_length=-1)
-        made.update(zip(indices, clips, strict=True))
+        try:
+            made.update(zip(indices, _clips(model, [batch[i] for i in indices]), strict=True))
+        except Exception as exc:
+            if len(indices) == 1:
+                made[indices[0]] = Failed(exc)
+                continue
+            for index in indices:  # which of them failed it: each alone
+                try:
+                    made[index] = _clips(model, [batch[index]])[0]
+                except Exception as alone:
+                    made[index] = Failed(alone)
     return made
+
+
+def _clips(model: Any, prompts: list[Any]) -> list[Clips]:
+    """The model code's batched ``get_audio_embedding`` over ``prompts``'
+    features (of one width): each prompt's clips."""
+    data = {
+        "audio_features": torch.cat([inputs["audio_features"] for inputs in prompts], 0),
+        "audio_feature_lens": [inputs["audio_feature_lens"][0] for inputs in prompts],
+    }
+    with torch.no_grad():
+        return list(model.get_audio_embedding(data, chunk_length=-1))
 
 
 def _place(embeds: torch.Tensor, clips: list[torch.Tensor], bounds: Any) -> None:
