@@ -89,3 +89,30 @@ def test_a_prompt_that_breaks_its_width_groups_whisper_call_fails_alone(shared: 
     for given, made in ((first, got[0]), (last, got[2])):
         assert isinstance(made, torch.Tensor)
         assert float((made - alone(shared, given)).abs().max()) < 1e-4
+
+
+def test_a_prompt_is_processed_while_a_duplex_session_holds_the_mel_lock(shared: Any) -> None:
+    """The chats' processor has a feature extractor of its own: a prompt does
+    not wait for the streaming mel processors' lock, and its features are
+    the shared extractor's in the mode as loaded, whatever mode the
+    streaming processors left that one in."""
+    import threading
+
+    from omnilive.engines.minicpmo.runtime.tensors import swapped
+
+    extractor = shared.processor.audio_processor
+    assert shared.prompt_processor.audio_processor is not extractor
+    made: list[Any] = []
+    streaming_mode = {name: None for name in shared.voice_mel_mode}  # as a session leaves it
+    with shared.mel_lock, swapped(extractor, streaming_mode):
+        worker = threading.Thread(target=lambda: made.append(inputs(shared, "hi", 1.0, 3)))
+        worker.start()
+        worker.join(timeout=60)
+        assert not worker.is_alive(), "the prompt waited for the mel lock"
+    rng = np.random.default_rng(3)
+    audio = rng.normal(0, 0.1, 16_000).astype(np.float32)
+    with swapped(extractor, dict(shared.voice_mel_mode)):
+        expected = shared.processor.process_audio([audio])
+    got = made[0]["audio_features"][0]
+    want = expected["audio_features"][0]
+    assert got.shape == want.shape and torch.equal(got, want)

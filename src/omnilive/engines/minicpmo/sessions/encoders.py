@@ -336,9 +336,9 @@ def voice_embeddings(shared: SharedModel, ref_audio: np.ndarray) -> torch.Tensor
     """The reference voice's audio embeddings for the system turn (the
     offline encoder, in the mel mode the model code uses for it)."""
     model = shared.model
-    extractor = shared.processor.audio_processor
-    with shared.mel_lock, swapped(extractor, dict(shared.voice_mel_mode)):
-        data = shared.processor.process_audio([ref_audio])
+    processor = shared.prompt_processor
+    with shared.prompt_lock, swapped(processor.audio_processor, dict(shared.voice_mel_mode)):
+        data = processor.process_audio([ref_audio])
     with torch.no_grad():
         nested = model.get_audio_embedding(data, chunk_length=model.config.audio_chunk_length)
     return torch.cat([t for group in nested for t in group], 0)

@@ -47,9 +47,10 @@ def prompt_inputs(
     """The processor's inputs for ``prompt`` (CPU work; ``first``: the
     conversation's first, which opens with the special tokens). A
     recording's features are made in the extractor's mode as loaded (the
-    duplex sessions' streaming processors switch it as their audio grows)."""
-    processor = shared.processor
-    with shared.mel_lock, swapped(processor.audio_processor, dict(shared.voice_mel_mode)):
+    duplex sessions' streaming processors switch theirs as their audio
+    grows), on the chats' own processor (:attr:`SharedModel.prompt_processor`)."""
+    processor = shared.prompt_processor
+    with shared.prompt_lock, swapped(processor.audio_processor, dict(shared.voice_mel_mode)):
         return processor(
             [prompt],
             [images],

@@ -5,6 +5,7 @@ shared module's state for the length of a call."""
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -49,6 +50,14 @@ class SharedModel:
     # voice prompt's features are made with this one, as a fresh model makes them.
     voice_mel_mode: dict[str, Any] = field(init=False)
     mel_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
+    # The processor for whole recordings (chats' prompts, reference voices):
+    # the shared one's tokenizer and image processor with a feature extractor
+    # of its own, switched to voice_mel_mode for each call, under prompt_lock.
+    # On the shared extractor a prompt's processing (tokens, images, mel)
+    # held mel_lock, which every duplex session's streaming mel takes each
+    # second.
+    prompt_processor: Any = field(init=False)
+    prompt_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
     # Held while the model's Whisper cache attribute is in use: a slot
     # session's encoder call swaps its own in (on the encoders' lane) and the
     # model code's simplex steps (on the side lane) use the attribute too.
@@ -79,6 +88,10 @@ class SharedModel:
             for name in ("dynamic_log_norm", "dynamic_range_db", "log_floor_db")
             if hasattr(extractor, name)
         }
+        self.prompt_processor = self.processor
+        if extractor is not None:
+            self.prompt_processor = copy.copy(self.processor)
+            self.prompt_processor.audio_processor = copy.deepcopy(extractor)
 
     @classmethod
     def of_duplex(cls, duplex: Any, rules: UnitRules) -> SharedModel:
