@@ -336,8 +336,7 @@ def voice_embeddings(shared: SharedModel, ref_audio: np.ndarray) -> torch.Tensor
     """The reference voice's audio embeddings for the system turn (the
     offline encoder, in the mel mode the model code uses for it)."""
     model = shared.model
-    processor = shared.prompt_processor
-    with shared.prompt_lock, swapped(processor.audio_processor, dict(shared.voice_mel_mode)):
+    with shared.recordings_processor() as processor:
         data = processor.process_audio([ref_audio])
     with torch.no_grad():
         nested = model.get_audio_embedding(data, chunk_length=model.config.audio_chunk_length)

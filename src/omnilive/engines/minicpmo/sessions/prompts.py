@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from omnilive.engines.minicpmo.runtime.tensors import swapped
 from omnilive.engines.minicpmo.sessions.encoders import Failed
 
 if TYPE_CHECKING:
@@ -48,9 +47,8 @@ def prompt_inputs(
     conversation's first, which opens with the special tokens). A
     recording's features are made in the extractor's mode as loaded (the
     duplex sessions' streaming processors switch theirs as their audio
-    grows), on the chats' own processor (:attr:`SharedModel.prompt_processor`)."""
-    processor = shared.prompt_processor
-    with shared.prompt_lock, swapped(processor.audio_processor, dict(shared.voice_mel_mode)):
+    grows), on :meth:`SharedModel.recordings_processor`."""
+    with shared.recordings_processor() as processor:
         return processor(
             [prompt],
             [images],

@@ -5,9 +5,11 @@ shared module's state for the length of a call."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +22,7 @@ from omnilive.engines.minicpmo.runtime.block_graphs import BlockGraphs
 from omnilive.engines.minicpmo.runtime.fused_decoder import FusedDecoder
 from omnilive.engines.minicpmo.runtime.lanes import SideLane
 from omnilive.engines.minicpmo.runtime.loop import BatchLoop
+from omnilive.engines.minicpmo.runtime.tensors import swapped
 from omnilive.engines.minicpmo.sessions.unit_rules import DuplexVocab, UnitRules
 from omnilive.engines.minicpmo.sessions.vision import Layers, encoder_layers, fused_vision
 from omnilive.engines.minicpmo.sessions.vocoder import VoiceStream, runner_for
@@ -50,12 +53,7 @@ class SharedModel:
     # voice prompt's features are made with this one, as a fresh model makes them.
     voice_mel_mode: dict[str, Any] = field(init=False)
     mel_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
-    # The processor for whole recordings (chats' prompts, reference voices):
-    # the shared one's tokenizer and image processor with a feature extractor
-    # of its own, switched to voice_mel_mode for each call, under prompt_lock.
-    # On the shared extractor a prompt's processing (tokens, images, mel)
-    # held mel_lock, which every duplex session's streaming mel takes each
-    # second.
+    # The processor for whole recordings (see recordings_processor).
     prompt_processor: Any = field(init=False)
     prompt_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
     # Held while the model's Whisper cache attribute is in use: a slot
@@ -196,6 +194,19 @@ class SharedModel:
         if cached is None:
             cached = self.markers[token] = self.embed([token])
         return cached
+
+    @contextlib.contextmanager
+    def recordings_processor(self) -> Iterator[Any]:
+        """The processor for whole recordings (chats' prompts, reference
+        voices), held: the shared tokenizer and image processor with a
+        feature extractor of its own, in :attr:`voice_mel_mode` (read at each
+        call: the equality harness sets it after the model is shared). On
+        the shared extractor a prompt's processing (tokens, images, mel) held
+        ``mel_lock``, which every duplex session's streaming mel takes each
+        second."""
+        processor = self.prompt_processor
+        with self.prompt_lock, swapped(processor.audio_processor, dict(self.voice_mel_mode)):
+            yield processor
 
     def new_mel(self) -> Any:
         """A streaming mel processor of the session's own (the model's
