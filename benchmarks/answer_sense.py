@@ -63,9 +63,9 @@ def sensible(answer: str, keywords: list[str]) -> bool:
 
 def ask(stack: Any, question: str) -> tuple[str, float]:
     """The answer a half-duplex session's prompt gets from the language model."""
-    from omnilive.engines.base import GenerationOptions
     from omnilive.engines.cascade.llm import Message
     from omnilive.engines.cascade.stack import spoken_conversation
+    from omnilive.engines.messages import GenerationOptions
 
     options = GenerationOptions()  # the session default, as a client that sets none
     conversation = spoken_conversation("")

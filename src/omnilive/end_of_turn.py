@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from omnilive.config import EndOfTurnSettings
+from omnilive.session_settings import EndOfTurnSettings
 
 log = logging.getLogger(__name__)
 

@@ -6,9 +6,14 @@ import numpy as np
 import pytest
 
 from omnilive.audio import OUTPUT_RATE
-from omnilive.engines.base import (
+from omnilive.engines.base import CapabilityError
+from omnilive.engines.cascade import CascadeEngine
+from omnilive.engines.cascade.answer import QUIET_LEVEL, SEAM_PAUSE_S
+from omnilive.engines.cascade.chat import CascadeChat
+from omnilive.engines.cascade.llm import Message
+from omnilive.engines.cascade.tts import PIPER
+from omnilive.engines.messages import (
     AudioPart,
-    CapabilityError,
     ChatMessage,
     ChatOptions,
     GenerationOptions,
@@ -18,11 +23,6 @@ from omnilive.engines.base import (
     Voice,
     modalities_of,
 )
-from omnilive.engines.cascade import CascadeEngine
-from omnilive.engines.cascade.answer import QUIET_LEVEL, SEAM_PAUSE_S
-from omnilive.engines.cascade.chat import CascadeChat
-from omnilive.engines.cascade.llm import Message
-from omnilive.engines.cascade.tts import PIPER
 from tests.cascade.speech import Say, overlap
 
 pytestmark = pytest.mark.cascade

@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 from omnilive.audio import INPUT_RATE, OUTPUT_RATE
-from omnilive.engines.base import DuplexOptions, DuplexUnit, EngineError
+from omnilive.engines.base import EngineError
 from omnilive.engines.cascade import CascadeEngine
 from omnilive.engines.cascade.asr import Transcript
 from omnilive.engines.cascade.duplex import CascadeDuplex
+from omnilive.engines.messages import DuplexOptions, DuplexUnit
 from tests.cascade.speech import Say, overlap, silence
 
 pytestmark = pytest.mark.cascade

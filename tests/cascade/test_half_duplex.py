@@ -6,17 +6,17 @@ import numpy as np
 import pytest
 
 from omnilive.audio import INPUT_RATE
-from omnilive.config import EndOfTurnSettings
-from omnilive.engines.base import (
+from omnilive.engines.base import CapabilityError
+from omnilive.engines.cascade import CascadeEngine, half_duplex
+from omnilive.engines.cascade.half_duplex import CascadeHalfDuplex
+from omnilive.engines.messages import (
     AudioPart,
-    CapabilityError,
     GenerationOptions,
     HalfDuplexOptions,
     ImagePart,
     TextPart,
 )
-from omnilive.engines.cascade import CascadeEngine, half_duplex
-from omnilive.engines.cascade.half_duplex import CascadeHalfDuplex
+from omnilive.session_settings import EndOfTurnSettings
 from tests.cascade.speech import Say, overlap, silence
 from tests.speech import longest_pause, speak_piper
 

@@ -7,9 +7,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from omnilive.engines.base import EngineError, GenerationOptions
+from omnilive.engines.base import EngineError
 from omnilive.engines.cascade import CascadeEngine
 from omnilive.engines.cascade.llm import Message
+from omnilive.engines.messages import GenerationOptions
 
 pytestmark = pytest.mark.cascade
 

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 
 from omnilive.audio import INPUT_RATE, OUTPUT_RATE, resample
-from omnilive.engines.base import (
+from omnilive.engines.cascade import CascadeEngine
+from omnilive.engines.messages import (
     AudioPart,
     ChatMessage,
     ChatOptions,
     GenerationOptions,
     TextPart,
 )
-from omnilive.engines.cascade import CascadeEngine
 from tests.cascade.speech import Say, overlap
 from tests.speech import steady
 

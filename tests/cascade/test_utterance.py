@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 
 from omnilive.audio import INPUT_RATE
-from omnilive.config import CascadeSettings, EndOfTurnSettings
+from omnilive.config import CascadeSettings
 from omnilive.engines.cascade import CascadeEngine
 from omnilive.engines.cascade._vad import FrameVAD
 from omnilive.engines.cascade.utterance import TurnJudging, TurnTaking, UtteranceTracker
+from omnilive.session_settings import EndOfTurnSettings
 from tests.cascade.speech import Say, silence
 
 pytestmark = pytest.mark.cascade

@@ -10,7 +10,7 @@ import pytest
 
 from omnilive.audio import INPUT_RATE, OUTPUT_RATE, resample
 from omnilive.config import load_settings
-from omnilive.engines.base import EngineUnavailable, Voice
+from omnilive.engines.base import EngineUnavailable
 from omnilive.engines.cascade import CascadeEngine
 from omnilive.engines.cascade.piper import (
     PiperVoice,
@@ -21,6 +21,7 @@ from omnilive.engines.cascade.piper import (
     with_punctuation,
 )
 from omnilive.engines.cascade.tts import PIPER, foreign_voice
+from omnilive.engines.messages import Voice
 from tests.integration.test_startup import last_line, omnilive, serve_args
 
 SENTENCES = (

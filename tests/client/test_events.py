@@ -29,7 +29,7 @@ from omnilive.client.events import (
     UnknownEvent,
     parse_event,
 )
-from omnilive.engines.base import DuplexUnit
+from omnilive.engines.messages import DuplexUnit
 from omnilive.gateway.realtime_chat_machine import RealtimeChatMachine
 from omnilive.gateway.realtime_machine import ToClient
 from omnilive.protocol import chat, common, duplex, half_duplex, realtime, realtime_v2

@@ -8,12 +8,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from omnilive.engines.base import (
+from omnilive.engines.base import CapabilityError, EngineError
+from omnilive.engines.messages import (
     AudioPart,
-    CapabilityError,
     ChatMessage,
     ChatOptions,
-    EngineError,
     GenerationOptions,
     ImagePart,
     TextPart,

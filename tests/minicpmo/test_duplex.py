@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from omnilive.engines.base import DuplexOptions, EngineError, Voice
+from omnilive.engines.base import EngineError
+from omnilive.engines.messages import DuplexOptions, Voice
 from tests.minicpmo.conftest import EngineFactory, voice
 from tests.minicpmo.fake_model import FakeUnifiedMiniCPMO, LegacyMiniCPMO
 
@@ -175,7 +176,7 @@ def test_switching_views_on_one_model(make_engine: EngineFactory):
         run_units(duplex, 4)
         duplex.close()
         chat = engine.open_chat()
-        from omnilive.engines.base import ChatMessage, ChatOptions, TextPart
+        from omnilive.engines.messages import ChatMessage, ChatOptions, TextPart
 
         chat.prefill([ChatMessage("user", (TextPart("hello"),))], ChatOptions())
         assert list(chat.generate())
@@ -196,7 +197,7 @@ def test_step_graphs_run_only_inside_sessions(make_engine: EngineFactory):
     assert not graphs.active
     released = graphs.releases
     chat = engine.open_chat()
-    from omnilive.engines.base import ChatMessage, ChatOptions, TextPart
+    from omnilive.engines.messages import ChatMessage, ChatOptions, TextPart
 
     chat.prefill([ChatMessage("user", (TextPart("hello"),))], ChatOptions())
     assert graphs.active and graphs.attached is None  # a simplex view: no decoder to hook

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from omnilive.engines.base import AudioPart, EngineError, HalfDuplexOptions, TextPart, Voice
+from omnilive.engines.base import EngineError
+from omnilive.engines.messages import AudioPart, HalfDuplexOptions, TextPart, Voice
 from tests.minicpmo.conftest import EngineFactory, voice
 from tests.minicpmo.fake_model import FakeUnifiedMiniCPMO
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from omnilive.engines.base import (
+from omnilive.engines.messages import (
     ChatMessage,
     ChatOptions,
     DuplexOptions,

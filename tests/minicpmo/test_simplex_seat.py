@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from omnilive.engines.base import ChatMessage, ChatOptions, ChatSession, EngineError, TextPart
+from omnilive.engines.base import ChatSession, EngineError
+from omnilive.engines.messages import ChatMessage, ChatOptions, TextPart
 from omnilive.engines.minicpmo.sessions import views as slots
 from omnilive.engines.minicpmo.sessions.views import SeatedChat
 

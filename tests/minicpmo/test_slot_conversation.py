@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from omnilive.engines.base import ChatMessage, EngineError, HalfDuplexOptions, TextPart, Tools
+from omnilive.engines.base import EngineError
+from omnilive.engines.messages import ChatMessage, HalfDuplexOptions, TextPart, Tools
 from tests.minicpmo.model_code import needs_model_code
 from tests.minicpmo.test_slot_engine import engine, tiny  # noqa: F401 - the fixtures
 

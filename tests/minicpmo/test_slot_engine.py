@@ -22,11 +22,11 @@ import torch
 from PIL import Image
 
 from omnilive.config import MiniCPMoSettings
-from omnilive.engines.base import (
+from omnilive.engines.base import EngineError
+from omnilive.engines.messages import (
     ChatMessage,
     ChatOptions,
     DuplexOptions,
-    EngineError,
     GenerationOptions,
     TextPart,
     UnitInput,

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from omnilive.config import load_settings
-from omnilive.engines.base import TextAudioChunk
+from omnilive.engines.messages import TextAudioChunk
 from omnilive.engines.scripted import ScriptedChat, ScriptedEngine
 from omnilive.protocol.chat import ChatRequest
 from omnilive.protocol.internal import Envelope

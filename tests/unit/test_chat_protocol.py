@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from omnilive.config import Settings
-from omnilive.engines.base import Capabilities, Modality
+from omnilive.engines.base import Capabilities
+from omnilive.engines.messages import Modality
 from omnilive.gateway.pool import Pool
 from omnilive.gateway.routes.chat import validate_chat
 from omnilive.gateway.scheduler import WorkerHealth

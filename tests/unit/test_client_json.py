@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from PIL import Image
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
-from omnilive.engines.base import GenerationOptions
+from omnilive.engines.messages import GenerationOptions
 from omnilive.gateway.auth import origin_allowed
 from omnilive.gateway.http_body import is_json_type
 from omnilive.gateway.http_errors import status_for

@@ -18,7 +18,8 @@ from starlette.websockets import WebSocketState
 
 from omnilive.audio import tone
 from omnilive.config import load_settings
-from omnilive.engines.base import HalfDuplexSession, TextAudioChunk
+from omnilive.engines.base import HalfDuplexSession
+from omnilive.engines.messages import TextAudioChunk
 from omnilive.engines.scripted import ScriptedEngine
 from omnilive.protocol.internal import Envelope
 from omnilive.worker.app import _serve

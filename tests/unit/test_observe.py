@@ -15,7 +15,7 @@ from starlette.routing import WebSocketRoute
 from starlette.testclient import TestClient
 from starlette.websockets import WebSocket
 
-from omnilive.engines.base import DuplexUnit
+from omnilive.engines.messages import DuplexUnit
 from omnilive.gateway.bridge import SessionEnd, relay_to_client
 from omnilive.gateway.client_ws import send_json
 from omnilive.gateway.metrics import GatewayMetrics

@@ -14,7 +14,7 @@ from openai.types.realtime.realtime_server_event import RealtimeServerEvent
 from pydantic import TypeAdapter
 
 from omnilive.audio_codecs import decode_input, encode_output
-from omnilive.engines.base import ToolCall
+from omnilive.engines.messages import ToolCall
 from omnilive.gateway.openai_machine import MAX_HELD_EVENTS, OpenAIRealtimeMachine, OpenAIState
 from omnilive.gateway.realtime_machine import Close, IllegalTransition, ToClient, ToWorker
 from omnilive.protocol.common import ErrorCode
@@ -305,7 +305,7 @@ def test_audio_formats_round_trip(fmt):
 
 
 def test_duplex_units_as_responses_conform():
-    from omnilive.engines.base import DuplexUnit
+    from omnilive.engines.messages import DuplexUnit
     from omnilive.worker.presenter_openai_duplex import OpenAIDuplexPresenter
 
     config = SessionConfig()

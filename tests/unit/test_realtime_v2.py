@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from omnilive.engines.base import DuplexUnit
+from omnilive.engines.messages import DuplexUnit
 from omnilive.gateway.realtime_chat_machine import (
     CancelTurn,
     ChatState,

@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 
 from omnilive.audio import tone
 from omnilive.config import Settings, load_settings
-from omnilive.engines.base import AudioPart, ChatMessage, ImagePart, TextPart
+from omnilive.engines.messages import AudioPart, ChatMessage, ImagePart, TextPart
 from omnilive.gateway.http_errors import install_error_handlers
 from omnilive.gateway.pool import Pool
 from omnilive.gateway.routes import sessions

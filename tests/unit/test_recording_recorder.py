@@ -13,7 +13,7 @@ import pytest
 
 from omnilive.audio import tone
 from omnilive.config import Settings
-from omnilive.engines.base import AudioPart, ChatMessage, ImagePart, TextPart, VideoPart
+from omnilive.engines.messages import AudioPart, ChatMessage, ImagePart, TextPart, VideoPart
 from omnilive.protocol.internal import Envelope
 from omnilive.recording.duplex import DuplexRecorder
 from omnilive.recording.files import new_recording_id

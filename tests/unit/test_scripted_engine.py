@@ -7,12 +7,12 @@ import pytest
 
 from omnilive.audio import OUTPUT_RATE
 from omnilive.config import ScriptedSettings
-from omnilive.engines.base import (
+from omnilive.engines.base import EngineError
+from omnilive.engines.messages import (
     AudioPart,
     ChatMessage,
     ChatOptions,
     DuplexOptions,
-    EngineError,
     HalfDuplexOptions,
     TextPart,
 )

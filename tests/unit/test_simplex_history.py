@@ -8,7 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from omnilive.engines.base import ChatMessage, EngineError, TextPart, ToolCall, Tools
+from omnilive.engines.base import EngineError
+from omnilive.engines.messages import ChatMessage, TextPart, ToolCall, Tools
 from omnilive.engines.minicpmo.sessions import simplex_history
 from omnilive.engines.minicpmo.sessions.simplex_history import Entry, ToolCallScanner
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from omnilive.config import EndOfTurnSettings
 from omnilive.end_of_turn import TurnJudge, Verdict, verdict
+from omnilive.session_settings import EndOfTurnSettings
 from omnilive.vad import (
     SileroModel,
     SpeechDiscarded,

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from omnilive.config import WebRTCSettings
 from omnilive.gateway.webrtc.call import Call
 from omnilive.gateway.webrtc.dialects import Dialect, MediaDialect
+from omnilive.session_settings import WebRTCSettings
 
 
 async def disconnect_after(state: str) -> int:

@@ -21,7 +21,7 @@ from fastapi.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from omnilive.config import Settings, load_settings
-from omnilive.engines.base import DuplexUnit, PrefillStats, UnitInput
+from omnilive.engines.messages import DuplexUnit, PrefillStats, UnitInput
 from omnilive.engines.scripted import ScriptedEngine
 from omnilive.protocol.internal import CLOSE_SESSION_FAILED, Envelope
 from omnilive.tasks import leaf_errors

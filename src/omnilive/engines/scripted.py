@@ -41,24 +41,26 @@ import numpy as np
 from omnilive.audio import INPUT_RATE, OUTPUT_RATE, rms, tone
 from omnilive.config import ScriptedSettings
 from omnilive.engines.base import (
-    AudioPart,
     Capabilities,
-    ChatMessage,
-    ChatOptions,
     ChatSession,
-    DuplexOptions,
     DuplexSession,
-    DuplexUnit,
     Engine,
     EngineError,
     EngineUnavailable,
-    HalfDuplexOptions,
     HalfDuplexSession,
+    ProgressCallback,
+)
+from omnilive.engines.messages import (
+    AudioPart,
+    ChatMessage,
+    ChatOptions,
+    DuplexOptions,
+    DuplexUnit,
+    HalfDuplexOptions,
     ImagePart,
     Modality,
     Part,
     PrefillStats,
-    ProgressCallback,
     TextAudioChunk,
     TextPart,
     ToolCall,

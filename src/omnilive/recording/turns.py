@@ -10,7 +10,7 @@ from typing import Any, Literal
 import numpy as np
 
 from omnilive.audio import INPUT_RATE, OUTPUT_RATE, wav_bytes
-from omnilive.engines.base import AudioPart, ChatMessage, ImagePart, TextPart, VideoPart
+from omnilive.engines.messages import AudioPart, ChatMessage, ImagePart, TextPart, VideoPart
 from omnilive.recording.files import (
     AI_AUDIO,
     USER_AUDIO,

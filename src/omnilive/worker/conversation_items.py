@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from omnilive.engines.base import ChatMessage, TextPart, ToolCall
+from omnilive.engines.messages import ChatMessage, TextPart, ToolCall
 from omnilive.protocol.openai_realtime import OpenAIError
 
 Item = dict[str, Any]

@@ -16,7 +16,7 @@ from omnilive.audio import (
     resample,
     voice_from_b64,
 )
-from omnilive.engines.base import (
+from omnilive.engines.messages import (
     AudioPart,
     ChatMessage,
     ChatOptions,

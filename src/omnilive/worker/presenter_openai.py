@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from omnilive.audio_codecs import encode_output
-from omnilive.engines.base import ToolCall
+from omnilive.engines.messages import ToolCall
 from omnilive.ids import mint
 from omnilive.protocol.openai_realtime import ItemDelete, ItemRetrieve, ItemTruncate, server_event
 from omnilive.worker.conversation_items import Conversation

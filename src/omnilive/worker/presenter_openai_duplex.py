@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from omnilive.engines.base import DuplexUnit
+from omnilive.engines.messages import DuplexUnit
 from omnilive.protocol.common import ErrorCode
 from omnilive.protocol.openai_realtime import SessionConfig, error_event, server_event
 from omnilive.worker.chunk_buffer import PendingChunk

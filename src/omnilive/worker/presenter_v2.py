@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from omnilive.audio import OUTPUT_RATE, pcm_to_b64
-from omnilive.engines.base import DuplexUnit
+from omnilive.engines.messages import DuplexUnit
 from omnilive.protocol.common import ErrorCode
 from omnilive.protocol.realtime_v2 import (
     TokenUsage,

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from omnilive.audio import OUTPUT_RATE, pcm_to_b64
-from omnilive.engines.base import DuplexUnit
+from omnilive.engines.messages import DuplexUnit
 from omnilive.protocol.common import ErrorCode, error_message
 from omnilive.protocol.duplex import (
     RESUMED,

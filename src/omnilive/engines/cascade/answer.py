@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from omnilive.audio import OUTPUT_RATE
-from omnilive.engines.base import GenerationOptions, TextAudioChunk, ToolCall
 from omnilive.engines.cascade.llm import LlamaChat
 from omnilive.engines.cascade.tts import Speech
+from omnilive.engines.messages import GenerationOptions, TextAudioChunk, ToolCall
 
 # A sentence ends at . ! ? (or a line break) once the next text starts with
 # whitespace: "3.5" and "e.g.," do not end one, "Paris. It" does.

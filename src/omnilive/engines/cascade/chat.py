@@ -4,22 +4,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from omnilive.engines.base import (
-    AudioPart,
-    ChatMessage,
-    ChatOptions,
-    ChatSession,
-    EngineError,
-    Modality,
-    TextAudioChunk,
-    TextPart,
-    modalities_of,
-)
+from omnilive.engines.base import ChatSession, EngineError
 from omnilive.engines.cascade.answer import AnswerStream
 from omnilive.engines.cascade.asr import Transcript
 from omnilive.engines.cascade.conversation import Conversation
 from omnilive.engines.cascade.llm import Message
 from omnilive.engines.cascade.stack import DEFAULT_SYSTEM_PROMPT, ModelStack, Notices, text_of
+from omnilive.engines.messages import (
+    AudioPart,
+    ChatMessage,
+    ChatOptions,
+    Modality,
+    TextAudioChunk,
+    TextPart,
+    modalities_of,
+)
 
 ROLES = ("system", "user", "assistant")
 ANSWER_ROOM = 64  # the least context left for an answer, whatever max_new_tokens says

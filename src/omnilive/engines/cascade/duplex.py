@@ -22,15 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from omnilive.audio import OUTPUT_RATE
-from omnilive.engines.base import (
-    DuplexOptions,
-    DuplexSession,
-    DuplexUnit,
-    EngineError,
-    GenerationOptions,
-    PrefillStats,
-    Voice,
-)
+from omnilive.engines.base import DuplexSession, EngineError
 from omnilive.engines.cascade._vad import FrameVAD
 from omnilive.engines.cascade.answer import DUPLEX_FIRST_WORDS
 from omnilive.engines.cascade.conversation import ConversationView
@@ -46,6 +38,13 @@ from omnilive.engines.cascade.stack import (
 )
 from omnilive.engines.cascade.tts import PIPER
 from omnilive.engines.cascade.utterance import TurnTaking, UtteranceTracker
+from omnilive.engines.messages import (
+    DuplexOptions,
+    DuplexUnit,
+    GenerationOptions,
+    PrefillStats,
+    Voice,
+)
 
 FIRST_AUDIO_WAIT_S = 0.4
 NEXT_AUDIO_WAIT_S = 0.3

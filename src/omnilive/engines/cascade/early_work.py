@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from omnilive.engines.base import TextAudioChunk
 from omnilive.engines.cascade.answer import AnswerStream, SpokenSentence
 from omnilive.engines.cascade.asr import Transcript
 from omnilive.engines.cascade.conversation import Fit
+from omnilive.engines.messages import TextAudioChunk
 
 
 @dataclass(eq=False)

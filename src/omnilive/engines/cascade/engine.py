@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 from omnilive.audio import INPUT_RATE, OUTPUT_RATE, resample
-from omnilive.config import CascadeSettings, EndOfTurnSettings
+from omnilive.config import CascadeSettings
 from omnilive.end_of_turn import finished_judge
 from omnilive.engines.base import (
     Capabilities,
@@ -15,11 +15,8 @@ from omnilive.engines.base import (
     Engine,
     EngineError,
     EngineUnavailable,
-    GenerationOptions,
     HalfDuplexSession,
-    Modality,
     ProgressCallback,
-    Voice,
 )
 from omnilive.engines.cascade.asr import WhisperASR
 from omnilive.engines.cascade.chat import CascadeChat
@@ -32,6 +29,8 @@ from omnilive.engines.cascade.remote_llm import RemoteChat
 from omnilive.engines.cascade.stack import ModelStack, log
 from omnilive.engines.cascade.tts import EspeakTTS, Speech
 from omnilive.engines.cascade.utterance import TurnJudging
+from omnilive.engines.messages import GenerationOptions, Modality, Voice
+from omnilive.session_settings import EndOfTurnSettings
 
 WARMUP_PHRASE = "Hello."
 

@@ -30,19 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from omnilive.engines.base import (
-    AudioPart,
-    CapabilityError,
-    ChatMessage,
-    EngineError,
-    HalfDuplexOptions,
-    HalfDuplexSession,
-    Modality,
-    Part,
-    TextAudioChunk,
-    Tools,
-    modalities_of,
-)
+from omnilive.engines.base import CapabilityError, EngineError, HalfDuplexSession
 from omnilive.engines.cascade._vad import FRAME, RATE, FrameVAD
 from omnilive.engines.cascade.answer import AnswerStream, SpokenSentence
 from omnilive.engines.cascade.asr import Transcript
@@ -55,6 +43,16 @@ from omnilive.engines.cascade.stack import (
     log,
     spoken_conversation,
     text_of,
+)
+from omnilive.engines.messages import (
+    AudioPart,
+    ChatMessage,
+    HalfDuplexOptions,
+    Modality,
+    Part,
+    TextAudioChunk,
+    Tools,
+    modalities_of,
 )
 
 PARTIAL_STEP_S = 1.0  # new speech between two partial transcripts

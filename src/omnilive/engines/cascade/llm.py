@@ -42,8 +42,9 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from omnilive.engines.base import EngineError, GenerationOptions, ToolCall, Tools
+from omnilive.engines.base import EngineError
 from omnilive.engines.cascade.cpu import BuildPlan, plan_for_this_machine
+from omnilive.engines.messages import GenerationOptions, ToolCall, Tools
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,9 @@ from typing import Any
 
 import httpx
 
-from omnilive.engines.base import EngineError, EngineUnavailable, GenerationOptions, ToolCall, Tools
+from omnilive.engines.base import EngineError, EngineUnavailable
 from omnilive.engines.cascade.llm import Message
+from omnilive.engines.messages import GenerationOptions, ToolCall, Tools
 
 log = logging.getLogger(__name__)
 CHARS_PER_TOKEN = 4  # for fitting a conversation: the server's tokenizer is not at hand

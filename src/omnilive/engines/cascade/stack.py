@@ -6,7 +6,6 @@ import logging
 import threading
 from dataclasses import dataclass
 
-from omnilive.engines.base import GenerationOptions, Part, TextPart, Voice
 from omnilive.engines.cascade.answer import FIRST_MAX_WORDS, AnswerStream
 from omnilive.engines.cascade.asr import WhisperASR
 from omnilive.engines.cascade.conversation import Conversation
@@ -14,6 +13,7 @@ from omnilive.engines.cascade.llm import LlamaChat
 from omnilive.engines.cascade.remote_llm import RemoteChat
 from omnilive.engines.cascade.tts import Speech, SpokenVoice
 from omnilive.engines.cascade.utterance import TurnJudging
+from omnilive.engines.messages import GenerationOptions, Part, TextPart, Voice
 
 log = logging.getLogger("omnilive.engines.cascade")
 

@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from omnilive.audio import OUTPUT_RATE, AudioDecodeError, read_wav, resample
-from omnilive.engines.base import EngineError, Voice
+from omnilive.engines.base import EngineError
 from omnilive.engines.cascade.phonemes import ESPEAK, run_espeak
 from omnilive.engines.cascade.piper import PiperVoice
+from omnilive.engines.messages import Voice
 
 # Markup a chat model likes to emit that espeak would read out ("asterisk").
 _UNSPOKEN = re.compile(r"[*_#`~|<>\[\]{}]+")

@@ -20,15 +20,8 @@ import numpy as np
 from PIL import Image
 
 from omnilive.audio import INPUT_RATE, AudioDecodeError, read_wav, resample, wav_bytes
-from omnilive.engines.base import (
-    AudioPart,
-    CapabilityError,
-    EngineError,
-    ImagePart,
-    Part,
-    TextPart,
-    VideoPart,
-)
+from omnilive.engines.base import CapabilityError, EngineError
+from omnilive.engines.messages import AudioPart, ImagePart, Part, TextPart, VideoPart
 
 ENGINE = "minicpmo"
 T = TypeVar("T")

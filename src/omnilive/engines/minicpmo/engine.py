@@ -17,17 +17,19 @@ import numpy as np
 from omnilive.config import MiniCPMoSettings
 from omnilive.engines.base import (
     Capabilities,
-    ChatMessage,
-    ChatOptions,
     ChatSession,
-    DuplexOptions,
     DuplexSession,
     Engine,
     EngineError,
-    GenerationOptions,
     HalfDuplexSession,
-    Modality,
     ProgressCallback,
+)
+from omnilive.engines.messages import (
+    ChatMessage,
+    ChatOptions,
+    DuplexOptions,
+    GenerationOptions,
+    Modality,
     TextPart,
     Voice,
 )

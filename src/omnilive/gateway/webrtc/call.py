@@ -34,7 +34,6 @@ from aiortc import (
 )
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from omnilive.config import WebRTCSettings
 from omnilive.gateway.webrtc.dialects import OUTPUT_AUDIO_RATE, Dialect, Fragments, MediaDialect
 from omnilive.gateway.webrtc.media import (
     AnswerAudio,
@@ -49,6 +48,7 @@ from omnilive.gateway.webrtc.offer import (
     OfferErrorCode,
     with_max_message_size,
 )
+from omnilive.session_settings import WebRTCSettings
 from omnilive.wsutil import PeerGone, race
 
 log = logging.getLogger(__name__)

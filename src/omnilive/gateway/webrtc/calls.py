@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from omnilive.config import WebRTCSettings
 from omnilive.gateway.webrtc.call import ASGIApp, Call, Refused
+from omnilive.session_settings import WebRTCSettings
 from omnilive.tasks import TaskSet
 
 ACCEPT_TIMEOUT_S = 10.0  # a session's route accepts (or refuses) at once

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from omnilive.engines.base import GenerationOptions, HalfDuplexOptions, Tools
+from omnilive.engines.messages import GenerationOptions, HalfDuplexOptions, Tools
 from omnilive.protocol.openai_realtime import ResponseParams, SemanticVad, SessionConfig
 from omnilive.vad import VadConfig
 from omnilive.worker.machines.session import Phase, SessionMachine

@@ -14,7 +14,8 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from omnilive.config import Settings
-from omnilive.engines.base import ChatMessage, EngineError, modalities_of
+from omnilive.engines.base import EngineError
+from omnilive.engines.messages import ChatMessage, modalities_of
 from omnilive.protocol.chat import ChatRequest
 from omnilive.protocol.internal import Envelope
 from omnilive.recording.turns import TurnInput, TurnRecorder

@@ -23,7 +23,8 @@ import numpy as np
 
 from omnilive.audio import INPUT_RATE, AudioDecodeError
 from omnilive.audio_codecs import decode_input
-from omnilive.engines.base import CapabilityError, EngineError, TextPart
+from omnilive.engines.base import CapabilityError, EngineError
+from omnilive.engines.messages import TextPart
 from omnilive.protocol.common import parse_json_object
 from omnilive.protocol.openai_realtime import (
     AudioAppend,

@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from omnilive.audio import AudioDecodeError, decode_b64, pcm_from_b64, voice_from_b64
-from omnilive.engines.base import DuplexOptions, DuplexSession, EngineError, UnitInput, Voice
+from omnilive.engines.base import DuplexSession, EngineError
+from omnilive.engines.messages import DuplexOptions, UnitInput, Voice
 from omnilive.protocol.common import ErrorCode, ProtocolError, decode_client_message
 from omnilive.protocol.duplex import (
     WORKER_TYPES,

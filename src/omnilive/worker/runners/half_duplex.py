@@ -15,12 +15,11 @@ import time
 import numpy as np
 
 from omnilive.audio import INPUT_RATE, AudioDecodeError, pcm_from_b64, pcm_to_b64, voice_from_b64
-from omnilive.engines.base import (
+from omnilive.engines.base import EngineError, HalfDuplexSession
+from omnilive.engines.messages import (
     AudioPart,
-    EngineError,
     GenerationOptions,
     HalfDuplexOptions,
-    HalfDuplexSession,
     Part,
     TextPart,
     Voice,

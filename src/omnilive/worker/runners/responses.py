@@ -13,7 +13,8 @@ import logging
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
-from omnilive.engines.base import ChatMessage, EngineError, HalfDuplexSession
+from omnilive.engines.base import EngineError, HalfDuplexSession
+from omnilive.engines.messages import ChatMessage
 from omnilive.protocol.openai_realtime import (
     OpenAIError,
     ResponseCancel,

@@ -6,13 +6,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from omnilive.engines.base import (
-    ChatMessage,
-    ChatOptions,
-    ChatSession,
-    GenerationOptions,
-    TextAudioChunk,
-)
+from omnilive.engines.base import ChatSession
+from omnilive.engines.messages import ChatMessage, ChatOptions, GenerationOptions, TextAudioChunk
 from omnilive.engines.minicpmo.content import content_of
 from omnilive.engines.minicpmo.reference.host import ModelHost
 from omnilive.engines.minicpmo.reference.simplex import SimplexContext

@@ -13,13 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from omnilive.engines.base import (
-    DuplexOptions,
-    DuplexSession,
-    DuplexUnit,
-    EngineError,
-    PrefillStats,
-)
+from omnilive.engines.base import DuplexSession, EngineError
+from omnilive.engines.messages import DuplexOptions, DuplexUnit, PrefillStats
 from omnilive.engines.minicpmo.content import VoiceFile, image_of
 from omnilive.engines.minicpmo.reference.host import (
     Flavour,

@@ -6,13 +6,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from omnilive.engines.base import (
-    EngineError,
-    HalfDuplexOptions,
-    HalfDuplexSession,
-    Part,
-    TextAudioChunk,
-)
+from omnilive.engines.base import EngineError, HalfDuplexSession
+from omnilive.engines.messages import HalfDuplexOptions, Part, TextAudioChunk
 from omnilive.engines.minicpmo.content import content_of
 from omnilive.engines.minicpmo.reference.host import ContextMark, ModelHost, model_errors
 from omnilive.engines.minicpmo.reference.simplex import SimplexContext

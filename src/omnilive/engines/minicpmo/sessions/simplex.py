@@ -58,7 +58,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from omnilive.engines.base import EngineError, TextAudioChunk
+from omnilive.engines.base import EngineError
+from omnilive.engines.messages import TextAudioChunk
 from omnilive.engines.minicpmo.runtime.batch import StepResult
 from omnilive.engines.minicpmo.runtime.loop import BatchLoop
 from omnilive.engines.minicpmo.runtime.programs import Pick, Program, Step

@@ -28,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from omnilive.engines.base import ChatMessage, EngineError, ToolCall, Tools
+from omnilive.engines.base import EngineError
+from omnilive.engines.messages import ChatMessage, ToolCall, Tools
 
 CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"

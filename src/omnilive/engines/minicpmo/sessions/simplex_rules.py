@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from omnilive.engines.base import GenerationOptions
+from omnilive.engines.messages import GenerationOptions
 from omnilive.engines.minicpmo.sessions.unit_rules import draw, kept_count
 
 # The punctuation the published code never lets an answer say.

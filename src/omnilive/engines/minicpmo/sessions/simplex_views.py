@@ -19,14 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from omnilive.engines.base import (
+from omnilive.engines.base import ChatSession, EngineError, HalfDuplexSession
+from omnilive.engines.messages import (
     ChatMessage,
     ChatOptions,
-    ChatSession,
-    EngineError,
     GenerationOptions,
     HalfDuplexOptions,
-    HalfDuplexSession,
     Part,
     TextAudioChunk,
     ToolCall,

@@ -6,15 +6,13 @@ every other live session's on the loop's thread; their encoder and vocoder
 calls run one at a time on the loop's side lane (a second thread and CUDA
 stream), beside the batches. The views' steps are coroutines: the worker
 awaits them on its own event loop (no thread of its own per session, no
-second event loop), and every blocking piece of work is a job of the batch
-loop or of a lane.
+second event loop), and every blocking piece of work is a job of the batch loop or of a lane.
 
 Chat and half-duplex run the model's own simplex code, whose context lives on
 the model object: one such session at a time holds the *simplex seat*, and
 each of its steps (a prefill, one piece of a streamed answer) runs on the side
 lane in turn with the duplex sessions' encoder and vocoder calls, so the
-duplex sessions keep going while it talks, and no module state is touched by
-two threads.
+duplex sessions keep going while it talks, and no module state is touched by two threads.
 """
 
 from __future__ import annotations
@@ -34,16 +32,18 @@ import torch
 
 from omnilive.config import MiniCPMoSettings
 from omnilive.engines.base import (
-    ChatMessage,
-    ChatOptions,
     ChatSession,
-    DuplexOptions,
     DuplexSession,
-    DuplexUnit,
     EngineError,
     EngineUnavailable,
-    HalfDuplexOptions,
     HalfDuplexSession,
+)
+from omnilive.engines.messages import (
+    ChatMessage,
+    ChatOptions,
+    DuplexOptions,
+    DuplexUnit,
+    HalfDuplexOptions,
     Part,
     PrefillStats,
     TextAudioChunk,
