@@ -31,6 +31,12 @@ eight first pieces together (eager runs and graph captures), is reported as
 ``*_8_at_once_first`` (results before 2026-11-28 hold only that round, as
 ``*_8_at_once``); the second is ``*_8_at_once``.
 
+Last, a mixed load (``--mixed N``, 8 by default; results before 2026-11-29
+have none): N omni sessions as above with chats beside them, ``--mixed-chats``
+at once in rounds, the sessions' figures and the chats' marks under that load.
+It runs twice, as the chats: ``mixed_first`` (the vocoder first meets duplex
+and chat pieces batched together) and ``mixed``.
+
 Writes ``benchmarks/results/gpu_density_<gpu>.json`` (or ``--out``); measures,
 asserts nothing about speed.
 """
@@ -146,6 +152,7 @@ class Start:
         self.n, self.phases = n, phases
         self.barrier = asyncio.Barrier(n)
         self.at: float | None = None
+        self.begun = asyncio.Event()  # set with ``at``
 
     async def first_send(self, index: int) -> float:
         # A session queued behind the others (an engine of fewer slots than
@@ -154,8 +161,94 @@ class Start:
             await asyncio.wait_for(self.barrier.wait(), BARRIER_S)
         if self.at is None:
             self.at = time.perf_counter()
+            self.begun.set()
         offset = index / self.n * CHUNK_S if self.phases == "spread" else 0.0
         return self.at + offset
+
+
+class LevelMeter:
+    """What the server spent at one level of load, from ``begin`` to ``end``:
+    the worker's CPU seconds per second, GPU memory and busy share, and from
+    the engine's log its thread hand-offs, its threads' busy time and the
+    lanes' graphs (each level reads the log from where the last ended)."""
+
+    def __init__(self, server_pid: int, log: Path, sampler: GpuSampler, idle_mib: float) -> None:
+        self.server_pid, self.log, self.sampler, self.idle_mib = server_pid, log, sampler, idle_mib
+        self.log_at, self.busy_before, self.started, self.cpu_before = 0, {}, 0.0, {}
+
+    def begin(self) -> None:
+        text = self.log.read_text()
+        self.log_at, (self.busy_before, _) = len(text), counters(text)
+        self.sampler.peak_mib, self.sampler.busy_percent = 0.0, []
+        self.started, self.cpu_before = time.perf_counter(), cpu_seconds(self.server_pid)
+
+    async def end(self, run: dict[str, Any], n: int) -> dict[str, Any]:
+        run["seconds"] = round(time.perf_counter() - self.started, 1)
+        run["cpu_per_second"] = {
+            name: round((spent - self.cpu_before.get(name, 0.0)) / run["seconds"], 2)
+            for name, spent in cpu_seconds(self.server_pid).items()
+        }
+        await asyncio.sleep(1.0)  # the sessions' slots released and logged
+        text = self.log.read_text()
+        run["handoffs_per_unit"] = handoffs(text, self.log_at)
+        busy_after, run["lane_graphs"] = counters(text)
+        run["engine_busy"] = busy_between(self.busy_before, busy_after, run["seconds"])
+        run["peak_mib"] = self.sampler.peak_mib
+        run["gpu_busy_percent"] = self.sampler.mean_busy()
+        run["mib_per_session_beyond_slots"] = round(
+            max(0.0, self.sampler.peak_mib - self.idle_mib) / n, 1
+        )
+        return run
+
+
+def chat_marks(requests: list[dict[str, Any]], suffix: str) -> dict[str, Any]:
+    """Where chats' time went, each as a summary: the prompt in the context
+    (its "prefill_done"), the first text chunk, the first audio."""
+    marks = {}
+    for mark in ("prefill_done", "first_chunk", "first_audio"):
+        name = "chat_first_audio_ms" if mark == "first_audio" else f"chat_{mark}_ms"
+        marks[name + suffix] = summary([c[f"{mark}_ms"] for c in requests if c[f"{mark}_ms"]])
+    return marks
+
+
+async def chat_rounds(
+    base: str, voice: Any, args: argparse.Namespace, start: Start
+) -> list[dict[str, Any]]:
+    """Chats beside the mixed level's duplex sessions: ``--mixed-chats`` at
+    once, a round after the last one's first audios and a second's pause,
+    from the sessions' warm-up units' end until three seconds before their
+    last unit."""
+    await start.begun.wait()  # every session prepared: their units begin
+    await asyncio.sleep((args.warmup_units + 1) * CHUNK_S)
+    end = (start.at or 0.0) + (args.units - 3) * CHUNK_S
+    chats: list[dict[str, Any]] = []
+    first = functools.partial(chat_request, until_first_audio=True)
+    while time.perf_counter() < end:
+        index = 300 + len(chats)
+        chats += await asyncio.gather(
+            *(first(base, voice, index + i) for i in range(args.mixed_chats))
+        )
+        await asyncio.sleep(1.0)
+    return chats
+
+
+async def mixed_level(
+    base: str, voice: Any, frames: list[str], args: argparse.Namespace, meter: LevelMeter
+) -> dict[str, Any]:
+    """``--mixed`` omni sessions with chats beside them (``chat_rounds``):
+    the sessions' figures, and the chats' marks under that load."""
+    meter.begin()
+    start = Start(args.mixed, args.phases)
+    sessions, chats = await asyncio.gather(
+        asyncio.gather(*(
+            paced_session(base, k, args.units, 3, voice, frames, start)
+            for k in range(args.mixed)
+        )),
+        chat_rounds(base, None if args.chat_default_voice else voice, args, start),
+    )  # fmt: skip
+    run = figures(list(sessions), args.warmup_units)
+    run.update(chats_at_once=args.mixed_chats, chats=len(chats), **chat_marks(chats, ""))
+    return await meter.end(run, args.mixed)
 
 
 def figures(sessions: list[dict[str, Any]], warmup_units: int) -> dict[str, Any]:
@@ -274,35 +367,16 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         report["slot_gib"] = slot_gib(args.log)
         voice = synthetic_voice(3.0)
         frames = [jpeg_b64(seed) for seed in range(8)]
-        text = args.log.read_text()
-        log_at, (busy_before, _) = len(text), counters(text)
+        meter = LevelMeter(server.pid, args.log, sampler, report["idle_mib"])
         for n in args.counts:
-            sampler.peak_mib, sampler.busy_percent = 0.0, []
-            started, cpu_before = time.perf_counter(), cpu_seconds(server.pid)
+            meter.begin()
             start = Start(n, args.phases)
             sessions = await asyncio.gather(
                 *(paced_session(ws, k, args.units, 3, voice, frames, start) for k in range(n)),
                 *([profile(args, server.pid, n)] if n in args.profile_at else []),
             )
-            sessions = [s for s in sessions if s is not None]
-            run = figures(list(sessions), args.warmup_units)
-            run["seconds"] = round(time.perf_counter() - started, 1)
-            run["cpu_per_second"] = {
-                name: round((spent - cpu_before.get(name, 0.0)) / run["seconds"], 2)
-                for name, spent in cpu_seconds(server.pid).items()
-            }
-            await asyncio.sleep(1.0)  # the sessions' slots released and logged
-            text = args.log.read_text()
-            run["handoffs_per_unit"] = handoffs(text, log_at)
-            busy_after, run["lane_graphs"] = counters(text)
-            run["engine_busy"] = busy_between(busy_before, busy_after, run["seconds"])
-            log_at, busy_before = len(text), busy_after
-            run["peak_mib"] = sampler.peak_mib
-            run["gpu_busy_percent"] = sampler.mean_busy()
-            run["mib_per_session_beyond_slots"] = round(
-                max(0.0, sampler.peak_mib - report["idle_mib"]) / n, 1
-            )
-            report["runs"][str(n)] = run
+            run = figures([s for s in sessions if s is not None], args.warmup_units)
+            report["runs"][str(n)] = await meter.end(run, n)
             save()
             print(f"N={n}: {json.dumps(run)}", flush=True)
         report["max_realtime_sessions"] = largest_realtime(report["runs"])
@@ -334,14 +408,16 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             )
             rounds = (("", alone), ("_8_at_once", together), ("_8_at_once_first", at_once))
             for suffix, requests in rounds:
-                # Where the time went: the prompt in the context (its
-                # "prefill_done"), the first text chunk, the first audio.
-                for mark in ("prefill_done", "first_chunk", "first_audio"):
-                    name = "chat_first_audio_ms" if mark == "first_audio" else f"chat_{mark}_ms"
-                    report[name + suffix] = summary(
-                        [c[f"{mark}_ms"] for c in requests if c[f"{mark}_ms"]]
-                    )
+                report.update(chat_marks(requests, suffix))
             save()
+        if args.mixed:
+            # Twice, as the chats: the first round meets the vocoder's batches
+            # of duplex and chat pieces together (new shapes, eager runs and
+            # captures on the side lane), reported apart; the second is the figure.
+            for name in ("mixed_first", "mixed"):
+                report[name] = await mixed_level(ws, voice, frames, args, meter)
+                save()
+                print(f"{name} N={args.mixed}: {json.dumps(report[name])}", flush=True)
     finally:
         sampler.stop()
         server.send_signal(signal.SIGTERM)
@@ -369,6 +445,11 @@ def main(argv: list[str] | None = None) -> int:
         help="sessions' first chunks k/N s apart, or all at once (see Start)",
     )  # fmt: skip
     parser.add_argument("--chats", type=int, default=20)
+    parser.add_argument(
+        "--mixed", type=int, default=8,
+        help="after the chats, N duplex sessions with chats beside them (0: none)",
+    )  # fmt: skip
+    parser.add_argument("--mixed-chats", type=int, default=4, help="chats at once, each round")
     parser.add_argument(
         "--encoder-graphs",
         action=argparse.BooleanOptionalAction,

@@ -25,11 +25,13 @@ CURRENT_DENSITY = (
     ("H100 run 4", "gpu_density_nvidia_h100_issue35i_run1.json"),
     ("H100 run 5", "gpu_density_nvidia_h100_issue35i_run2.json"),
     ("H100 run 6", "gpu_density_nvidia_h100_issue35i_run3.json"),
-    # One H200 machine at the head of issue35o (kept voices, the answers'
-    # vocoder warm-up, 64 flow graphs).
-    ("H200 run 1", "gpu_density_nvidia_h200_issue35o_run1.json"),
-    ("H200 run 2", "gpu_density_nvidia_h200_issue35o_run2.json"),
-    ("H200 run 3", "gpu_density_nvidia_h200_issue35o_run3.json"),
+    # Three H200 machines at the head of issue35p (kept voices, the answers'
+    # vocoder warm-up, 64 flow graphs, the chats' own prompt processor, the
+    # mixed load); issue35o's three runs, one machine, are the same engine
+    # before the prompt processor.
+    ("H200 run 1", "gpu_density_nvidia_h200_issue35p_run1.json"),
+    ("H200 run 2", "gpu_density_nvidia_h200_issue35p_run2.json"),
+    ("H200 run 3", "gpu_density_nvidia_h200_issue35p_run3.json"),
 )
 
 
