@@ -89,7 +89,7 @@ def rescore(path: Path) -> None:
 
 
 def main() -> None:
-    from omnilive.config import CascadeSettings
+    from omnilive.engine_settings import CascadeSettings
     from omnilive.engines.cascade import CascadeEngine
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -70,7 +70,7 @@ def word_error_rate(reference: str, heard: str) -> float:
 
 def voices(count: int) -> dict[str, Any]:
     from omnilive.audio import INPUT_RATE, OUTPUT_RATE, resample
-    from omnilive.config import CascadeSettings
+    from omnilive.engine_settings import CascadeSettings
     from omnilive.engines.cascade import CascadeEngine
     from omnilive.engines.cascade.tts import PIPER
 
@@ -151,7 +151,7 @@ def seam(sentence: str, tts: Any, asr: Any) -> dict[str, Any]:
 _LOAD = """
 import json, sys, tempfile, time
 from pathlib import Path
-from omnilive.config import CascadeSettings
+from omnilive.engine_settings import CascadeSettings
 from omnilive.end_of_turn import SmartTurn
 from omnilive.engines.cascade import CascadeEngine
 tts, turn = sys.argv[1], sys.argv[2] == "on"

@@ -23,7 +23,6 @@ from pydantic import Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
 from omnilive.engine_settings import (
-    CascadeLlmSettings,
     CascadeSettings,
     MiniCPMoSettings,
     ScriptedSettings,
@@ -36,14 +35,6 @@ from omnilive.session_settings import (
     RealtimeSettings,
     WebRTCSettings,
 )
-
-__all__ = [  # the engine sections are imported from here, as before
-    "CascadeLlmSettings",
-    "CascadeSettings",
-    "MiniCPMoSettings",
-    "ScriptedSettings",
-    "TranscriptionSettings",
-]
 
 ENV_PREFIX = "OMNILIVE_"
 EngineName = Literal["cascade", "scripted", "minicpmo"]

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from omnilive.config import CascadeSettings
+from omnilive.engine_settings import CascadeSettings
 from omnilive.engines.cascade import CascadeEngine
 from tests.cascade.speech import Say, espeak
 

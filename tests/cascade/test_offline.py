@@ -41,7 +41,7 @@ CHILD = textwrap.dedent(
     else:
         raise SystemExit("the network is not cut")
 
-    from omnilive.config import CascadeSettings
+    from omnilive.engine_settings import CascadeSettings
     from omnilive.engines.cascade import CascadeEngine
     from tests.cascade.speech import espeak
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from omnilive.audio import INPUT_RATE
-from omnilive.config import CascadeSettings
+from omnilive.engine_settings import CascadeSettings
 from omnilive.engines.cascade import CascadeEngine
 from omnilive.engines.cascade._vad import FrameVAD
 from omnilive.engines.cascade.utterance import TurnJudging, TurnTaking, UtteranceTracker

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from omnilive.audio import wav_bytes
-from omnilive.config import MiniCPMoSettings
+from omnilive.engine_settings import MiniCPMoSettings
 from omnilive.engines.minicpmo import MiniCPMoEngine
 from omnilive.engines.minicpmo.backend import DeviceInfo
 from omnilive.engines.minicpmo.checkpoint import CheckpointInfo

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from omnilive.config import MiniCPMoSettings
+from omnilive.engine_settings import MiniCPMoSettings
 from omnilive.engines.base import EngineError
 from omnilive.engines.minicpmo import MiniCPMoEngine
 from omnilive.engines.minicpmo.backend import GpuError, TorchBackend
@@ -104,7 +104,7 @@ def test_views_before_load_are_refused(checkpoint: Path):
 
 def test_importing_and_building_the_engine_imports_no_gpu_package():
     code = (
-        "import sys; from omnilive.config import MiniCPMoSettings; "
+        "import sys; from omnilive.engine_settings import MiniCPMoSettings; "
         "from omnilive.engines.minicpmo import MiniCPMoEngine; MiniCPMoEngine(MiniCPMoSettings()); "
         "print(sorted({'torch', 'transformers'} & set(sys.modules)))"
     )

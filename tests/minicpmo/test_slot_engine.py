@@ -21,7 +21,7 @@ import pytest
 import torch
 from PIL import Image
 
-from omnilive.config import MiniCPMoSettings
+from omnilive.engine_settings import MiniCPMoSettings
 from omnilive.engines.base import EngineError
 from omnilive.engines.messages import (
     ChatMessage,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from omnilive.audio import OUTPUT_RATE
-from omnilive.config import ScriptedSettings
+from omnilive.engine_settings import ScriptedSettings
 from omnilive.engines.base import EngineError
 from omnilive.engines.messages import (
     AudioPart,

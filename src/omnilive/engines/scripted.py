@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from omnilive.audio import INPUT_RATE, OUTPUT_RATE, rms, tone
-from omnilive.config import ScriptedSettings
+from omnilive.engine_settings import ScriptedSettings
 from omnilive.engines.base import (
     Capabilities,
     ChatSession,

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from omnilive.config import Settings, TranscriptionSettings
+from omnilive.config import Settings
+from omnilive.engine_settings import TranscriptionSettings
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@ import time
 from pathlib import Path
 
 from omnilive.audio import INPUT_RATE, OUTPUT_RATE, resample
-from omnilive.config import CascadeSettings
 from omnilive.end_of_turn import finished_judge
+from omnilive.engine_settings import CascadeSettings
 from omnilive.engines.base import (
     Capabilities,
     ChatSession,

@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from omnilive.config import MiniCPMoSettings
+from omnilive.engine_settings import MiniCPMoSettings
 from omnilive.engines.base import EngineError, EngineUnavailable, ProgressCallback
 from omnilive.engines.minicpmo.checkpoint import CheckpointInfo
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from omnilive.config import MiniCPMoSettings
+from omnilive.engine_settings import MiniCPMoSettings
 from omnilive.engines.base import EngineError
 from omnilive.engines.minicpmo.backend import Backend, StepGraphSet
 from omnilive.engines.minicpmo.content import KeptVoices

@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from omnilive.config import MiniCPMoSettings
+from omnilive.engine_settings import MiniCPMoSettings
 from omnilive.engines.base import (
     ChatSession,
     DuplexSession,
