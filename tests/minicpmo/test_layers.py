@@ -1,6 +1,7 @@
 """The GPU engine's package shows its layers: the batched runtime imports no
 session logic and no model rule, nothing imports in a circle, and no module
-is over 500 lines (a module that grows past that is two concepts)."""
+keeps under the 500-line limit (tests/unit/test_module_sizes.py, the whole
+package's) by switching the formatter off."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).parents[2] / "src/omnilive/engines/minicpmo"
 NAME = "omnilive.engines.minicpmo"
-MAX_LINES = 500
 
 
 def modules() -> dict[str, Path]:
@@ -83,8 +83,6 @@ def test_no_import_circle():
     assert circles == []
 
 
-def test_no_module_is_over_500_lines_or_holds_its_size_down_with_fmt_skip():
-    sizes = {module: len(path.read_text().splitlines()) for module, path in modules().items()}
-    assert {module: n for module, n in sizes.items() if n > MAX_LINES} == {}
+def test_no_module_holds_its_size_down_with_fmt_skip():
     skipping = [module for module, path in modules().items() if "fmt: skip" in path.read_text()]
     assert skipping == []
