@@ -174,6 +174,7 @@ class LevelMeter:
 
     def __init__(self, server_pid: int, log: Path, sampler: GpuSampler, idle_mib: float) -> None:
         self.server_pid, self.log, self.sampler, self.idle_mib = server_pid, log, sampler, idle_mib
+        # Set by begin(): where the level's log starts, the counters and CPU then.
         self.log_at, self.busy_before, self.started, self.cpu_before = 0, {}, 0.0, {}
 
     def begin(self) -> None:
@@ -233,10 +234,15 @@ async def chat_rounds(
 
 
 async def mixed_level(
-    base: str, voice: Any, frames: list[str], args: argparse.Namespace, meter: LevelMeter
+    base: str,
+    voice: Any,
+    chat_voice: Any,
+    frames: list[str],
+    args: argparse.Namespace,
+    meter: LevelMeter,
 ) -> dict[str, Any]:
-    """``--mixed`` omni sessions with chats beside them (``chat_rounds``):
-    the sessions' figures, and the chats' marks under that load."""
+    """``--mixed`` omni sessions with chats beside them (``chat_rounds``, in
+    ``chat_voice``): the sessions' figures, and the chats' marks under that load."""
     meter.begin()
     start = Start(args.mixed, args.phases)
     sessions, chats = await asyncio.gather(
@@ -244,7 +250,7 @@ async def mixed_level(
             paced_session(base, k, args.units, 3, voice, frames, start)
             for k in range(args.mixed)
         )),
-        chat_rounds(base, None if args.chat_default_voice else voice, args, start),
+        chat_rounds(base, chat_voice, args, start),
     )  # fmt: skip
     run = figures(list(sessions), args.warmup_units)
     run.update(chats_at_once=args.mixed_chats, chats=len(chats), **chat_marks(chats, ""))
@@ -367,6 +373,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         report["slot_gib"] = slot_gib(args.log)
         voice = synthetic_voice(3.0)
         frames = [jpeg_b64(seed) for seed in range(8)]
+        chat_voice = None if args.chat_default_voice else voice
         meter = LevelMeter(server.pid, args.log, sampler, report["idle_mib"])
         for n in args.counts:
             meter.begin()
@@ -385,7 +392,6 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             # Each request leaves once its first audio came: with random weights
             # an answer's speech would run for its whole token budget.
             first = functools.partial(chat_request, until_first_audio=True)
-            chat_voice = None if args.chat_default_voice else voice
             await first(ws, chat_voice, 0, max_new_tokens=8)  # warm
             alone = [await first(ws, chat_voice, 1 + i) for i in range(args.chats)]
             # Eight at once twice: the first time the vocoder's lane meets the
@@ -415,7 +421,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             # of duplex and chat pieces together (new shapes, eager runs and
             # captures on the side lane), reported apart; the second is the figure.
             for name in ("mixed_first", "mixed"):
-                report[name] = await mixed_level(ws, voice, frames, args, meter)
+                report[name] = await mixed_level(ws, voice, chat_voice, frames, args, meter)
                 save()
                 print(f"{name} N={args.mixed}: {json.dumps(report[name])}", flush=True)
     finally:
