@@ -117,7 +117,7 @@ async def paced_session(
                     "force_listen": bool(listen_every) and k % listen_every == 0,
                 }))  # fmt: skip
 
-        sender = asyncio.create_task(send())
+        sender = asyncio.create_task(send(), name=f"density-sender{index}")
         chunk = 0
         try:
             while chunk < units:

@@ -143,7 +143,7 @@ async def run_session(url: str, chunk: str, start_at: float, stop_at: float, tal
                 tally.errors.append(json.dumps(message))
                 return
         stopped = asyncio.Event()
-        reader = asyncio.ensure_future(_receive(ws, tally, stopped))
+        reader = asyncio.create_task(_receive(ws, tally, stopped), name="load-reader")
         try:
             began = time.monotonic()
             k = 0
@@ -302,8 +302,10 @@ async def run_level(
             ]
             pids = [server.process.pid for server in servers if server.process is not None]
             watched = await worker_pids(servers[0])
-            watcher = asyncio.ensure_future(watch(pids, watched, stop_at, args.sample_s, tally))
-            lag = asyncio.ensure_future(loop_lag(tally, stop_at))
+            watcher = asyncio.create_task(
+                watch(pids, watched, stop_at, args.sample_s, tally), name="load-watcher"
+            )
+            lag = asyncio.create_task(loop_lag(tally, stop_at), name="load-loop-lag")
             client_cpu = sum(os.times()[:2])
             outcomes = await asyncio.gather(*tasks, return_exceptions=True)
             client_cpu = sum(os.times()[:2]) - client_cpu

@@ -83,7 +83,7 @@ async def spoken_turn(
             elif kind == "error":
                 raise RuntimeError(f"server error: {message}")
 
-    listener = asyncio.ensure_future(listen())
+    listener = asyncio.create_task(listen(), name="microphone-listener")
     t0 = await mic.play(audio, stop=generating)
     await asyncio.wait_for(listener, 180)
     speech_end = t0 + lead_s + speech.size / RATE

@@ -162,7 +162,7 @@ async def openai_turn(ws: Any, speech: np.ndarray, lead_s: float = 0.8) -> dict[
             elif kind == "error":
                 raise RuntimeError(f"server error: {message}")
 
-    listener = asyncio.ensure_future(listen())
+    listener = asyncio.create_task(listen(), name="dialect-listener")
     chunk = round(CHUNK_S * RATE)
     t0 = time.perf_counter()
     for k, start in enumerate(range(0, audio.size, chunk)):

@@ -100,7 +100,7 @@ async def websocket_turn(server: Server, speech: np.ndarray, chunk_s: float) -> 
         step = round(24_000 * chunk_s) * 2
         cpu0, t0 = cpu_s(server.process.pid), time.monotonic()
         speech_end = t0 + speech.size / 16_000
-        reader = asyncio.ensure_future(recv_until("response.done"))
+        reader = asyncio.create_task(recv_until("response.done"), name="websocket-reader")
         for k, start in enumerate(range(0, len(pcm), step)):
             # A piece can go once its last sample is captured, not before.
             delay = t0 + (k + 1) * chunk_s - time.monotonic()

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 import numpy as np
@@ -95,3 +97,17 @@ class EventSocket:
 
     async def send(self, event: dict[str, Any]) -> None:
         await self.ws.send(json.dumps(event))
+
+
+@contextlib.asynccontextmanager
+async def owned_task(work: Coroutine[Any, Any, Any], name: str) -> AsyncIterator[asyncio.Task]:
+    """``work`` as a named task that the block owns: one still running when
+    the block ends (a failed assertion included) is cancelled and awaited,
+    never left to outlive its test."""
+    task = asyncio.create_task(work, name=name)
+    try:
+        yield task
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -110,7 +110,7 @@ class Peer:
 
     def _on_track(self, track: MediaStreamTrack) -> None:
         if track.kind == "audio":
-            self._tasks.append(asyncio.ensure_future(self._record(track)))
+            self._tasks.append(asyncio.create_task(self._record(track)))
 
     async def _record(self, track: MediaStreamTrack) -> None:
         while True:

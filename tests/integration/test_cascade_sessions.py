@@ -121,7 +121,7 @@ async def test_realtime_spoken_question(cascade: Server):
         async def send(chunk: str) -> None:
             await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": chunk}))
 
-        reader = asyncio.ensure_future(until("never"))
+        reader = asyncio.create_task(until("never"))
         # Silence goes on long enough for the whole answer to be spoken, a
         # unit at a time, on a busy CPU too (the Piper voice takes ~0.2-0.7 s
         # a sentence).
@@ -155,8 +155,8 @@ async def test_realtime_newer_dialect_spoken_question_through_the_sdk(cascade: S
         async for event in session:
             events.append(event)
 
-    sender = asyncio.ensure_future(microphone())
-    reader = asyncio.ensure_future(listen())
+    sender = asyncio.create_task(microphone())
+    reader = asyncio.create_task(listen())
     await asyncio.wait_for(sender, 60)
     await asyncio.sleep(2.0)
     await session.close()

@@ -47,7 +47,7 @@ async def messages_until_close(
             await ws.send(json.dumps(keep_sending))
             await asyncio.sleep(0.5)
 
-    sender = asyncio.ensure_future(pester())
+    sender = asyncio.create_task(pester())
     try:
         async with asyncio.timeout(limit_s):
             async for raw in ws:

@@ -19,6 +19,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from omnilive.audio import INPUT_RATE, resample
+from tests.clients import owned_task
 from tests.servers import Server
 from tests.speech import silence, speak
 
@@ -336,32 +337,30 @@ async def stream_audio(connection: Any, audio: np.ndarray, pace: float = 0.5) ->
 async def test_full_duplex_units_as_responses(server: Server):
     async with connect(server, model="minicpm-o-4.5-duplex") as connection:
         await duplex_session(connection, "LLSSE")
-        sender = asyncio.ensure_future(stream_audio(connection, silence(8.0) + 0.01))
-        done, seen = await until(connection, "response.done")
-        kinds = [e.type for e in seen]
-        assert kinds.index("response.created") < kinds.index("response.output_audio.delta")
-        assert done.response.status == "completed"
-        transcript = done.response.output[0].content[0].transcript
-        assert transcript.startswith("unit 2")  # the first speaking unit (0-based)
-        await connection.response.create()
-        error, _ = await until(connection, "error")
-        assert error.error.code == "unsupported"
-        await connection.conversation.item.retrieve(item_id=done.response.output[0].id)
-        retrieved, _ = await until(connection, "conversation.item.retrieved")
-        assert retrieved.item.content[0].transcript == transcript
-        sender.cancel()
+        async with owned_task(stream_audio(connection, silence(8.0) + 0.01), "sender"):
+            done, seen = await until(connection, "response.done")
+            kinds = [e.type for e in seen]
+            assert kinds.index("response.created") < kinds.index("response.output_audio.delta")
+            assert done.response.status == "completed"
+            transcript = done.response.output[0].content[0].transcript
+            assert transcript.startswith("unit 2")  # the first speaking unit (0-based)
+            await connection.response.create()
+            error, _ = await until(connection, "error")
+            assert error.error.code == "unsupported"
+            await connection.conversation.item.retrieve(item_id=done.response.output[0].id)
+            retrieved, _ = await until(connection, "conversation.item.retrieved")
+            assert retrieved.item.content[0].transcript == transcript
 
 
 async def test_full_duplex_cancel_and_barge_in(server: Server):
     async with connect(server, model="x-duplex") as connection:
         await duplex_session(connection, "LSSSSSSSSE")
-        sender = asyncio.ensure_future(stream_audio(connection, silence(12.0) + 0.01))
-        await until(connection, "response.output_audio.delta")
-        await connection.response.cancel()
-        done, _ = await until(connection, "response.done")
-        assert done.response.status == "cancelled"
-        assert done.response.status_details.reason == "client_cancelled"
-        sender.cancel()
+        async with owned_task(stream_audio(connection, silence(12.0) + 0.01), "sender"):
+            await until(connection, "response.output_audio.delta")
+            await connection.response.cancel()
+            done, _ = await until(connection, "response.done")
+            assert done.response.status == "cancelled"
+            assert done.response.status_details.reason == "client_cancelled"
     speech = np.concatenate([silence(2.5), speak("Wait, stop talking please."), silence(1.0)])
     async with connect(server, model="x-duplex") as connection:
         await until(connection, "session.created")
@@ -373,14 +372,14 @@ async def test_full_duplex_cancel_and_barge_in(server: Server):
             }
         )
         await until(connection, "session.updated")
-        sender = asyncio.ensure_future(stream_audio(connection, speech, pace=1.0))
-        done, seen = await until(connection, "response.done")
-        assert done.response.status == "cancelled"
-        assert done.response.status_details.reason == "turn_detected"
-        assert "input_audio_buffer.speech_started" in [e.type for e in seen]
-        stopped, _ = await until(connection, "conversation.item.done")
-        assert stopped.item.role == "user"
-        await sender
+        async with owned_task(stream_audio(connection, speech, pace=1.0), "sender") as sender:
+            done, seen = await until(connection, "response.done")
+            assert done.response.status == "cancelled"
+            assert done.response.status_details.reason == "turn_detected"
+            assert "input_audio_buffer.speech_started" in [e.type for e in seen]
+            stopped, _ = await until(connection, "conversation.item.done")
+            assert stopped.item.role == "user"
+            await sender
 
 
 async def test_a_worker_lost_mid_session_is_an_openai_error(server: Server):

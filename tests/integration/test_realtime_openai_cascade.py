@@ -121,7 +121,7 @@ async def test_a_spoken_question_gets_a_spoken_answer_and_transcripts(cascade: S
         await until(connection, "session.created")
         await connection.session.update(session=VOICE_SESSION)
         await until(connection, "session.updated")
-        sender = asyncio.ensure_future(stream_speech(connection, speech))
+        sender = asyncio.create_task(stream_speech(connection, speech))
         done, seen = await until(connection, "response.done", timeout=120)
         await sender
     kinds = [e.type for e in seen]
@@ -174,7 +174,7 @@ async def test_a_spoken_conversation_with_a_tool_call(cascade_with_tools: Server
         await until(connection, "session.created")
         await connection.session.update(session=session)
         await until(connection, "session.updated")
-        sender = asyncio.ensure_future(stream_speech(connection, speech))
+        sender = asyncio.create_task(stream_speech(connection, speech))
         done, seen = await until(connection, "response.done", timeout=120)
         await sender
         call = next(item for item in done.response.output if item.type == "function_call")
@@ -210,7 +210,7 @@ async def test_a_side_whisper_transcribes_for_an_engine_that_does_not(tmp_path: 
             await until(connection, "session.created")
             await connection.session.update(session=VOICE_SESSION)
             await until(connection, "session.updated")
-            sender = asyncio.ensure_future(stream_speech(connection, speech))
+            sender = asyncio.create_task(stream_speech(connection, speech))
             heard, _ = await until(
                 connection, "conversation.item.input_audio_transcription.completed", timeout=120
             )
@@ -234,7 +234,7 @@ async def test_semantic_vad_judges_the_turn_by_meaning(cascade: Server):
         await connection.session.update(session=session)
         updated, _ = await until(connection, "session.updated")
         assert updated.session.audio.input.turn_detection.type == "semantic_vad"
-        sender = asyncio.ensure_future(stream_speech(connection, speech, pause_s=0.1))
+        sender = asyncio.create_task(stream_speech(connection, speech, pause_s=0.1))
         stopped, _ = await until(connection, "input_audio_buffer.speech_stopped", timeout=60)
         done, _ = await until(connection, "response.done", timeout=120)
         await sender

@@ -20,7 +20,7 @@ from PIL import Image
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from tests.clients import EventSocket
+from tests.clients import EventSocket, owned_task
 from tests.servers import Server
 
 SECOND_F32 = (np.zeros(16000, "<f4") + 0.01).tobytes()
@@ -69,13 +69,13 @@ async def v2(server: Server, mode: str = "audio", **kwargs: Any) -> V2:
 async def events_until_audio(session: Any, sending: Any, deltas: int = 2) -> list[Any]:
     """The SDK's events while ``sending`` runs, until ``deltas`` audio deltas came."""
     events: list[Any] = []
-    sender = asyncio.ensure_future(sending)
-    async with asyncio.timeout(20):
-        async for event in session:
-            events.append(event)
-            if sum(isinstance(e, AudioDelta) for e in events) >= deltas:
-                break
-    await sender
+    async with owned_task(sending, "sender") as sender:
+        async with asyncio.timeout(20):
+            async for event in session:
+                events.append(event)
+                if sum(isinstance(e, AudioDelta) for e in events) >= deltas:
+                    break
+        await sender
     return events
 
 

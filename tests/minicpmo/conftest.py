@@ -7,8 +7,9 @@ of calling transformers.
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -165,3 +166,23 @@ def tiny_shared(tiny_checkpoint: Path) -> Any:
 
     owner = load_reference(tiny_checkpoint, "unified", "cpu", "float32", budget=8, forced=0)
     return SharedModel.of_duplex(owner, UnitRules())
+
+
+@pytest.fixture
+async def make() -> AsyncIterator[Callable[..., Any]]:
+    """Batch loops over a model's slots, closed after the test (their threads
+    end); torch is imported only by the tests that ask for one."""
+    from omnilive.engines.minicpmo.runtime.loop import BatchLoop
+    from tests.minicpmo.test_batch import batched
+
+    made: list[BatchLoop] = []
+
+    def make(llm: Any, slots: int, capacity: int, **options: Any) -> BatchLoop:
+        made.append(BatchLoop(batched(llm, slots, capacity), **options))
+        return made[-1]
+
+    yield make
+    for loop in made:
+        loop.close()
+        await asyncio.to_thread(loop.thread.join, 5)
+        assert not loop.thread.is_alive()

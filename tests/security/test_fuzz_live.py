@@ -85,7 +85,7 @@ class Conversation:
         self.connections += 1
         # A fresh session id each time: the last one may still be ending.
         self.ws = await connect(self.url.format(n=self.connections), max_size=None)
-        self.reader = asyncio.ensure_future(self._read(self.ws))
+        self.reader = asyncio.create_task(self._read(self.ws))
         self.trail = []
         if self.prepare:
             await self.ws.send(PREPARE)

@@ -57,8 +57,8 @@ async def test_cancelling_drops_pending_steps_and_never_waits(steps: StepLoop):
     def later() -> None:
         ran.append("later")
 
-    running = asyncio.ensure_future(lane.run(slow))
-    waiting = asyncio.ensure_future(lane.run(later))
+    running = asyncio.create_task(lane.run(slow))
+    waiting = asyncio.create_task(lane.run(later))
     await asyncio.sleep(0.05)
     started = time.monotonic()
     for task in (running, waiting):
@@ -75,8 +75,8 @@ async def test_finish_runs_the_last_step_after_the_running_one_then_reports(step
     lane = steps.lane("s", on_finished=finished.set)
     order: list[str] = []
     gate = threading.Event()
-    running = asyncio.ensure_future(lane.run(lambda: (gate.wait(5), order.append("step"))))
-    dropped = asyncio.ensure_future(lane.run(lambda: order.append("dropped")))
+    running = asyncio.create_task(lane.run(lambda: (gate.wait(5), order.append("step"))))
+    dropped = asyncio.create_task(lane.run(lambda: order.append("dropped")))
     await asyncio.sleep(0.05)
     lane.finish(lambda: order.append("close"))
     assert not finished.is_set()

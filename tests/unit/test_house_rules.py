@@ -1,0 +1,61 @@
+"""Rules the whole tree keeps (STYLE.md), checked on every module of the
+package, the tests, the benchmarks and the tools:
+
+- no module is over 500 lines: one that grows past it holds two concepts (the
+  GPU engine's package may not keep under it with ``# fmt: skip`` either:
+  tests/minicpmo/test_layers.py);
+- tasks are owned and named: no ``asyncio.ensure_future`` anywhere, and every
+  ``create_task`` outside the tests names its task, so a stuck or failed one
+  shows in a dump of the running tasks and in the logs.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).parents[2]
+TREES = ("src/omnilive", "tests", "benchmarks", "tools")
+MAX_LINES = 500
+
+
+def modules(*trees: str) -> dict[str, str]:
+    return {
+        str(path.relative_to(ROOT)): path.read_text()
+        for tree in trees
+        for path in sorted((ROOT / tree).rglob("*.py"))
+    }
+
+
+def test_no_module_is_over_500_lines():
+    sizes = {module: len(text.splitlines()) for module, text in modules(*TREES).items()}
+    assert {module: n for module, n in sizes.items() if n > MAX_LINES} == {}
+
+
+def calls_of(text: str, name: str) -> list[ast.Call]:
+    return [
+        node
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute | ast.Name)
+        and (node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id) == name
+    ]
+
+
+def test_no_task_is_made_by_ensure_future():
+    found = {
+        f"{module}:{call.lineno}"
+        for module, text in modules(*TREES).items()
+        for call in calls_of(text, "ensure_future")
+    }
+    assert found == set()
+
+
+def test_every_task_outside_the_tests_has_a_name():
+    unnamed = {
+        f"{module}:{call.lineno}"
+        for module, text in modules("src/omnilive", "benchmarks", "tools").items()
+        for call in calls_of(text, "create_task")
+        if not any(keyword.arg == "name" for keyword in call.keywords)
+    }
+    assert unnamed == set()
