@@ -41,10 +41,8 @@ class TieFollower:
         if k >= len(text) or token == text[k] or logits is None:
             return token
         expected = text[k]
-        if abs(float(logits[token]) - float(logits[expected])) > self.tie:
+        if not self._tied(token, expected, logits, kind="text", choice=k):
             return token
-        gap = float(logits[token] - logits[expected])
-        self.ties.append({"kind": "text", "unit": self.unit, "choice": k, "gap": gap})
         if history and history[-1] == token:
             history[-1] = expected
         return expected
@@ -55,11 +53,16 @@ class TieFollower:
         if t >= len(speech) or token == speech[t]:
             return token
         expected = speech[t]
-        if abs(float(logits[token]) - float(logits[expected])) > self.tie:
-            return token
-        gap = float(logits[token] - logits[expected])
-        self.ties.append({"kind": "speech", "unit": self.unit, "index": t, "gap": gap})
-        return expected
+        return expected if self._tied(token, expected, logits, kind="speech", index=t) else token
+
+    def _tied(self, token: int, expected: int, logits: Any, kind: str, **where: int) -> bool:
+        """Whether ``token`` and the reference's ``expected`` are within
+        ``tie`` in ``logits``; a tie is counted, with where it was."""
+        gap = float(logits[token]) - float(logits[expected])
+        if abs(gap) > self.tie:
+            return False
+        self.ties.append({"kind": kind, "unit": self.unit, **where, "gap": gap})
+        return True
 
 
 def follow_ties(followers: dict[int, TieFollower]) -> Any:

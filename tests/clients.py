@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 from websockets.asyncio.client import ClientConnection, connect
 
+from omnilive.tasks import TaskSet
 from tests.servers import Server
 from tests.speech import chunks_b64
 
@@ -101,13 +102,11 @@ class EventSocket:
 
 @contextlib.asynccontextmanager
 async def owned_task(work: Coroutine[Any, Any, Any], name: str) -> AsyncIterator[asyncio.Task]:
-    """``work`` as a named task that the block owns: one still running when
-    the block ends (a failed assertion included) is cancelled and awaited,
-    never left to outlive its test."""
-    task = asyncio.create_task(work, name=name)
+    """``work`` as a task of the house's :class:`TaskSet`, owned by the
+    block: one still running when the block ends (a failed assertion
+    included) is cancelled and awaited, never left to outlive its test."""
+    tasks = TaskSet("test")
     try:
-        yield task
+        yield tasks.spawn(name, work)
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await tasks.close()

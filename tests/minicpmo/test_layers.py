@@ -1,7 +1,7 @@
 """The GPU engine's package shows its layers: the batched runtime imports no
 session logic and no model rule, nothing imports in a circle, and no module
 keeps under the 500-line limit (tests/unit/test_house_rules.py, the whole
-package's) by switching the formatter off."""
+tree's) by switching the formatter off."""
 
 from __future__ import annotations
 
