@@ -25,6 +25,8 @@ from omnilive.audio import wav_bytes
 if TYPE_CHECKING:
     from playwright.sync_api import BrowserContext, Page, Request
 
+    from tests.servers import Server
+
 T = TypeVar("T")
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
@@ -130,6 +132,22 @@ def chromium(tmp: Path, extra_args: list[str] | None = None) -> Iterator[Browser
             yield context
         finally:
             context.close()
+
+
+def settle_transport(page: Page, server: Server, transport: str = "webrtc") -> None:
+    """Wait until a live page, started, talks over a transport; fail saying
+    why if it is not ``transport`` (the page's notice, its WebRTC steps with
+    their times, the server's log)."""
+    # The page gives WebRTC 2 s to gather and 8 s to connect after the answer.
+    page.wait_for_selector("body[data-transport]", state="attached", timeout=40_000)
+    used = page.evaluate("document.body.dataset.transport")
+    if used != transport:
+        notice = page.inner_text("#notice") if page.is_visible("#notice") else ""
+        steps = page.evaluate("window.omniliveRtc ? window.omniliveRtc.steps : null")
+        raise AssertionError(
+            f"the page talks over {used}, not {transport}: notice {notice!r}, "
+            f"WebRTC steps {steps}; the server's log ends:\n{server.log()[-2000:]}"
+        )
 
 
 def screenshot(page: Page, name: str) -> Path:

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from tests.browser.harness import chromium, watch
+from tests.browser.harness import chromium, settle_transport, watch
 from tests.browser.test_webrtc import wait_no_calls
 from tests.servers import Server
 
@@ -44,7 +44,7 @@ def test_half_duplex_over_webrtc_the_user_can_speak_over_the_answer(
         page.wait_for_selector("body[data-ready]", state="attached")
         page.fill("#system-prompt", "#latency:0.5 Answer slowly.")  # still answering at the 2nd
         page.click("#start")
-        page.wait_for_selector("body[data-transport=webrtc]", state="attached", timeout=15_000)
+        settle_transport(page, scripted_server)
         # The second question, heard through the echo-cancelled microphone
         # while the first answer is made, stops it and is answered in turn.
         page.wait_for_selector("#transcript .turn.ai[data-interrupted]", timeout=40_000)

@@ -15,6 +15,7 @@ from tests.browser.harness import (
     chromium,
     run_async,
     screenshot,
+    settle_transport,
     spoken_wav,
     watch,
     watched_page,
@@ -78,13 +79,12 @@ def wait_no_calls(page, server: Server) -> None:
     raise AssertionError("the call is still open on the server")
 
 
-def start(page, url: str, transport: str = "webrtc", timeout: float = 15_000) -> None:
-    """Open the page at ``url``, press Start, wait until it talks over ``transport``."""
-    page.goto(url)
+def start(page, server: Server, path: str, transport: str = "webrtc") -> None:
+    """Open ``path``, press Start, and wait until the page talks over ``transport``."""
+    page.goto(server.http + path)
     page.wait_for_selector("body[data-ready]", state="attached")
     page.click("#start")
-    selector = f"body[data-transport={transport}]"
-    page.wait_for_selector(selector, state="attached", timeout=timeout)
+    settle_transport(page, server, transport)
 
 
 @pytest.mark.parametrize("engine", ["scripted", pytest.param("cascade", marks=pytest.mark.cascade)])
@@ -93,7 +93,7 @@ def test_half_duplex_over_webrtc(browser, engine: str, request: pytest.FixtureRe
     page = browser.new_page()
     problems = watch(page)
     try:
-        start(page, server.http + "/half_duplex")
+        start(page, server, "/half_duplex")
         assert calls_open(server) == 1
         # The server's VAD heard the question on the Opus track, and the answer came.
         page.wait_for_selector("#transcript .turn.ai[data-done]", timeout=40_000)
@@ -114,7 +114,7 @@ def test_half_duplex_over_webrtc(browser, engine: str, request: pytest.FixtureRe
 
 def test_omni_over_webrtc(browser, scripted_server: Server) -> None:
     with watched_page(browser) as (page, problems):
-        start(page, scripted_server.http + "/omni")
+        start(page, scripted_server, "/omni")
         page.wait_for_selector("#subtitle.visible", timeout=25_000)
         # The engine counts the frames it saw: the camera track was sampled.
         assert "frames 1" in page.inner_text("#subtitle")
@@ -140,7 +140,7 @@ FAIL_CALL = """() => {
 
 def test_a_failed_call_is_resumed_on_a_new_one(browser, scripted_server: Server) -> None:
     with watched_page(browser) as (page, problems):
-        start(page, scripted_server.http + "/audio_duplex")
+        start(page, scripted_server, "/audio_duplex")
         page.wait_for_function("window.omniliveDuplex.results.length >= 2", timeout=20_000)
         first = page.evaluate("window.peers.length")
         page.evaluate(FAIL_CALL)
@@ -164,7 +164,7 @@ def test_failed_ice_falls_back_to_the_websocket(browser, scripted_server: Server
     page = browser.new_page()
     page.add_init_script(NO_PATH)
     try:
-        start(page, scripted_server.http + "/audio_duplex", "websocket", timeout=30_000)
+        start(page, scripted_server, "/audio_duplex", "websocket")
         assert "WebSocket" in page.inner_text("#notice")
         page.wait_for_function("window.omniliveDuplex.results.length >= 2", timeout=20_000)
         wait_no_calls(page, scripted_server)  # the failed call was hung up

@@ -67,6 +67,7 @@ export class LiveRtc {
     this.graceMs = 0;
     this.lastSeq = 0;
     this.resumes = 0;
+    this.steps = []; // the last call's [step, ms since its offer], for diagnostics
     this.audio = new Audio();
     this.audio.autoplay = true;
     window.omniliveRtc = this; // for tests: the live connection
@@ -104,15 +105,26 @@ export class LiveRtc {
     channel.onmessage = (event) => this.received(event.data);
     this.pc = pc;
     this.channel = channel;
+    const open = opening(pc, channel);
+    this.steps = [];
+    const began = performance.now();
+    const step = (name) => this.steps.push([name, Math.round(performance.now() - began)]);
     await pc.setLocalDescription(await pc.createOffer());
     await gathered(pc);
+    step('gathered');
     const query = new URLSearchParams(params).toString();
     const response = await request('POST', query ? `${this.path}?${query}` : this.path, {
       body: pc.localDescription.sdp,
     });
     this.callId = (response.headers.get('Location') || '').split('/').pop() || null;
     await pc.setRemoteDescription({ type: 'answer', sdp: await response.text() });
-    await opened(pc, channel);
+    step('answered');
+    open.arm();
+    try {
+      await open.promise;
+    } finally {
+      step(`${pc.iceConnectionState}/${channel.readyState}`);
+    }
     // A channel that closes with the connection failing went with the network.
     const failing = () => ['failed', 'disconnected'].includes(pc.connectionState);
     channel.onclose = () => this.lost(pc, failing() ? 'failed' : 'closed');
@@ -231,22 +243,31 @@ export class LiveRtc {
   }
 }
 
-/** Resolves once ``channel`` opens; rejects on a timeout or when ICE fails. */
-function opened(pc, channel) {
-  return new Promise((resolve, reject) => {
-    const fail = (why) => {
+/**
+ * The opening of ``channel``: ``promise`` resolves once it is open and rejects
+ * when ICE fails or, from ``arm()`` on, when it takes too long. Listened for
+ * from the offer on, so an open that comes early is never missed; the clock
+ * starts at the answer, because the server's work before it is not the network's.
+ */
+function opening(pc, channel) {
+  let arm = () => {};
+  const promise = new Promise((resolve, reject) => {
+    let timer = null;
+    const settle = (done, value) => {
       clearTimeout(timer);
-      reject(new Error(why));
+      done(value);
     };
-    const timer = setTimeout(() => fail(t('rtc.timeout')), CONNECT_TIMEOUT_MS);
-    channel.onopen = () => {
-      clearTimeout(timer);
-      resolve();
-    };
-    pc.oniceconnectionstatechange = () => {
-      if (pc.iceConnectionState === 'failed') fail(t('rtc.ice_failed'));
+    channel.addEventListener('open', () => settle(resolve), { once: true });
+    pc.addEventListener('iceconnectionstatechange', () => {
+      if (pc.iceConnectionState === 'failed') settle(reject, new Error(t('rtc.ice_failed')));
+    });
+    arm = () => {
+      if (channel.readyState === 'open') settle(resolve);
+      else timer = setTimeout(() => settle(reject, new Error(t('rtc.timeout'))), CONNECT_TIMEOUT_MS);
     };
   });
+  promise.catch(() => {}); // a call given up before its answer is not an uncaught error
+  return { promise, arm };
 }
 
 /**
