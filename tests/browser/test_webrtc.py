@@ -44,10 +44,13 @@ KEEP_PEERS = """(() => {
 })()"""
 STATS = """async () => {
     const pc = window.peers[window.peers.length - 1];
-    const out = {up: 0, down: 0, energy: 0, video: 0, channel_in: 0};
+    const out = {up: 0, down: 0, energy: 0, video: 0, video_frames: 0, channel_in: 0};
     (await pc.getStats()).forEach((r) => {
         if (r.type === 'outbound-rtp' && r.kind === 'audio') out.up = r.bytesSent;
-        if (r.type === 'outbound-rtp' && r.kind === 'video') out.video = r.bytesSent;
+        if (r.type === 'outbound-rtp' && r.kind === 'video') {
+            out.video = r.bytesSent;
+            out.video_frames = r.framesEncoded;
+        }
         if (r.type === 'inbound-rtp' && r.kind === 'audio') {
             out.down = r.bytesReceived;
             out.energy = r.totalAudioEnergy || 0;
@@ -121,6 +124,10 @@ def test_omni_over_webrtc(browser, scripted_server: Server) -> None:
         page.wait_for_function(f"({STATS})().then((s) => s.energy > 0)", timeout=15_000)
         stats = page.evaluate(STATS)
         assert stats["video"] > 0 and stats["down"] > 0, stats
+        # The camera goes at 5 frames a second, not its own 30: the model sees one a second.
+        page.wait_for_timeout(2000)
+        frames = page.evaluate(STATS)["video_frames"] - stats["video_frames"]
+        assert 2 <= frames <= 14, frames
         assert page.evaluate("window.omniliveAudio.chunks") == 0  # no audio in the events
         page.click("#stop")
         page.locator("#transcript a[href^='/s/']").wait_for()

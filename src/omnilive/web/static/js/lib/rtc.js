@@ -14,6 +14,9 @@ import { deliver, keepResumeFields, LiveSocket, parsed, retryWithin } from './so
 
 const CONNECT_TIMEOUT_MS = 8000; // ICE and DTLS on a LAN take well under a second
 const GATHER_TIMEOUT_MS = 2000; // host candidates come at once; STUN may take longer
+// The camera's frame rate on the call: the server keeps the freshest frame for
+// each second of the model's, so this bounds its age (200 ms).
+const VIDEO_FPS = 5;
 const CHANNEL = 'oai-events'; // OpenAI's name; the server takes any
 // A connection that stays 'disconnected' this long is treated as failed: a
 // browser takes up to ~30 s to call it so, the server's whole resume grace.
@@ -95,7 +98,13 @@ export class LiveRtc {
   async call(params) {
     const pc = new RTCPeerConnection({ iceServers: this.iceServers });
     const channel = pc.createDataChannel(CHANNEL);
-    for (const track of this.tracks) pc.addTrack(track, new MediaStream([track]));
+    for (const track of this.tracks) {
+      const streams = [new MediaStream([track])];
+      if (track.kind === 'video') {
+        // The model sees about a frame a second: more is work for both ends.
+        pc.addTransceiver(track, { direction: 'sendonly', streams, sendEncodings: [{ maxFramerate: VIDEO_FPS }] });
+      } else pc.addTrack(track, ...streams);
+    }
     if (!this.tracks.some((track) => track.kind === 'audio')) pc.addTransceiver('audio');
     pc.ontrack = (event) => {
       if (event.track.kind !== 'audio') return;
