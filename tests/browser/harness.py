@@ -136,18 +136,24 @@ def chromium(tmp: Path, extra_args: list[str] | None = None) -> Iterator[Browser
 
 def settle_transport(page: Page, server: Server, transport: str = "webrtc") -> None:
     """Wait until a live page, started, talks over a transport; fail saying
-    why if it is not ``transport`` (the page's notice, its WebRTC steps with
-    their times, the server's log)."""
-    # The page gives WebRTC 2 s to gather and 8 s to connect after the answer.
-    page.wait_for_selector("body[data-transport]", state="attached", timeout=40_000)
-    used = page.evaluate("document.body.dataset.transport")
-    if used != transport:
-        notice = page.inner_text("#notice") if page.is_visible("#notice") else ""
-        steps = page.evaluate("window.omniliveRtc ? window.omniliveRtc.steps : null")
-        raise AssertionError(
-            f"the page talks over {used}, not {transport}: notice {notice!r}, "
-            f"WebRTC steps {steps}; the server's log ends:\n{server.log()[-2000:]}"
-        )
+    why if it is not ``transport`` or none (the page's notice, its WebRTC
+    steps with their times, the server's log)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        # The page gives WebRTC 2 s to gather and 8 s to connect after the answer.
+        page.wait_for_selector("body[data-transport]", state="attached", timeout=40_000)
+        used = page.evaluate("document.body.dataset.transport")
+    except PlaywrightTimeout:
+        used = None
+    if used == transport:
+        return
+    notice = page.inner_text("#notice") if page.is_visible("#notice") else ""
+    steps = page.evaluate("window.omniliveRtc ? window.omniliveRtc.steps : null")
+    raise AssertionError(
+        f"the page talks over {used or 'nothing after 40 s'}, not {transport}: "
+        f"notice {notice!r}, WebRTC steps {steps}; the server's log ends:\n{server.log()[-2000:]}"
+    )
 
 
 def screenshot(page: Page, name: str) -> Path:
