@@ -34,7 +34,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any, TypeVar
 
@@ -146,10 +146,7 @@ class SlotDuplex:
         shared = self.shared
         self.audio = AudioStream(mel=await self._across(asyncio.to_thread(shared.new_mel)))
         if tts_voice is not None and shared.generate_audio:
-            self.voice = shared.kept_voice(tts_voice, True)
-            if self.voice is None:
-                opened = self.loop.side_call(shared.open_voice, tts_voice, True)
-                self.voice = await self._across(opened)
+            self.voice = await shared.voice_stream(tts_voice, True, self._side_call)
         parts: list[torch.Tensor] = []
         if prefix:
             parts.append(shared.embed(shared.tokenizer.encode(prefix, add_special_tokens=False)))
@@ -461,6 +458,10 @@ class SlotDuplex:
         return decided
 
     # --- the LLM context ----------------------------------------------------------------
+
+    async def _side_call(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the side lane, counted in :attr:`handoffs`."""
+        return await self._across(self.loop.side_call(fn, *args))
 
     async def _across(self, work: Awaitable[T]) -> T:
         """``work`` (a job of the engine's threads), counted in :attr:`handoffs`."""

@@ -9,7 +9,7 @@ import contextlib
 import copy
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -175,6 +175,19 @@ class SharedModel:
         if kept is None:
             return None
         return VoiceStream(self.vocoder, base=kept[1], whole_seconds=whole_seconds)
+
+    async def voice_stream(
+        self,
+        samples: np.ndarray,
+        whole_seconds: bool,
+        side_call: Callable[..., Awaitable[VoiceStream]],
+    ) -> VoiceStream:
+        """The voice of ``samples``: :meth:`kept_voice` (no lane to wait for),
+        else :meth:`open_voice` by ``side_call`` (the session's side lane)."""
+        voice = self.kept_voice(samples, whole_seconds)
+        if voice is None:
+            voice = await side_call(self.open_voice, samples, whole_seconds)
+        return voice
 
     @property
     def device(self) -> torch.device:

@@ -270,10 +270,7 @@ class SlotSimplex:
     async def set_voice(self, samples: np.ndarray) -> None:
         """Speak in the voice of ``samples`` (16 kHz): prepared on the side
         lane, or the kept preparation of the same samples."""
-        voice = self.shared.kept_voice(samples, False)  # kept: no lane to wait for
-        if voice is None:
-            voice = await self.loop.side_call(self.shared.open_voice, samples, False)
-        self.voice = voice
+        self.voice = await self.shared.voice_stream(samples, False, self.loop.side_call)
 
     # --- an answer ----------------------------------------------------------------------
 
