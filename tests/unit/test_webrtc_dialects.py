@@ -10,7 +10,12 @@ import json
 import numpy as np
 
 from omnilive.audio import pcm_from_b64, pcm_to_b64
-from omnilive.gateway.webrtc.dialects import Dialect, MediaDialect
+from omnilive.gateway.webrtc.dialects import (
+    FRAME_MAX_SIDE,
+    HD_FRAME_MAX_SIDE,
+    Dialect,
+    MediaDialect,
+)
 
 
 def test_openai_audio_in_is_24khz_pcm16():
@@ -96,3 +101,17 @@ def test_force_listen_marks_the_next_duplex_chunk():
     first = json.loads(dialect.audio_message(np.zeros(16_000, np.float32)))
     second = json.loads(dialect.audio_message(np.zeros(16_000, np.float32)))
     assert first["force_listen"] is True and "force_listen" not in second
+
+
+def test_a_prepare_for_more_than_one_slice_takes_frames_at_hd_size():
+    """As the omni page grabs frames over the WebSocket: 640 px, or 1280 px
+    when it asks for two slices (its HD)."""
+    dialect = MediaDialect(Dialect.DUPLEX)
+    assert dialect.frame_max_side == FRAME_MAX_SIDE
+    prepare = {"type": "prepare", "mode": "omni_duplex"}
+    for slices, side in ((2, HD_FRAME_MAX_SIDE), (1, FRAME_MAX_SIDE), (9, HD_FRAME_MAX_SIDE)):
+        assert dialect.client_event(json.dumps({**prepare, "max_slice_nums": slices})) is not None
+        assert dialect.frame_max_side == side
+    for odd in (None, "4", True, 2.5):  # the session answers these; the size stays plain
+        dialect.client_event(json.dumps({**prepare, "max_slice_nums": odd}))
+        assert dialect.frame_max_side == FRAME_MAX_SIDE

@@ -16,6 +16,7 @@ from omnilive.gateway.webrtc.media import (
     AnswerTrack,
     InOrderAudio,
     InputAudio,
+    jpeg_of,
 )
 
 
@@ -73,3 +74,13 @@ def test_each_audio_packet_is_decoded_as_it_comes_and_a_late_one_is_dropped():
     assert arrives(1) == bytes([1])  # across the wrap; 0 was lost: a gap
     assert arrives(0) is None  # it came after 1: too late
     assert arrives(2) == bytes([2])
+
+
+def test_a_camera_frame_becomes_a_jpeg_no_larger_than_asked():
+    import io
+
+    from PIL import Image
+
+    frame = av.VideoFrame.from_ndarray(np.full((720, 1280, 3), 128, np.uint8), format="rgb24")
+    for side, size in ((640, (640, 360)), (1280, (1280, 720)), (2000, (1280, 720))):
+        assert Image.open(io.BytesIO(jpeg_of(frame, side))).size == size

@@ -339,7 +339,9 @@ class Call:
                     continue  # before prepared, or paused: as a page holds its microphone
                 jpeg = None
                 if self._latest_frame is not None:
-                    jpeg = await asyncio.to_thread(jpeg_of, self._latest_frame)
+                    jpeg = await asyncio.to_thread(
+                        jpeg_of, self._latest_frame, self.dialect.frame_max_side
+                    )
                     self._latest_frame = None  # one frame per unit, the freshest
                 if len(self._audio) == self._audio.maxlen:
                     self.dropped_audio_chunks += 1

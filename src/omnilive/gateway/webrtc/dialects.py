@@ -47,6 +47,11 @@ INPUT_RATES = {Dialect.OPENAI: 24_000, Dialect.HALF_DUPLEX: INPUT_RATE, Dialect.
 OPENAI_AUDIO_DELTA = "response.output_audio.delta"
 _AUDIO_TYPES = ("input_audio_buffer.append", "audio_chunk")
 OUTPUT_AUDIO_RATE = OUTPUT_RATE  # both dialects answer at 24 kHz
+# A camera frame's longest side, as the duplex page grabs it over the
+# WebSocket: 640 px, or 1280 px for a session that asks for more than one
+# slice (the page's HD, max_slice_nums 2): a smaller frame has no detail to slice.
+FRAME_MAX_SIDE = 640
+HD_FRAME_MAX_SIDE = 1280
 
 
 @dataclass
@@ -58,6 +63,7 @@ class MediaDialect:
     paused: bool = False
     force_listen: bool = False  # the next duplex chunk asks the model to listen
     audio_chunks: int = 0
+    frame_max_side: int = FRAME_MAX_SIDE  # the prepare's max_slice_nums decides
 
     def __post_init__(self) -> None:
         self.ready = _READY_AT_START[self.dialect]
@@ -104,6 +110,10 @@ class MediaDialect:
             message = json.loads(text)
         except ValueError:
             return text  # the session answers it with its protocol's error
+        if isinstance(message, dict) and message.get("type") == "prepare":
+            slices = message.get("max_slice_nums")
+            hd = isinstance(slices, int) and not isinstance(slices, bool) and slices > 1
+            self.frame_max_side = HD_FRAME_MAX_SIDE if hd else FRAME_MAX_SIDE
         if isinstance(message, dict) and message.get("type") in _AUDIO_TYPES:
             # A duplex page's "let me talk" rides on an empty audio_chunk:
             # it marks the next chunk the track's audio makes.

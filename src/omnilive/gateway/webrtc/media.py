@@ -25,7 +25,6 @@ OPUS_RATE = 48_000
 PACKET_S = 0.02  # what a browser's Opus encoder packs, and what the track sends
 PACKET_SAMPLES = int(OPUS_RATE * PACKET_S)
 JPEG_QUALITY = 80
-FRAME_MAX_SIDE = 640  # what the duplex page sends unless asked for HD
 
 
 class InOrderAudio(JitterBuffer):
@@ -96,8 +95,9 @@ class InputAudio:
         return [samples[i : i + self.chunk_samples] for i in range(0, whole, self.chunk_samples)]
 
 
-def jpeg_of(frame: av.VideoFrame, max_side: int = FRAME_MAX_SIDE) -> bytes:
-    """One camera frame as the JPEG a duplex chunk carries (off the loop)."""
+def jpeg_of(frame: av.VideoFrame, max_side: int) -> bytes:
+    """One camera frame as the JPEG a duplex chunk carries, at most
+    ``max_side`` pixels wide and high (off the loop)."""
     image = frame.to_image()
     image.thumbnail((max_side, max_side))
     out = io.BytesIO()
