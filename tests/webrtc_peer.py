@@ -73,6 +73,32 @@ class ClipTrack(MediaStreamTrack):
         return frame
 
 
+class Camera(VideoStreamTrack):
+    """Grey frames of ``width`` x ``height`` at ``fps``."""
+
+    def __init__(self, width: int, height: int, fps: int = 5) -> None:
+        super().__init__()
+        self.frame = av.VideoFrame.from_ndarray(
+            np.full((height, width, 3), 128, np.uint8), format="rgb24"
+        )
+        self.fps = fps
+        self._pts = 0
+        self._start: float | None = None
+
+    async def recv(self) -> av.VideoFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        if self._start is None:
+            self._start = time.monotonic()
+        wait = self._start + self._pts / self.fps - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        frame = self.frame.reformat(format="yuv420p")
+        frame.pts, frame.time_base = self._pts * 90_000 // self.fps, fractions.Fraction(1, 90_000)
+        self._pts += 1
+        return frame
+
+
 class Peer:
     """One call from the client's side."""
 
@@ -80,14 +106,16 @@ class Peer:
         self,
         clip: np.ndarray | None = None,
         channel: str = "oai-events",
-        camera: bool = False,
+        camera: bool | tuple[int, int] = False,
         jitter_packets: int | None = None,
     ) -> None:
         self.jitter_packets = jitter_packets  # None: aiortc's own buffer (80 ms)
         self.pc = RTCPeerConnection()
         self.mic = ClipTrack(clip)
-        if camera:  # aiortc's test pattern: plain green frames at 30 fps
+        if camera is True:  # aiortc's test pattern: plain green 640x480 frames at 30 fps
             self.pc.addTrack(VideoStreamTrack())
+        elif camera:
+            self.pc.addTrack(Camera(*camera))
         self.events: list[dict[str, Any]] = []
         self.heard: list[np.ndarray] = []  # the answer track's audio, 48 kHz mono float32
         self.first_sound_at: float | None = None

@@ -82,10 +82,13 @@ def wait_no_calls(page, server: Server) -> None:
     raise AssertionError("the call is still open on the server")
 
 
-def start(page, server: Server, path: str, transport: str = "webrtc") -> None:
-    """Open ``path``, press Start, and wait until the page talks over ``transport``."""
+def start(page, server: Server, path: str, transport: str = "webrtc", hd: bool = False) -> None:
+    """Open ``path``, press Start (``hd``: in the omni page's HD), and wait
+    until the page talks over ``transport``."""
     page.goto(server.http + path)
     page.wait_for_selector("body[data-ready]", state="attached")
+    if hd:
+        page.check("#hd")
     page.click("#start")
     settle_transport(page, server, transport)
 
@@ -115,12 +118,15 @@ def test_half_duplex_over_webrtc(browser, engine: str, request: pytest.FixtureRe
         page.close()
 
 
-def test_omni_over_webrtc(browser, scripted_server: Server) -> None:
+@pytest.mark.parametrize(("hd", "frame_size"), [(False, "640x360"), (True, "1280x720")])
+def test_omni_over_webrtc(browser, scripted_server: Server, hd: bool, frame_size: str) -> None:
     with watched_page(browser) as (page, problems):
-        start(page, scripted_server, "/omni")
+        start(page, scripted_server, "/omni", hd=hd)
         page.wait_for_selector("#subtitle.visible", timeout=25_000)
-        # The engine counts the frames it saw: the camera track was sampled.
-        assert "frames 1" in page.inner_text("#subtitle")
+        # The engine counts the frames it saw, with the last one's size: the
+        # camera track was sampled at the size the session asked for (the
+        # fake camera is 1280x720; HD is two slices, with frames twice as wide).
+        assert f"frames 1 {frame_size}" in page.inner_text("#subtitle")
         page.wait_for_function(f"({STATS})().then((s) => s.energy > 0)", timeout=15_000)
         stats = page.evaluate(STATS)
         assert stats["video"] > 0 and stats["down"] > 0, stats

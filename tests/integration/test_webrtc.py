@@ -148,14 +148,21 @@ async def test_a_half_duplex_call(server: Server):
     await until_idle(server)
 
 
-async def test_an_omni_duplex_call_with_the_camera(server: Server):
-    peer = Peer(channel="events", camera=True)
+@pytest.mark.parametrize(
+    ("slices", "frame_size"),
+    [(None, "640x360"), (2, "1280x720")],  # HD (two slices): frames as the page grabs them
+)
+async def test_an_omni_duplex_call_with_the_camera(
+    server: Server, slices: int | None, frame_size: str
+):
+    peer = Peer(channel="events", camera=(1280, 720))
     try:
         url = f"{server.http}/api/webrtc/duplex/dx_rtc_test?mode=omni_duplex"
         response = await peer.call(url)
         assert response.status_code == 201, response.text
         await peer.opened.wait()
-        peer.send({"type": "prepare", "system_prompt": "Be brief."})
+        prepare = {"type": "prepare", "system_prompt": "Be brief."}
+        peer.send({**prepare, **({"max_slice_nums": slices} if slices else {})})
         prepared = await peer.until("prepared")
         assert prepared["mode"] == "omni_duplex"
         peer.mic.play(np.concatenate([speak("What do you see?"), silence(3.0)]))
@@ -166,9 +173,9 @@ async def test_an_omni_duplex_call_with_the_camera(server: Server):
         results = [e for e in peer.events if e["type"] == "result"]
         assert all(r["audio_data"] is None for r in results)  # the answer is on the track
         # One camera frame per one-second unit, sampled from the video track.
-        assert any(r["vision_slices"] == 1 for r in results), results
+        assert any(r["vision_slices"] == (slices or 1) for r in results), results
         speaking = [r for r in results if not r["is_listen"]]
-        assert speaking and "frames 1" in speaking[0]["text"]
+        assert speaking and f"frames 1 {frame_size}" in speaking[0]["text"]
         async with asyncio.timeout(5):  # played at real time, behind the results
             await peer.sounded.wait()
         peer.send({"type": "stop"})

@@ -38,3 +38,11 @@ def test_switched_off(tmp_path: Path):
         own = client.post("/api/webrtc/half_duplex/hd_x", content=b"v=0")
     assert ga.status_code == 503 and ga.json()["error"]["code"] == "webrtc_disabled"
     assert own.status_code == 503 and own.json()["code"] == "webrtc_disabled"
+
+
+def test_a_duplex_call_refuses_slices_out_of_range(tmp_path: Path):
+    with client_for(tmp_path) as client:
+        for bad in ("0", "10", "two"):
+            response = client.post(f"/api/webrtc/duplex/dx_x?max_slice_nums={bad}", content=b"v=0")
+            assert response.status_code == 422, response.text
+            assert "max_slice_nums" in response.text

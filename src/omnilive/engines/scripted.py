@@ -27,6 +27,7 @@ previous unit's finalize raises, so a runner that breaks it fails loudly.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -86,6 +87,14 @@ def speech_for(text: str) -> np.ndarray:
 
 def chunk_text(text: str, size: int) -> list[str]:
     return [text[i : i + size] for i in range(0, len(text), size)] or [""]
+
+
+def _size_of(image: bytes) -> str:
+    """`` WxH`` of an encoded image, read from its header."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(image)) as opened:
+        return " {}x{}".format(*opened.size)
 
 
 def describe_voice(voice: Voice | None) -> str:
@@ -300,6 +309,7 @@ class ScriptedDuplex(DuplexSession):
         self._kv = 0
         self._last_rms = 0.0
         self._frames = 0
+        self._frame_size = ""  # " WxH" of the unit's last frame: what the client sent
         self._voice = ""
         self._speaking = False
         self._unfinalized = False  # generate() ran, finalize() not yet
@@ -322,6 +332,7 @@ class ScriptedDuplex(DuplexSession):
         self._knobs.pause()
         self._last_rms = rms(audio)
         self._frames = len(frames)
+        self._frame_size = _size_of(frames[-1]) if frames else ""
         slices = len(frames) * (max_slice_nums or 1)
         self._kv += self._knobs.kv_per_unit + 64 * slices
         return PrefillStats(
@@ -344,7 +355,8 @@ class ScriptedDuplex(DuplexSession):
             self._speaking = False
             return DuplexUnit(is_listen=True, kv_cache_length=self._kv)
         end = plan == "E"
-        text = f"unit {unit} rms {self._last_rms:.3f} frames {self._frames}{self._voice} "
+        frames = f"frames {self._frames}{self._frame_size}"
+        text = f"unit {unit} rms {self._last_rms:.3f} {frames}{self._voice} "
         seconds = self._knobs.speak_seconds / 2 if end else self._knobs.speak_seconds
         audio = tone(seconds, OUTPUT_RATE, 300.0 + 10 * (unit % 20))
         self._speaking = not end

@@ -21,10 +21,10 @@ make them.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 from urllib.parse import urlencode
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from omnilive.gateway.auth import principal_of
@@ -84,7 +84,9 @@ async def realtime_call(request: Request, model: str | None = None) -> Response:
             first.append(json.dumps({"type": "session.update", "session": session}))
         # Escaped: a model name cannot add a mode=.
         query = urlencode({"model": model, **_resuming(request)})
-        return await _open(request, offer, Dialect.OPENAI, "/v1/realtime", query, first)
+        return await _open(
+            request, offer, MediaDialect(Dialect.OPENAI), "/v1/realtime", query, first
+        )
     except CallRefused as refused:
         body = {"error": {"type": "invalid_request_error", "code": refused.code,
                           "message": refused.message, "param": None}}  # fmt: skip
@@ -107,13 +109,23 @@ async def hang_up(request: Request, call_id: str) -> Response:
 @router.post("/api/webrtc/half_duplex/{session_id}")
 async def half_duplex_call(request: Request, session_id: str) -> Response:
     query = urlencode(_resuming(request))
-    return await _own_mode(request, Dialect.HALF_DUPLEX, f"/ws/half_duplex/{session_id}", query)
+    half_duplex = MediaDialect(Dialect.HALF_DUPLEX)
+    return await _own_mode(request, half_duplex, f"/ws/half_duplex/{session_id}", query)
 
 
 @router.post("/api/webrtc/duplex/{session_id}")
-async def duplex_call(request: Request, session_id: str, mode: str | None = None) -> Response:
+async def duplex_call(
+    request: Request,
+    session_id: str,
+    mode: str | None = None,
+    max_slice_nums: Annotated[int | None, Query(ge=1, le=9)] = None,
+) -> Response:
+    """``max_slice_nums``: the frame size the call sends before (or, resuming,
+    without) the session's ``prepare``, which decides it otherwise."""
     query = urlencode({**({"mode": mode} if mode else {}), **_resuming(request)})
-    return await _own_mode(request, Dialect.DUPLEX, f"/ws/duplex/{session_id}", query)
+    dialect = MediaDialect(Dialect.DUPLEX)
+    dialect.take_slices(max_slice_nums)
+    return await _own_mode(request, dialect, f"/ws/duplex/{session_id}", query)
 
 
 def _resuming(request: Request) -> dict[str, str]:
@@ -123,7 +135,7 @@ def _resuming(request: Request) -> dict[str, str]:
     return {k: v[:256] for k, v in request.query_params.items() if k in RESUME_PARAMS}
 
 
-async def _own_mode(request: Request, dialect: Dialect, path: str, query: str) -> Response:
+async def _own_mode(request: Request, dialect: MediaDialect, path: str, query: str) -> Response:
     try:
         offer = await _offer(request)
         return await _open(request, offer, dialect, path, query)
@@ -155,7 +167,7 @@ async def _offer(request: Request) -> Offer:
 async def _open(
     request: Request,
     offer: Offer,
-    dialect: Dialect,
+    dialect: MediaDialect,
     path: str,
     query: str,
     first_events: list[str] | None = None,
@@ -168,7 +180,7 @@ async def _open(
     caller = principal_of(request)
     settings = request.app.state.gateway.settings
     scope = _session_scope(request, path, query, call_id)
-    call = Call(call_id, MediaDialect(dialect), settings.webrtc, scope, first_events,
+    call = Call(call_id, dialect, settings.webrtc, scope, first_events,
                 settings.limits.max_message_bytes)  # fmt: skip
     try:
         calls.add(call, caller.key_id)

@@ -86,6 +86,12 @@ class MediaDialect:
     def takes_audio(self) -> bool:
         return self.ready and not self.paused
 
+    def take_slices(self, max_slice_nums: Any) -> None:
+        """Frames for a session of ``max_slice_nums``: more than one slice
+        wants the larger frame (anything but an int is the session's to refuse)."""
+        slices = max_slice_nums if type(max_slice_nums) is int else 1
+        self.frame_max_side = HD_FRAME_MAX_SIDE if slices > 1 else FRAME_MAX_SIDE
+
     def audio_message(self, samples: np.ndarray, frame_jpeg: bytes | None = None) -> str:
         """The protocol's audio message for ``samples`` (mono float32 at
         :attr:`input_rate`), with a camera frame for omni duplex."""
@@ -111,9 +117,7 @@ class MediaDialect:
         except ValueError:
             return text  # the session answers it with its protocol's error
         if isinstance(message, dict) and message.get("type") == "prepare":
-            slices = message.get("max_slice_nums")
-            hd = isinstance(slices, int) and not isinstance(slices, bool) and slices > 1
-            self.frame_max_side = HD_FRAME_MAX_SIDE if hd else FRAME_MAX_SIDE
+            self.take_slices(message.get("max_slice_nums"))
         if isinstance(message, dict) and message.get("type") in _AUDIO_TYPES:
             # A duplex page's "let me talk" rides on an empty audio_chunk:
             # it marks the next chunk the track's audio makes.

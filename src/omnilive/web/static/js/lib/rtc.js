@@ -47,15 +47,21 @@ export class LiveRtc {
   /**
    * @param {string} path  the signalling path, e.g. '/api/webrtc/half_duplex/hd_...'
    * @param {{params?: object, queue?: object, onMessage?: Function, onClose?: Function,
-   *          tracks?: MediaStreamTrack[]}} options
+   *          tracks?: MediaStreamTrack[], videoMaxSide?: number}} options
+   *   videoMaxSide: the longest side of the camera's frames on the call (the
+   *   server's frames are no larger: what is sent above it is only work)
    */
-  constructor(path, { params = {}, queue = null, onMessage = () => {}, onClose = () => {}, tracks = [] } = {}) {
+  constructor(
+    path,
+    { params = {}, queue = null, onMessage = () => {}, onClose = () => {}, tracks = [], videoMaxSide = 640 } = {},
+  ) {
     this.path = path;
     this.params = params;
     this.queue = queue;
     this.onMessage = onMessage;
     this.onClose = onClose;
     this.tracks = tracks;
+    this.videoMaxSide = videoMaxSide;
     this.pc = null;
     this.channel = null;
     this.callId = null;
@@ -102,7 +108,13 @@ export class LiveRtc {
       const streams = [new MediaStream([track])];
       if (track.kind === 'video') {
         // The model sees about a frame a second: more is work for both ends.
-        pc.addTransceiver(track, { direction: 'sendonly', streams, sendEncodings: [{ maxFramerate: VIDEO_FPS }] });
+        // And it reads what is in them: short of bandwidth, the browser is to
+        // keep the size (a new call starts low) and give up sharpness or frames.
+        track.contentHint = 'detail';
+        const { width = 0, height = 0 } = track.getSettings();
+        const scaleResolutionDownBy = Math.max(1, Math.max(width, height) / this.videoMaxSide);
+        const sendEncodings = [{ maxFramerate: VIDEO_FPS, scaleResolutionDownBy }];
+        pc.addTransceiver(track, { direction: 'sendonly', streams, sendEncodings });
       } else pc.addTrack(track, ...streams);
     }
     if (!this.tracks.some((track) => track.kind === 'audio')) pc.addTransceiver('audio');

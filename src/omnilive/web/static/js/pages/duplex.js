@@ -64,11 +64,16 @@ function setAiState(value) {
   if ($('#indicator')) $('#indicator').dataset.state = value;
 }
 
+/** The longest side of the frames the model gets: larger in HD (two slices). */
+function frameSide() {
+  return session.hd ? 1280 : 640;
+}
+
 function sendChunk(samples) {
   if (!session?.prepared || session.paused || !socket?.open) return;
   const message = { type: 'audio_chunk', audio_base64: float32ToBase64(samples) };
   if (OMNI && session.vision) {
-    const frame = camera.grab(session.hd ? 1280 : 640);
+    const frame = camera.grab(frameSide());
     if (frame) message.frame_base64_list = [frame];
   }
   if (session.forceListen) {
@@ -228,12 +233,17 @@ async function start() {
   const prepare = await buildPrepare();
   const id = newSessionId(OMNI ? 'odx_' : 'adx_');
   const tracks = [...mic.stream.getAudioTracks(), ...(camera?.stream?.getVideoTracks() || [])];
+  const params = { mode: OMNI ? 'omni' : 'audio' };
+  // The slices tell a WebRTC call its frames' size before the prepare does,
+  // and tell a call that resumes the session, which never sees the prepare.
+  if (prepare.max_slice_nums) params.max_slice_nums = prepare.max_slice_nums;
   const live = await openAndPrepare(
     {
       // Two ids: a call that failed to connect may still hold its own for a moment.
       rtcPath: `/api/webrtc/duplex/${id}`,
       wsPath: `/ws/duplex/${newSessionId(OMNI ? 'odx_' : 'adx_')}`,
-      params: { mode: OMNI ? 'omni' : 'audio' },
+      params,
+      videoMaxSide: frameSide(),
       queue,
       onMessage: receive,
       onClose: closed,
