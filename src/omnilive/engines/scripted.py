@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from PIL import Image
 
 from omnilive.audio import INPUT_RATE, OUTPUT_RATE, rms, tone
 from omnilive.engine_settings import ScriptedSettings
@@ -91,8 +92,6 @@ def chunk_text(text: str, size: int) -> list[str]:
 
 def _size_of(image: bytes) -> str:
     """`` WxH`` of an encoded image, read from its header."""
-    from PIL import Image
-
     with Image.open(io.BytesIO(image)) as opened:
         return " {}x{}".format(*opened.size)
 

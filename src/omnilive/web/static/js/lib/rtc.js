@@ -49,11 +49,12 @@ export class LiveRtc {
    * @param {{params?: object, queue?: object, onMessage?: Function, onClose?: Function,
    *          tracks?: MediaStreamTrack[], videoMaxSide?: number}} options
    *   videoMaxSide: the longest side of the camera's frames on the call (the
-   *   server's frames are no larger: what is sent above it is only work)
+   *   server's frames are no larger: what is sent above it is only work);
+   *   by default the camera's own
    */
   constructor(
     path,
-    { params = {}, queue = null, onMessage = () => {}, onClose = () => {}, tracks = [], videoMaxSide = 640 } = {},
+    { params = {}, queue = null, onMessage = () => {}, onClose = () => {}, tracks = [], videoMaxSide = Infinity } = {},
   ) {
     this.path = path;
     this.params = params;
