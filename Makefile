@@ -6,6 +6,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+NODE_CLIENTS := tests/openai_clients/node
 # espeak-ng speaks (cascade TTS, test inputs); sox and ffmpeg convert audio and
 # make replays; chromium runs the browser tests (with a CJK font for the Chinese
 # pages); the rest builds llama.cpp.
@@ -14,16 +15,25 @@ APT_PACKAGES := espeak-ng sox ffmpeg chromium fonts-wqy-microhei cmake build-ess
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: serve test lint docs docs-serve plots system-deps clean
+.PHONY: serve test test-fast lint docs docs-serve plots system-deps clean
 
 serve: $(VENV)/.ready-serve
 	$(BIN)/omnilive serve
 
 # The suite includes tests/docs: the documentation built with --strict, and the
-# generated reference pages checked against the code.
-test: $(VENV)/.ready-test
+# generated reference pages checked against the code. Its processes mostly
+# wait (sockets, sessions paced at real time, browsers), so it runs in
+# TEST_JOBS processes whatever the cores, whole modules to a process (a
+# module's servers start once); docs/development.md says more.
+TEST_JOBS ?= 4
+test: $(VENV)/.ready-test $(NODE_CLIENTS)/node_modules/.ready
 	$(BIN)/ruff check src tests benchmarks tools
-	$(BIN)/python -m pytest
+	$(BIN)/python -m mypy
+	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile
+
+# The pure tests (tests/unit: no server, browser or model), for the inner loop.
+test-fast: $(VENV)/.ready-test
+	$(BIN)/python -m pytest -m fast tests/unit
 
 lint: $(VENV)/.ready-test
 	$(BIN)/ruff check src tests benchmarks tools
@@ -46,6 +56,7 @@ plots: $(VENV)/.ready-docs
 system-deps:
 	@missing=""; for p in $(APT_PACKAGES); do \
 	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	command -v npm >/dev/null 2>&1 || missing="$$missing nodejs npm"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing system packages:$$missing"; \
 	  $(SUDO) apt-get update -qq && \
@@ -106,6 +117,13 @@ $(VENV)/.ready-test: $(VENV)/.base
 	@# The vocoder's flow and HiFT modules for tests/minicpmo; its declared
 	@# dependencies pin a media stack (pillow, decord, moviepy) they never use.
 	$(PIP) install --no-deps minicpmo-utils==1.0.6
+	touch $@
+
+# OpenAI's own JavaScript clients for tests/openai_clients, exactly as its
+# lock file pins them, with the Node 22 they need (the npm package `node`:
+# whatever Node runs npm here, even Debian's 18, only installs them).
+$(NODE_CLIENTS)/node_modules/.ready: $(NODE_CLIENTS)/package-lock.json | system-deps
+	cd $(NODE_CLIENTS) && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
 # The docs need neither the engines' models nor llama.cpp: only the package and

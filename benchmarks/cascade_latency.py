@@ -119,6 +119,7 @@ async def ask(ws: Any, mic: Microphone, question: str, speech: np.ndarray) -> di
         # transcript in flight, and its first audio made.
         "early_queue_ms": timings.get("early_queue_ms"),
         "judge_ms": timings.get("judge_ms"),
+        "words_end_p": timings.get("words_end_p"),
         "judged_tokens": timings.get("judged_tokens"),
         "early_audio_ms": timings.get("early_audio_ms"),
         # The server ended the turn before the speech did: a premature cut-in.

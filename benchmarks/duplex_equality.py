@@ -131,10 +131,21 @@ def load_reference(ckpt: Path, flavour: str, device: str, dtype: str, budget: in
 
 
 def run_reference(
-    duplex: Any, inputs: list[SessionInput], budget: int, voice: np.ndarray, wav: str
+    duplex: Any,
+    inputs: list[SessionInput],
+    budget: int,
+    voice: np.ndarray,
+    wav: str,
+    window: Any = None,
 ) -> list[list[UnitTrace]]:
-    """Each session alone through the model's own duplex object."""
+    """Each session alone through the model's own duplex object (its own
+    sliding ``window``, an :class:`~omnilive.engines.messages.ContextWindow`)."""
     import torch
+
+    from omnilive.engines.minicpmo.reference.duplex import apply_window
+
+    if window is not None:
+        apply_window(duplex, window)
 
     seen_logits: list[Any] = []
     speech: list[list[int]] = []
@@ -210,6 +221,7 @@ async def run_batched(
     reference: list[list[UnitTrace]] | None = None,
     tie: float = 1e-4,
     encoder_graphs: bool = True,
+    window: Any = None,
 ) -> tuple[list[list[UnitTrace]], dict[str, Any]]:
     """Every session at once, each in a slot, over the same modules (the
     encoders through CUDA graphs with ``encoder_graphs``, on CUDA)."""
@@ -238,6 +250,7 @@ async def run_batched(
             seed=index,
             max_speak_tokens=budget,
             keep_logits=True,
+            window=window,
         )
         if reference is not None:
             follower = TieFollower(reference[index], tie, index)
@@ -266,9 +279,12 @@ async def run_batched(
                 )
             )
         await loop.release(slot)
+        if duplex_session.context is not None:
+            evicted.append(duplex_session.context.ledger.evicted_units)
         return units
 
     followers: dict[int, TieFollower] = {}
+    evicted: list[int] = []
     undo = follow_ties(followers)
     try:
         traces = await asyncio.gather(*(session(i, s) for i, s in enumerate(inputs)))
@@ -282,6 +298,7 @@ async def run_batched(
         "batch_sizes": dict(loop.batch_sizes),
         "speech_batch_sizes": dict(loop.speech_batch_sizes),
         "followed_ties": ties,
+        "evicted_units": sum(evicted),
     }
 
 
@@ -308,6 +325,7 @@ def check(
     traces: Path | None = None,
     phase: str = "both",
     encoder_graphs: bool = True,
+    window: Any = None,
 ) -> dict[str, Any]:
     """Both runs and their comparison (what the tests and the GPU run call).
 
@@ -332,7 +350,7 @@ def check(
         saved = torch.load(traces, weights_only=False)
         reference, alone_s = saved["reference"], saved["seconds"]
     else:
-        reference = run_reference(duplex, inputs, budget, voice, wav)
+        reference = run_reference(duplex, inputs, budget, voice, wav, window)
         alone_s = time.perf_counter() - started
         if traces is not None:
             torch.save({"reference": reference, "seconds": alone_s}, traces)
@@ -352,6 +370,7 @@ def check(
             reference,
             tie,
             encoder_graphs,
+            window,
         )
     )
     together_s = time.perf_counter() - started
@@ -361,6 +380,7 @@ def check(
         device=device,
         dtype=dtype,
         encoder_graphs=encoder_graphs,
+        window=None if window is None else vars(window),
         tie=tie,
         reference_s=round(alone_s, 2),
         batched_s=round(together_s, 2),
@@ -393,8 +413,19 @@ def main(argv: list[str] | None = None) -> int:
         default=True,
         help="the batched run's encoders as CUDA graphs (minicpmo.encoder_graphs)",
     )
+    parser.add_argument(
+        "--window",
+        help="both runs' sliding window, MODE:HIGH:LOW:MAX_UNITS:PREVIOUS "
+        "(e.g. basic:1000:700:24:500 or context:4000:3500:6:40); none: off",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
+    window = None
+    if args.window:
+        from omnilive.engines.messages import ContextWindow, WindowMode
+
+        mode, high, low, units, previous = [*args.window.split(":"), "24", "500"][:5]
+        window = ContextWindow(WindowMode(mode), int(high), int(low), int(previous), int(units))
     report = check(
         args.ckpt,
         args.flavour,
@@ -407,6 +438,7 @@ def main(argv: list[str] | None = None) -> int:
         traces=args.traces,
         phase=args.phase,
         encoder_graphs=args.encoder_graphs,
+        window=window,
     )
     print(json.dumps(report, indent=2, default=str))
     if args.out:

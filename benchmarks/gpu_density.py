@@ -49,29 +49,23 @@ import contextlib
 import functools
 import json
 import re
-import signal
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 from websockets.asyncio.client import connect
 
+from benchmarks import bench_server
 from benchmarks.engine_log import busy_between, counters, handoffs, slot_gib
 from benchmarks.gpu_checkpoint import synthetic_voice
 from benchmarks.gpu_duplex import (
     GpuSampler,
-    add_server_arguments,
     b64,
     chat_request,
-    free_port,
     jpeg_b64,
     model_code,
     recv_until,
-    server_env,
-    start_server,
     summary,
-    wait_ready,
 )
 from benchmarks.gpu_profile import Sampler
 
@@ -132,6 +126,9 @@ async def paced_session(
                     "is_listen": result.get("is_listen", True),
                     "dropped": int(result.get("dropped_chunks") or 0),
                     "n_tts_tokens": result.get("n_tts_tokens", 0),
+                    "kv_cache_length": result.get("kv_cache_length", 0),
+                    "evicted_units": result.get("evicted_units", 0),
+                    "sent_at": sent_at[chunk],
                 })  # fmt: skip
                 chunk += 1
         finally:
@@ -340,8 +337,8 @@ async def profile_chats(args: argparse.Namespace, server_pid: int) -> Sampler | 
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
     ckpt = args.model_path.resolve()
-    port = free_port()
-    env = server_env(
+    port = bench_server.free_port()
+    env = bench_server.server_env(
         ckpt,
         args.speak_tokens,
         OMNILIVE_MINICPMO__SLOTS=str(args.slots or max(args.counts)),
@@ -359,7 +356,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         "baseline_mib": sampler.used_mib(),
         "runs": {},
     }
-    server, log = start_server(args, ckpt, port, env)
+    server, log = bench_server.start_server(args, ckpt, port, env)
     http, ws = f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}"
 
     def save() -> None:
@@ -368,7 +365,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
 
     sampler.start()
     try:
-        report["load_s"] = round(await wait_ready(http, server, args.load_timeout), 1)
+        report["load_s"] = round(await bench_server.wait_ready(http, server, args.load_timeout), 1)
         report["idle_mib"] = sampler.used_mib()
         report["slot_gib"] = slot_gib(args.log)
         voice = synthetic_voice(3.0)
@@ -426,12 +423,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 print(f"{name} N={args.mixed}: {json.dumps(report[name])}", flush=True)
     finally:
         sampler.stop()
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        log.close()
+        bench_server.stop_server(server, log)
     save()
     return report
 
@@ -476,7 +468,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--profile-dir", type=Path, default=Path("/tmp/omnilive-profile"))
     parser.add_argument("--py-spy", help="the py-spy program (default: on the path)")
-    add_server_arguments(parser, "gpu_density_server.log", "/tmp/omnilive-density-data")
+    bench_server.add_server_arguments(
+        parser, "gpu_density_server.log", "/tmp/omnilive-density-data"
+    )
     args = parser.parse_args(argv)
     if args.out is None:
         gpu = re.sub(r"[^a-z0-9]+", "_", (GpuSampler.query("name") or "no GPU").lower())

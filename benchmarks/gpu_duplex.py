@@ -25,9 +25,6 @@ import asyncio
 import base64
 import io
 import json
-import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,11 +33,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 from PIL import Image
 from websockets.asyncio.client import connect
 
+from benchmarks.bench_server import (
+    add_server_arguments,
+    free_port,
+    server_env,
+    start_server,
+    stop_server,
+    wait_ready,
+)
 from benchmarks.gpu_checkpoint import build_checkpoint, synthetic_voice
 from benchmarks.microphone import RATE, Microphone, spoken_turn
 from omnilive.audio import read_wav, resample
@@ -264,40 +268,6 @@ def unit_figures(units: list[dict[str, Any]]) -> dict[str, Any]:
     return figures
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-async def wait_ready(http: str, server: subprocess.Popen[bytes], limit_s: float) -> float:
-    started = time.perf_counter()
-    async with httpx.AsyncClient() as client:
-        while time.perf_counter() - started < limit_s:
-            if server.poll() is not None:
-                raise RuntimeError("the server exited while loading")
-            try:
-                body = (await client.get(f"{http}/status", timeout=2)).json()
-                if body["workers"]["by_state"].get("idle", 0) >= 1:
-                    return time.perf_counter() - started
-                if body["workers"]["by_state"].get("error", 0):
-                    raise RuntimeError(f"the worker failed to load: {body}")
-            except (httpx.HTTPError, ValueError, KeyError):
-                pass
-            await asyncio.sleep(1)
-    raise TimeoutError("the server did not become ready")
-
-
-def start_server(
-    args: argparse.Namespace, ckpt: Path, port: int, env: dict[str, str]
-) -> tuple[subprocess.Popen[bytes], Any]:
-    log = open(args.log, "wb")  # noqa: SIM115 - closed by bench()
-    cmd = [sys.executable, "-m", "omnilive", "serve", "--engine", args.engine,
-           "--model-path", str(ckpt), "--port", str(port), "--workers", "1",
-           "--worker-base-port", str(free_port()), "--data-dir", str(args.data_dir)]  # fmt: skip
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log
-
-
 def model_code(ckpt: Path) -> str:
     """The model class the checkpoint's config names (none for dry runs)."""
     config = ckpt / "config.json"
@@ -313,32 +283,6 @@ def vocoder_kind(ckpt: Path) -> str:
         return "none"
     paragraph = module.read_text().split('"""')[1].split("\n\n")[0]
     return " ".join(paragraph.split())
-
-
-def add_server_arguments(parser: argparse.ArgumentParser, log: str, data_dir: str) -> None:
-    """The options of the benchmark server :func:`start_server` runs, and the result file."""
-    parser.add_argument("--load-timeout", type=float, default=420)
-    parser.add_argument("--log", type=Path, default=Path(log))
-    parser.add_argument("--data-dir", type=Path, default=Path(data_dir))
-    parser.add_argument("--out", type=Path)
-    parser.add_argument("--engine", default="minicpmo", help="scripted: try the client logic")
-
-
-def server_env(ckpt: Path, speak_tokens: int, **settings: str) -> dict[str, str]:
-    """The environment of a benchmark's server: the checkpoint's stand-ins on
-    the path, its voice, bounded speak units, no recordings, quick health
-    checks, and ``settings`` (more ``OMNILIVE_*`` variables)."""
-    return {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(
-            [str(ckpt / "standin"), *filter(None, [os.environ.get("PYTHONPATH")])]
-        ),
-        "OMNILIVE_MINICPMO__DEFAULT_VOICE": str(ckpt / "voice.wav"),
-        "OMNILIVE_MINICPMO__MAX_SPEAK_TOKENS_PER_UNIT": str(speak_tokens),
-        "OMNILIVE_RECORDING__ENABLED": "false",
-        "OMNILIVE_HEALTH_INTERVAL_S": "2",
-        **settings,
-    }
 
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
@@ -410,12 +354,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         sampler.stop()
         report["peak_mib"] = sampler.peak_mib
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        log.close()
+        stop_server(server, log)
     chats = report.get("chat", [])
     report["chat_first_audio_ms"] = summary(
         [c["first_audio_ms"] for c in chats if c["first_audio_ms"]]

@@ -43,8 +43,8 @@ from tests.servers import Server
 from tests.speech import speak
 from websockets.asyncio.client import connect
 
+from benchmarks.bench_server import server_env
 from benchmarks.cascade_latency import QUESTIONS, RESULTS, summary
-from benchmarks.gpu_duplex import server_env
 from benchmarks.load import this_machine
 from benchmarks.microphone import RATE, Microphone, spoken_turn
 from omnilive.audio_codecs import decode_input

@@ -60,7 +60,9 @@ class Client:
         return [m["type"] for m in self.received]
 
 
-OPENED: list[Client] = []  # closed after each test by the integration conftest
+# Every client's socket, closed after each test by the integration conftest:
+# a session left open would keep a shared server from coming back idle.
+OPENED: list[Client | EventSocket] = []
 
 
 async def open_client(
@@ -85,6 +87,7 @@ class EventSocket:
     def __init__(self, ws: ClientConnection) -> None:
         self.ws = ws
         self.events: list[dict[str, Any]] = []
+        OPENED.append(self)
 
     async def recv(self, timeout: float = 10) -> dict[str, Any]:
         event = json.loads(await asyncio.wait_for(self.ws.recv(), timeout))

@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 from websockets.asyncio.client import ClientConnection, connect
@@ -22,11 +23,15 @@ from websockets.asyncio.client import ClientConnection, connect
 REPO = Path(__file__).resolve().parents[1]
 
 
-# Listening ports come from below Linux's ephemeral range (32768-60999 by
-# default), where the kernel also picks the local ports of outgoing
-# connections: a port found free there can be taken by a test's own client
-# socket before the server binds it ("Address already in use").
+# Ports for what cannot bind port 0 itself and report it (a Ray head, a
+# port where nobody may listen) come from below Linux's ephemeral range
+# (32768-60999 by default), where the kernel picks the local ports of
+# outgoing connections and the ports of sockets bound to port 0: a port found
+# free there can be taken by another socket before its user binds it. Each
+# pytest-xdist worker draws from its own part of the range, so that two test
+# processes are never handed one port.
 PORT_RANGE = (20000, 32000)
+PORT_FILE_TIMEOUT_S = 30.0
 
 
 def _bindable(port: int) -> bool:
@@ -38,9 +43,21 @@ def _bindable(port: int) -> bool:
         return True
 
 
+def _port_range() -> tuple[int, int]:
+    """This test process's part of :data:`PORT_RANGE`."""
+    low, high = PORT_RANGE
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw3"
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if not worker.removeprefix("gw").isdigit() or count <= 1:
+        return low, high
+    size = (high - low) // count
+    start = low + int(worker.removeprefix("gw")) * size
+    return start, start + size
+
+
 def free_port_run(n: int) -> int:
     """A base port with ``n`` consecutive free ports, outside the ephemeral range."""
-    low, high = PORT_RANGE
+    low, high = _port_range()
     for _ in range(500):
         base = random.randrange(low, high - n)
         if all(_bindable(port) for port in range(base, base + n)):
@@ -53,7 +70,13 @@ def free_port() -> int:
 
 
 class Server:
-    """``omnilive serve`` in a subprocess; stopped (and its workers) on exit."""
+    """``omnilive serve`` in a subprocess; stopped (and its workers) on exit.
+
+    The gateway and its workers bind port 0 and report the ports the system
+    gave them in a port file (``--port-file``); :attr:`port` and
+    :attr:`worker_base` read it, waiting for it after :meth:`start`."""
+
+    _started = 0  # numbers the log and port files of servers sharing a folder
 
     def __init__(
         self,
@@ -65,12 +88,14 @@ class Server:
         command: str = "serve",
         api_key: str | None = None,
     ) -> None:
-        self.port = free_port()
         # Sent by wait_ready() and get() when the server has API keys.
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.worker_base = free_port_run(workers)
         self.tmp = tmp
-        self.log_path = tmp / f"server-{self.port}.log"
+        Server._started += 1
+        name = f"server-{os.getpid()}-{Server._started}"
+        self.log_path = tmp / f"{name}.log"
+        self.port_file = tmp / f"{name}.port.json"
+        self._ports: dict[str, Any] | None = None
         self.env = {
             **os.environ,
             "OMNILIVE_HEALTH_INTERVAL_S": "1",
@@ -80,11 +105,34 @@ class Server:
         }
         self.cmd = [
             sys.executable, "-m", "omnilive", command, "--engine", engine,
-            "--port", str(self.port), "--data-dir", str(tmp / "data"), *(args or []),
+            "--port", "0", "--port-file", str(self.port_file),
+            "--data-dir", str(tmp / "data"), *(args or []),
         ]  # fmt: skip
         if command == "serve":
-            self.cmd += ["--workers", str(workers), "--worker-base-port", str(self.worker_base)]
+            self.cmd += ["--workers", str(workers), "--worker-base-port", "0"]
         self.process: subprocess.Popen[bytes] | None = None
+
+    def ports(self, timeout: float = PORT_FILE_TIMEOUT_S) -> dict[str, Any]:
+        """The port file, once the server has written it."""
+        if self._ports is None:
+            deadline = time.monotonic() + timeout
+            while not self.port_file.exists():
+                assert self.process is not None, "the server is not started"
+                assert self.process.poll() is None, self.log()
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no port file after {timeout} s:\n{self.log()}")
+                time.sleep(0.02)
+            self._ports = json.loads(self.port_file.read_text())
+        return self._ports
+
+    @property
+    def port(self) -> int:
+        return int(self.ports()["port"])
+
+    @property
+    def worker_base(self) -> int:
+        """The port of worker w0."""
+        return int(urlsplit(self.ports()["workers"]["w0"]).port or 0)
 
     @property
     def http(self) -> str:
@@ -104,6 +152,11 @@ class Server:
     async def wait_ready(self, timeout: float = 60.0, workers: int | None = None) -> dict[str, Any]:
         """Until ``/status`` says ready (and ``workers`` idle slots, if given)."""
         deadline = time.monotonic() + timeout
+        while not self.port_file.exists():
+            assert self.process and self.process.poll() is None, self.log()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no port file:\n{self.log()}")
+            await asyncio.sleep(0.02)
         async with httpx.AsyncClient() as client:
             while time.monotonic() < deadline:
                 assert self.process and self.process.poll() is None, self.log()

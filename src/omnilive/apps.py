@@ -39,12 +39,12 @@ class App(BaseModel):
     path: str
     enabled: bool = True
 
-    @computed_field  # type: ignore[prop-decorator]
+    @computed_field  # type: ignore[prop-decorator]  # pydantic's documented use on a property
     @property
     def app_id(self) -> str:
         return reference_name(self.id)
 
-    @computed_field  # type: ignore[prop-decorator]
+    @computed_field  # type: ignore[prop-decorator]  # pydantic's documented use on a property
     @property
     def route(self) -> str:
         return self.path

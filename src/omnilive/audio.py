@@ -11,6 +11,7 @@ import binascii
 import io
 import math
 import wave
+from typing import Any
 
 import numpy as np
 
@@ -89,7 +90,11 @@ def read_wav(data: bytes) -> tuple[np.ndarray, int]:
             frames = src.readframes(src.getnframes())
     except (wave.Error, EOFError) as exc:
         raise AudioDecodeError(f"not a PCM WAV file: {exc}") from None
-    dtypes = {1: np.uint8, 2: np.dtype("<i2"), 4: np.dtype("<i4")}
+    dtypes: dict[int, np.dtype[Any]] = {
+        1: np.dtype(np.uint8),
+        2: np.dtype("<i2"),
+        4: np.dtype("<i4"),
+    }
     if width not in dtypes:
         raise AudioDecodeError(f"unsupported WAV sample width {width}")
     pcm = np.frombuffer(frames, dtype=dtypes[width]).astype(np.float32)

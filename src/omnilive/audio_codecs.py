@@ -22,8 +22,9 @@ def _rate(fmt: str) -> int:
     return PCM_RATE if fmt == "audio/pcm" else G711_RATE
 
 
-def decode_input(data: str, fmt: str) -> np.ndarray:
-    """Base64 audio of ``fmt`` as float32 mono at 16 kHz."""
+def decode_input(data: str, fmt: str, rate: int | None = None) -> np.ndarray:
+    """Base64 audio of ``fmt`` (at ``rate``, else the format's own) as
+    float32 mono at 16 kHz."""
     try:
         raw = base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError) as exc:
@@ -36,13 +37,15 @@ def decode_input(data: str, fmt: str) -> np.ndarray:
         samples = ulaw_decode(np.frombuffer(raw, dtype=np.uint8))
     else:
         samples = alaw_decode(np.frombuffer(raw, dtype=np.uint8))
-    return resample(samples, _rate(fmt), INPUT_RATE)
+    return resample(samples, rate or _rate(fmt), INPUT_RATE)
 
 
-def encode_output(samples: np.ndarray, fmt: str) -> str:
-    """float32 mono at 24 kHz as base64 audio of ``fmt``."""
-    if fmt != "audio/pcm":
-        samples = resample(samples, OUTPUT_RATE, G711_RATE)
+def encode_output(samples: np.ndarray, fmt: str, rate: int | None = None) -> str:
+    """float32 mono at 24 kHz as base64 audio of ``fmt`` (at ``rate``, else
+    the format's own)."""
+    target = rate or _rate(fmt)
+    if target != OUTPUT_RATE:
+        samples = resample(samples, OUTPUT_RATE, target)
     pcm = (np.clip(samples, -1.0, 1.0) * 32767.0).astype("<i2")
     if fmt == "audio/pcmu":
         raw = ulaw_encode(pcm).tobytes()

@@ -8,6 +8,7 @@ import ipaddress
 import logging
 import os
 import secrets
+import socket
 import sys
 import tomllib
 from collections.abc import Callable
@@ -18,14 +19,26 @@ from pydantic import ValidationError
 
 from omnilive.client import talk
 from omnilive.config import Settings, load_settings
-from omnilive.gateway.supervisor import SETTINGS_ENV
+from omnilive.gateway.supervisor import SETTINGS_ENV, worker_sockets
 from omnilive.logs import configure_logging
 from omnilive.protocol.common import describe_validation_error
-from omnilive.protocol.internal import REPORT_FD_ENV, LoadOutcome, LoadReport
+from omnilive.protocol.internal import LISTEN_FD_ENV, REPORT_FD_ENV, LoadOutcome, LoadReport
 from omnilive.recording import cleanup as recording_cleanup
-from omnilive.serving import ExitCode, ProcessExit, StartupError, listen_socket, run_server
+from omnilive.serving import (
+    ExitCode,
+    ProcessExit,
+    StartupError,
+    http_url,
+    listen_socket,
+    run_server,
+    write_port_file,
+)
 
 INSECURE_HELP = "allow an open gateway (no API keys) on a non-loopback address"
+PORT_FILE_HELP = (
+    "once listening, write the address as JSON to this file ({url, port}; serve adds its "
+    "workers' URLs): how whoever started it with --port 0 learns the port"
+)
 log = logging.getLogger("omnilive.cli")
 
 
@@ -39,6 +52,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "--log-level", choices=["debug", "info", "warning", "error"], help="how much to log"
     )
     parser.add_argument("--model-path", type=Path, help="checkpoint directory (minicpmo)")
+    parser.add_argument("--port-file", type=Path, metavar="PATH", help=PORT_FILE_HELP)
 
 
 def _tls_options(parser: argparse.ArgumentParser) -> None:
@@ -66,9 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
     _common(serve)
     _tls_options(serve)
     serve.add_argument("--host", help="address the gateway binds")
-    serve.add_argument("--port", type=int, help="port of the gateway")
+    serve.add_argument("--port", type=int, help="port of the gateway (0: any free port)")
     serve.add_argument("--workers", type=int, help="worker processes to start")
-    serve.add_argument("--worker-base-port", type=int, help="worker k listens on this port + k")
+    serve.add_argument(
+        "--worker-base-port",
+        type=int,
+        help="worker k listens on this port + k (0: each on any free port)",
+    )
     serve.add_argument("--insecure", action="store_true", default=None, help=INSECURE_HELP)
     _ray_option(
         serve,
@@ -80,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(gateway)
     _tls_options(gateway)
     gateway.add_argument("--host", help="address the gateway binds")
-    gateway.add_argument("--port", type=int, help="port of the gateway")
+    gateway.add_argument("--port", type=int, help="port of the gateway (0: any free port)")
     gateway.add_argument(
         "--worker",
         action="append",
@@ -98,7 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     worker = commands.add_parser("worker", help="one worker process")
     _common(worker)
     worker.add_argument("--host", dest="worker_host", help="address the worker binds")
-    worker.add_argument("--port", type=int, dest="worker_port", help="port of the worker")
+    worker.add_argument(
+        "--port", type=int, dest="worker_port", help="port of the worker (0: any free port)"
+    )
     worker.add_argument("--worker-id", default="w0", help="its name in the gateway's pool")
 
     cleanup = commands.add_parser("cleanup", help="delete recordings by age, then total size")
@@ -196,8 +216,14 @@ def _worker(args: argparse.Namespace, settings: Settings, environ: dict[str, str
 
     if not settings.internal_token:
         raise StartupError("set OMNILIVE_INTERNAL_TOKEN (the secret it shares with the gateway)")
-    port = args.worker_port if args.worker_port is not None else settings.worker_base_port
-    sock = listen_socket(settings.worker_host, port)
+    inherited = environ.get(LISTEN_FD_ENV, "")
+    if inherited.isdigit():  # started by serve, which bound it
+        sock = socket.socket(fileno=int(inherited))
+    else:
+        port = args.worker_port if args.worker_port is not None else settings.worker_base_port
+        sock = listen_socket(settings.worker_host, port)
+        if args.port_file is not None:
+            write_port_file(args.port_file, http_url(settings.worker_host, sock))
     process_exit = ProcessExit()
     report = _report_to_supervisor(environ)
     engine = settings.engine
@@ -211,8 +237,25 @@ def _worker(args: argparse.Namespace, settings: Settings, environ: dict[str, str
             process_exit.request(ExitCode.INTERNAL, reason)
 
     app = create_worker_app(settings, args.worker_id, on_load=loaded)
-    run_server(app, sock, settings.worker_host, settings, process_exit)
+    run_server(app, sock, settings.worker_host, settings, process_exit, internal=True)
     return process_exit
+
+
+def _write_ports(
+    path: Path,
+    settings: Settings,
+    sock: socket.socket,
+    workers: list[socket.socket] | None,
+    https: bool,
+) -> None:
+    """``--port-file`` of a gateway: its URL and its supervised workers'."""
+    url = http_url(settings.host, sock)
+    if https:
+        url = "https" + url.removeprefix("http")
+    urls = None
+    if workers is not None:
+        urls = {f"w{k}": http_url(settings.worker_host, w) for k, w in enumerate(workers)}
+    write_port_file(path, url, urls)
 
 
 def _gateway(args: argparse.Namespace, settings: Settings) -> ProcessExit:
@@ -235,11 +278,15 @@ def _gateway(args: argparse.Namespace, settings: Settings) -> ProcessExit:
         raise StartupError(str(exc)) from None
     if tls is not None:
         announce(tls)
-    # Bound before any worker starts: a port in use stops everything at once.
+    # Bound before any worker starts, as the workers' own: a port in use
+    # stops everything at once.
     sock = listen_socket(settings.host, settings.port)
+    supervised = worker_sockets(settings) if args.command == "serve" and not on_ray else None
+    if args.port_file is not None:
+        _write_ports(args.port_file, settings, sock, supervised, https=tls is not None)
     process_exit = ProcessExit()
     if not on_ray:
-        app = create_app(settings, supervise=args.command == "serve", process_exit=process_exit)
+        app = create_app(settings, supervised=supervised, process_exit=process_exit)
         run_server(app, sock, settings.host, settings, process_exit, tls=tls)
         return process_exit
     from omnilive.cluster import ray_api

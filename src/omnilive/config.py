@@ -29,6 +29,7 @@ from omnilive.engine_settings import (
     Section,
     TranscriptionSettings,
 )
+from omnilive.live_settings import LiveSettings
 from omnilive.session_settings import (
     DuplexSettings,
     EndOfTurnSettings,
@@ -90,6 +91,13 @@ class LimitSettings(Section):
         gt=0,
         description="Time a connection has to send a whole request head (its HTTP "
         "headers, a WebSocket upgrade included) before it is closed.",
+    )
+    body_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="Longest a request body may pause (no part of it arriving) before "
+        "the request is refused (408 timeout): a body announced but never sent "
+        "holds nothing for long.",
     )
     max_prepare_audio_s: float = Field(
         120.0, gt=0, description="Audio in one prepare (reference voice and system audio)."
@@ -286,6 +294,7 @@ class Settings(Section):
     end_of_turn: EndOfTurnSettings = Field(default_factory=EndOfTurnSettings)
     realtime: RealtimeSettings = Field(default_factory=RealtimeSettings)
     transcription: TranscriptionSettings = Field(default_factory=TranscriptionSettings)
+    live: LiveSettings = Field(default_factory=LiveSettings)
     presets: PresetSettings = Field(default_factory=PresetSettings)
     voices: VoiceSettings = Field(default_factory=VoiceSettings)
     pages: PageSettings = Field(default_factory=PageSettings)

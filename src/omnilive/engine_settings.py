@@ -7,13 +7,44 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# Positions a basic window leaves above its high mark: the unit that passes
+# it (HD frames, the longest speaking unit) must still fit (a quarter of a
+# small context).
+WINDOW_HEADROOM = 1024
 
 
 class Section(BaseModel):
     """A settings section: unknown keys are errors, assignments validated."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ContextWindowSettings(Section):
+    """A duplex session's sliding context (engines' ``duplex_window``): how
+    its context makes room once it fills, so that a call goes on for as long
+    as its time limit allows. MiniCPM-o's own modes (its ``DuplexWindowConfig``);
+    the engines take it as an ``engines.messages.ContextWindow``."""
+
+    mode: Literal["off", "basic", "context"] = Field(
+        "basic",
+        description="off: a fixed context, the session ends context_full when it fills; "
+        "basic: past high_tokens the oldest units leave until low_tokens; context: past "
+        "max_units the oldest leave, what the model said in them kept as a note.",
+    )
+    high_tokens: int = Field(4000, ge=64, description="basic: the context length that slides it.")
+    low_tokens: int = Field(3500, ge=0, description="basic: the length it slides down to.")
+    previous_max_tokens: int = Field(
+        500, ge=0, le=4096, description="context: the note's most tokens (its newest kept)."
+    )
+    max_units: int = Field(24, ge=1, le=4096, description="context: the most units it keeps.")
+
+    @model_validator(mode="after")
+    def _check(self) -> ContextWindowSettings:
+        if self.low_tokens >= self.high_tokens:
+            raise ValueError("low_tokens must be below high_tokens")
+        return self
 
 
 class ScriptedSettings(Section):
@@ -25,6 +56,11 @@ class ScriptedSettings(Section):
         description="Per-unit plan, repeated: L listens, S speaks, E speaks and ends the turn.",
     )
     slots: int = Field(1, ge=1, description="Sessions one worker serves at once.")
+    duplex_window: ContextWindowSettings = Field(
+        default_factory=ContextWindowSettings,
+        description="Duplex sessions' sliding context, as MiniCPM-o's (a prepare may ask for "
+        "its own).",
+    )
     chars_per_chunk: int = Field(12, ge=1, description="Text per streamed chat chunk.")
     transcribes: bool = Field(
         True, description="Half-duplex speech gets a transcript (off: like MiniCPM-o)."
@@ -64,7 +100,28 @@ class CascadeLlmSettings(Section):
     )
     gguf: Path | None = Field(None, description="A local GGUF chat model instead of SmolLM2.")
     n_ctx: int = Field(2048, ge=512, description="Context the conversation is fitted to.")
+    history_messages: int = Field(
+        12,
+        ge=0,
+        description="The most earlier messages a spoken conversation (half-duplex, duplex) "
+        "keeps in its prompt, the oldest leaving first: the packaged 135M model starts "
+        "repeating its earlier answers over a longer history (benchmarks/cascade_long_call). "
+        "0: as many as the context takes.",
+    )
     timeout_s: float = Field(60.0, gt=0, description="Longest wait for that server.")
+    temperature: float | None = Field(
+        None,
+        ge=0.0,
+        le=2.0,
+        description="Sampling temperature that server is asked for, whatever a session "
+        "says (0: greedy, repeatable answers and tool calls); None: the session's.",
+    )
+    stream_auto_tools: bool = Field(
+        True,
+        description="Stream answers whose tool choice is auto. False asks that server for "
+        "them whole, for servers that cannot stream them (llama-cpp-python's "
+        "chatml-function-calling answers 200, then fails).",
+    )
 
 
 class CascadeSettings(Section):
@@ -157,3 +214,21 @@ class MiniCPMoSettings(Section):
     context_length: int = Field(
         8192, ge=512, le=32768, description="LLM context positions each slot holds."
     )
+    # The model code's runtime defaults (its DuplexCapability's 4000/3500):
+    # an omni call keeps its last ~45 s, and the attention of every step
+    # stays that short however long the call (docs/design/gpu-engine.md).
+    duplex_window: ContextWindowSettings = Field(
+        default_factory=ContextWindowSettings,
+        description="Duplex sessions' sliding context (a session's prepare may ask for its own).",
+    )
+
+    @model_validator(mode="after")
+    def _window_fits(self) -> MiniCPMoSettings:
+        headroom = min(WINDOW_HEADROOM, self.context_length // 4)
+        window = self.duplex_window
+        if window.mode == "basic" and window.high_tokens > self.context_length - headroom:
+            raise ValueError(
+                f"duplex_window.high_tokens must leave {headroom} positions of "
+                f"context_length ({self.context_length}) for the unit that passes it"
+            )
+        return self

@@ -21,7 +21,7 @@ def with_header_deadline(base: type[Any], timeout_s: float) -> type[Any]:
     """uvicorn's HTTP protocol class ``base`` (h11 or httptools: both keep
     their request/response cycle in ``cycle``) with the deadline."""
 
-    class HeaderDeadline(base):  # type: ignore[misc, valid-type]
+    class HeaderDeadline(base):
         _deadline: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:

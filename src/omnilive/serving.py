@@ -9,15 +9,20 @@ serve anyone stops instead of running on.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import signal
 import socket
 from collections.abc import Callable
 from enum import IntEnum
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from omnilive.config import Settings
 from omnilive.header_deadline import http_protocol
+from omnilive.protocol.internal import SESSION_PING_INTERVAL_S
 
 if TYPE_CHECKING:
     from omnilive.tls import Certificate
@@ -28,6 +33,7 @@ log = logging.getLogger(__name__)
 # answers an oversize message with a ``payload_too_large`` error instead.
 WS_FRAME_MARGIN = 1024 * 1024
 SHUTDOWN_GRACE_S = 5.0
+LISTEN_BACKLOG = 2048  # uvicorn's own default
 
 
 class ExitCode(IntEnum):
@@ -72,10 +78,13 @@ class ProcessExit:
 
 
 def listen_socket(host: str, port: int) -> socket.socket:
-    """A socket bound to ``host:port``, or a :class:`StartupError` saying why not.
+    """A socket listening on ``host:port`` (port 0: one the system picks),
+    or a :class:`StartupError` saying why not.
 
     Bound here rather than by uvicorn, which logs a bind failure and calls
-    ``sys.exit`` from inside the server."""
+    ``sys.exit`` from inside the server. It listens at once, so that a port
+    reported as soon as it is bound (:func:`write_port_file`) takes
+    connections: they wait in the backlog until the server serves."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
@@ -88,7 +97,31 @@ def listen_socket(host: str, port: int) -> socket.socket:
     except OSError as exc:
         sock.close()
         raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.listen(LISTEN_BACKLOG)
     return sock
+
+
+def http_url(host: str, sock: socket.socket) -> str:
+    """``http://host:port`` of a bound socket (its port as bound: port 0 is
+    the one the system picked)."""
+    port = sock.getsockname()[1]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def write_port_file(path: Path, url: str, workers: dict[str, str] | None = None) -> None:
+    """``--port-file``: where this process listens, as JSON (``url``,
+    ``port``, and ``workers``: each supervised worker's URL), written whole
+    at once (a reader never sees half of it). A test or a process manager
+    that started it on port 0 learns the port from here."""
+    body: dict[str, Any] = {"url": url, "port": urlsplit(url).port}
+    if workers is not None:
+        body["workers"] = workers
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    try:
+        partial.write_text(json.dumps(body) + "\n")
+        partial.replace(path)
+    except OSError as exc:
+        raise StartupError(f"cannot write the port file {path}: {exc.strerror}") from None
 
 
 def _already_handled(signum: int, frame: Any) -> None:
@@ -102,11 +135,15 @@ def run_server(
     settings: Settings,
     process_exit: ProcessExit,
     tls: Certificate | None = None,
+    internal: bool = False,
 ) -> None:
     """Serve ``app`` on ``sock`` until a signal or ``process_exit`` stops it;
     ``process_exit`` then holds the exit status. With ``tls`` (the gateway's
-    public port only) it serves HTTPS and WSS."""
+    public port only) it serves HTTPS and WSS. ``internal``: a worker's API,
+    whose sockets carry no keepalive pings (``protocol/internal.py``)."""
     import uvicorn
+
+    from omnilive.ws_protocol import LossAwareWebSocketProtocol
 
     class GracefulServer(uvicorn.Server):
         """Before uvicorn closes connections, let sessions say goodbye in their
@@ -118,6 +155,9 @@ def run_server(
                 await gateway.drain(SHUTDOWN_GRACE_S)
             await super().shutdown(sockets)
 
+    options: dict[str, Any] = dict(tls.uvicorn_kwargs()) if tls is not None else {}
+    if internal:
+        options["ws_ping_interval"] = SESSION_PING_INTERVAL_S
     config = uvicorn.Config(
         app,
         host=host,
@@ -126,10 +166,11 @@ def run_server(
         ws_max_size=settings.limits.max_message_bytes + WS_FRAME_MARGIN,
         ws_per_message_deflate=settings.ws_compression,
         http=http_protocol(settings.limits.header_timeout_s),
+        ws=LossAwareWebSocketProtocol,
         lifespan="on",
         timeout_graceful_shutdown=10,
         log_config=None,  # uvicorn's records go through ours (session ids, JSON lines)
-        **(tls.uvicorn_kwargs() if tls is not None else {}),
+        **options,
     )
     server = GracefulServer(config)
 

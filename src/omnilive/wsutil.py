@@ -57,7 +57,7 @@ async def race(work: Awaitable[T], watcher: Callable[[], Awaitable[Any]]) -> T:
     work_task = (
         work if isinstance(work, asyncio.Task) else asyncio.create_task(_awaited(work), name="race")
     )
-    watch_task = asyncio.create_task(watcher(), name=f"{work_task.get_name()}:watcher")
+    watch_task = asyncio.create_task(_awaited(watcher()), name=f"{work_task.get_name()}:watcher")
     try:
         await asyncio.wait([work_task, watch_task], return_when="FIRST_COMPLETED")
     finally:
@@ -68,5 +68,5 @@ async def race(work: Awaitable[T], watcher: Callable[[], Awaitable[Any]]) -> T:
     if work_task.done() and not work_task.cancelled():
         return work_task.result()
     if watch_task.done() and not watch_task.cancelled() and watch_task.exception():
-        raise watch_task.exception()  # type: ignore[misc]
+        raise watch_task.exception()  # type: ignore[misc]  # not None: checked above
     raise PeerGone()

@@ -156,7 +156,8 @@ def test_deleting_a_stored_voice(browser, scripted_server: Server, tmp_path: Pat
 
 def test_live_charts_draw_and_move(browser, scripted_server: Server) -> None:
     """The last minutes: a running duplex session shows up as a worker's slot in
-    use and its units' latency, and the charts move as samples come in."""
+    use and its units' latency, and the charts move as samples come in; its
+    context has a row of its own."""
     admin = browser.new_page()
     problems = watch(admin)
     try:
@@ -177,10 +178,12 @@ def test_live_charts_draw_and_move(browser, scripted_server: Server) -> None:
                 "data-worker"
             )
             before = latency.first.inner_html()
-            samples = int(admin.locator("#live").get_attribute("data-samples"))
-            # The charts move: a later refresh brings more samples and redraws the lines.
+            assert int(admin.locator("#live").get_attribute("data-samples")) >= 1
+            newest = float(admin.locator("#live").get_attribute("data-newest"))
+            # The charts move: a later refresh brings newer samples and redraws
+            # the lines (the ring's length stops growing at five minutes).
             admin.wait_for_function(
-                f"Number(document.querySelector('#live').dataset.samples) > {samples}",
+                f"Number(document.querySelector('#live').dataset.newest) > {newest}",
                 timeout=20_000,
             )
             admin.wait_for_function(
@@ -191,6 +194,15 @@ def test_live_charts_draw_and_move(browser, scripted_server: Server) -> None:
             )
             busy = admin.locator(f"#live [data-worker='{worker}'] [data-chart=slots] figcaption")
             assert "1" in busy.inner_text()
+            # The session's context: its row names it and its worker, and how full it is.
+            session_id = admin.locator("#running tbody code").first.inner_text()
+            context = admin.locator(f"#contexts tr[data-session='{session_id}']")
+            context.wait_for()
+            cells = context.locator("td").all_inner_texts()
+            assert cells[:2] == [session_id, worker], cells
+            used, capacity = (int(n) for n in cells[2].split(" / "))
+            assert 0 < used <= capacity, cells
+            assert context.locator("meter").count() == 1 and cells[3].endswith("%"), cells
             screenshot(admin, "admin-live")
     finally:
         admin.close()

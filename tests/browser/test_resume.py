@@ -45,7 +45,7 @@ def test_the_duplex_page_resumes_after_a_cut(browser, scripted_server: Server) -
             assert page.get_attribute("#stage", "data-ai") in ("speaking", "listening")
             # Ended from the page, not by closing it: a close that the proxy's
             # teardown cuts short is a drop, and a dropped session is held
-            # (suspended) for 30 s on the server the next tests share.
+            # (suspended) for the resume grace on the server the next tests share.
             page.click("#stop")
             run_async(scripted_server.wait_idle())
         finally:

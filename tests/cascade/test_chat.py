@@ -69,12 +69,13 @@ def quiet_tail_s(audio: np.ndarray) -> float:
 def test_the_first_piece_is_spoken_as_a_clause_with_a_short_seam(
     engine: CascadeEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    stack, spoken = engine.stack, []
+    stack, spoken, voiced = engine.stack, [], []
     synthesize = stack.tts.synthesize
 
     def recording(text: str, voice: str) -> np.ndarray:
         spoken.append(text)
-        return synthesize(text, voice)
+        voiced.append(synthesize(text, voice))
+        return voiced[-1]
 
     monkeypatch.setattr(stack.tts, "synthesize", recording)
     prompt = stack.llm.tokens([Message("user", "Tell me about the moon.")])
@@ -84,8 +85,15 @@ def test_the_first_piece_is_spoken_as_a_clause_with_a_short_seam(
     assert first.text[-1].isalnum()  # cut between two words: the answer goes on
     assert spoken[0] == first.text + ","  # read as a clause, not as a sentence
     assert first.audio is not None and quiet_tail_s(first.audio) <= SEAM_PAUSE_S + 0.001
-    ends = [s for s in rest if s.text.endswith((".", "!", "?")) and s.audio is not None]
-    assert ends and all(quiet_tail_s(s.audio) > SEAM_PAUSE_S + 0.05 for s in ends)
+    assert first.audio.size < voiced[0].size  # the voice's own longer pause was cut
+    # A sentence's end keeps the voice's whole pause. Piper's noise makes
+    # that pause vary from call to call (0.13 to 0.27 s seen), so the test
+    # compares with what the voice gave rather than with a length.
+    ends = [i for i, s in enumerate(rest) if s.text.endswith((".", "!", "?"))]
+    assert ends
+    for i in ends:
+        audio = rest[i].audio
+        assert audio is not None and np.array_equal(audio, voiced[1 + i])
     assert spoken[1:] == [s.text for s in rest]  # a sentence's own end is its own
 
 

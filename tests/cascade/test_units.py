@@ -148,6 +148,24 @@ def test_fit_drops_oldest_exchanges_and_keeps_the_system_prompt() -> None:
     assert conversation.turns[-1] == new
 
 
+def test_a_kept_history_holds_its_newest_messages_whatever_the_budget() -> None:
+    conversation = Conversation("be brief", keep=4)
+    for i in range(5):
+        conversation.add("user", f"question {i}")
+        conversation.add("assistant", f"answer {i}")
+    new = Message("user", "last one")
+    fit = conversation.fit(count_words, 10_000, new)
+    assert fit.messages == [Message("system", "be brief"), *conversation.turns[-4:], new]
+    conversation.add("user", "an unanswered question")  # an odd count: start at a question
+    fit = conversation.fit(count_words, 10_000, new)
+    assert [m.content for m in fit.messages[1:-1]] == [
+        "question 4",
+        "answer 4",
+        "an unanswered question",
+    ]
+    assert Conversation("s", keep=0).fit(count_words, 100).dropped == 0
+
+
 def test_fit_never_keeps_an_answer_without_its_question() -> None:
     conversation = Conversation("s")
     conversation.add("user", "a b c d e f")
@@ -246,3 +264,5 @@ def test_turn_timings_report_the_figures_a_turn_has() -> None:
     sentence = SpokenSentence("Hello there", None, 3, llm_ms=55.54, tts_ms=60.0)
     assert stats.timings(sentence)["llm_first_sentence_ms"] == 55.5
     assert TurnStats().timings(None) == {"asr_ms": 0.0, "speculative": 0.0}
+    # the words' judgement is a probability: kept to three places, not one
+    assert TurnStats(words_end_p=0.01234).timings(None)["words_end_p"] == 0.012

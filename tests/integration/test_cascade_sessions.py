@@ -66,10 +66,17 @@ async def test_half_duplex_spoken_question(cascade: Server):
     await client.until("stopped")
 
 
-async def stream_question(send_chunk, seconds_before: float = 2.0, after: int = 10) -> None:
-    audio = np.concatenate([silence(seconds_before), speak(QUESTION), silence(after)])
-    for chunk in chunks_b64(audio, seconds=1.0):
-        await send_chunk(chunk)
+async def stream_question(send_chunk, answered, seconds_before: float = 2.0) -> None:
+    """The question, then silence as a live microphone sends it, until
+    ``answered()``: the answer is spoken a unit at a time, so it needs units
+    to come, and on a busy CPU it starts later (the Piper voice takes
+    ~0.2-0.7 s a sentence)."""
+    audio = np.concatenate([silence(seconds_before), speak(QUESTION)])
+    deadline = asyncio.get_running_loop().time() + 120
+    chunks = iter(chunks_b64(audio, seconds=1.0))
+    while not answered():
+        assert asyncio.get_running_loop().time() < deadline, "no whole answer in 120 s"
+        await send_chunk(next(chunks, None) or chunks_b64(silence(1.0), seconds=1.0)[0])
         await asyncio.sleep(0.4)  # faster than real time, slower than the unit loop
 
 
@@ -81,25 +88,26 @@ async def test_duplex_spoken_question_gets_a_spoken_answer_while_chunks_flow(cas
     async def send(chunk: str) -> None:
         await client.send({"type": "audio_chunk", "audio_base64": chunk})
 
-    await stream_question(send)
-    await asyncio.sleep(1.0)
-    results = [m for m in client.received if m["type"] == "result"]
-    while True:
-        try:
-            message = await client.recv(timeout=2)
-        except TimeoutError:
-            break
-        if message["type"] == "result":
-            results.append(message)
-    listens = [r["is_listen"] for r in results]
+    async def read() -> None:
+        while True:
+            await client.recv(timeout=120)
+
+    def results() -> list[dict]:
+        return [m for m in client.received if m["type"] == "result"]
+
+    reader = asyncio.create_task(read())
+    await stream_question(send, lambda: any(r["end_of_turn"] for r in results()))
+    reader.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await reader
+    listens = [r["is_listen"] for r in results()]
     assert listens[0] is True, "it listens while the user speaks"
-    spoken = [r for r in results if not r["is_listen"]]
+    spoken = [r for r in results() if not r["is_listen"]]
     assert spoken, "it answered"
-    assert any(r["end_of_turn"] for r in results)
     assert "".join(r["text"] for r in spoken).strip()
     assert max(np.abs(audio_of(r["audio_data"])).max() for r in spoken if r["audio_data"]) > 0.05
-    first_speak = results.index(spoken[0])
-    assert all(r["is_listen"] for r in results[:first_speak])
+    first_speak = results().index(spoken[0])
+    assert all(r["is_listen"] for r in results()[:first_speak])
 
 
 async def test_realtime_spoken_question(cascade: Server):
@@ -121,20 +129,18 @@ async def test_realtime_spoken_question(cascade: Server):
         async def send(chunk: str) -> None:
             await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": chunk}))
 
+        def deltas() -> list[dict]:
+            return [e for e in events if e["type"] == "response.output_audio.delta"]
+
         reader = asyncio.create_task(until("never"))
-        # Silence goes on long enough for the whole answer to be spoken, a
-        # unit at a time, on a busy CPU too (the Piper voice takes ~0.2-0.7 s
-        # a sentence).
-        await stream_question(send, after=20)
-        await asyncio.sleep(1.0)
+        await stream_question(send, lambda: any(d["end_of_turn"] for d in deltas()))
         reader.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await reader
-        deltas = [e for e in events if e["type"] == "response.output_audio.delta"]
-        assert deltas and deltas[-1]["end_of_turn"] is True
-        sizes = [audio_of(d["audio"]).size for d in deltas]
+        sizes = [audio_of(d["audio"]).size for d in deltas()]
+        assert deltas()[-1]["end_of_turn"] is True  # the turn's last delta says so
         assert all(size == 24000 for size in sizes[1:-1])
-        assert "".join(d["text"] for d in deltas).strip()
+        assert "".join(d["text"] for d in deltas()).strip()
         await ws.send(json.dumps({"type": "session.close"}))
         assert (await until("session.closed"))["reason"] == "stopped"
 

@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 from websockets.asyncio.client import connect
 
-from tests.servers import Server, chat_once, user
+from tests.servers import Server, chat_once, until, user
+
+pytestmark = pytest.mark.shared_server
 
 
 async def test_streaming_chat_order_and_content(server: Server):
@@ -67,6 +69,8 @@ async def test_post_api_chat_errors(server: Server):
     assert failing.status_code == 502 and failing.json()["code"] == "inference_error"
 
 
+# Its queue estimates start from the defaults, not from what earlier sessions taught.
+@pytest.mark.fresh_server
 async def test_three_clients_one_worker_are_queued_and_served_in_order(server: Server):
     events: list[tuple[str, dict]] = []
 
@@ -122,7 +126,8 @@ async def test_admin_cancel_of_a_queued_ticket(server: Server):
         async with httpx.AsyncClient() as client:
             assert (await client.delete(f"{server.http}/api/queue/{ticket}")).status_code == 200
             assert (await client.delete(f"{server.http}/api/queue/{ticket}")).status_code == 404
-        message = json.loads(await waiting.recv())
+        # A periodic queue_update may come before it.
+        message = await until(waiting, "error", "prefill_done", "done")
         assert message["type"] == "error" and message["code"] == "cancelled"
 
 
@@ -158,6 +163,7 @@ async def test_engine_failure_mid_generation(server: Server):
     assert (await chat_once(server, user("recovered")))[-1]["type"] == "done"
 
 
+@pytest.mark.fresh_server
 async def test_killed_worker_gives_error_and_restarted_worker_serves(server: Server):
     pid = (await server.get("/workers"))["workers"][0]["pid"]
     async with connect(f"{server.ws}/ws/chat") as ws:
@@ -192,6 +198,7 @@ async def test_queue_full_closes_with_1013(tmp_path: Path):
         srv.stop()
 
 
+@pytest.mark.fresh_server  # the ETA settings it changes stay changed
 async def test_eta_config_put_changes_only_named_fields(server: Server):
     async with httpx.AsyncClient() as client:
         before = (await client.get(f"{server.http}/api/config/eta")).json()

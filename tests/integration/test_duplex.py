@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import io
 import time
 
 import numpy as np
 import pytest
 from PIL import Image
+from websockets.exceptions import ConnectionClosed
 
 from tests.clients import Client, open_client
 from tests.servers import Server
 from tests.speech import silence
+
+pytestmark = pytest.mark.shared_server
 
 SECOND = silence(1.0) + 0.01  # quiet but not digital silence
 
@@ -215,6 +219,105 @@ async def test_engine_failure_in_a_unit_is_recoverable(server: Server):
     assert (await client.until("error"))["code"] == "inference_error"
     await client.chunk(SECOND)
     assert len(await results(client, 1)) == 1
+
+
+async def test_units_failing_in_a_row_end_the_session_once(server: Server):
+    """An engine that fails every unit from some point on: two errors, then
+    the session ends once with its error and gives its slot back, instead of
+    one failure (and one logged traceback) a second until the client leaves."""
+    client = await duplex(server)
+    await client.prepare("#fail-from:1 #schedule:L")
+    await client.chunk(SECOND)
+    await results(client, 1)
+    codes = []
+    for _ in range(5):
+        await client.chunk(SECOND)
+    with pytest.raises(ConnectionClosed):
+        while True:
+            message = await client.recv(10)
+            if message["type"] == "error":
+                codes.append(message["code"])
+    assert codes == ["inference_error"] * 3  # two that let it go on, one that ends it
+    await server.wait_idle(timeout=5)
+
+
+async def test_a_long_call_slides_its_context_and_goes_on(server: Server):
+    """Past its window the context lets the oldest units go (the session's
+    own window here); the system prompt stays, the results say how full the
+    context is and how many units left, and the call goes on."""
+    client = await duplex(server)
+    window = {"high_tokens": 1000, "low_tokens": 600}
+    await client.prepare("#kv-per-unit:150 #schedule:LS", context_window=window)
+    out = []
+    for _ in range(24):
+        await client.chunk(SECOND)
+        out.extend(await results(client, 1))
+    lengths = [r["kv_cache_length"] for r in out]
+    assert max(lengths) <= 1000 + 150 + 8 and lengths[-1] < lengths[5] + 1000
+    assert out[-1]["evicted_units"] >= 10 and out[-1]["context_capacity"] == 8192
+    evicted = [r["evicted_units"] for r in out]
+    assert evicted == sorted(evicted) and evicted[0] == 0
+
+
+async def test_the_admin_page_sees_each_sessions_context_while_it_runs(server: Server):
+    """``GET /api/admin/live`` lists a running duplex session's context as its
+    last result told it, and no longer once its connection ended."""
+
+    async def shown() -> list[dict]:
+        contexts = (await server.get("/api/admin/live"))["contexts"]
+        return [c for c in contexts if c["session_id"] == client.session_id]
+
+    client = await duplex(server)
+    window = {"high_tokens": 1000, "low_tokens": 600}
+    await client.prepare("#kv-per-unit:150 #schedule:L", context_window=window)
+    for _ in range(10):
+        await client.chunk(SECOND)
+        [last] = await results(client, 1)
+    [context] = await shown()
+    assert context["kv_cache_length"] == last["kv_cache_length"] > 0
+    assert context["context_capacity"] == last["context_capacity"] == 8192
+    assert context["evicted_units"] == last["evicted_units"] > 0  # the window slid
+    assert context["fill"] == round(last["kv_cache_length"] / 8192, 3)
+    assert context["worker_id"] == (await server.get("/workers"))["workers"][0]["worker_id"]
+    await client.send({"type": "stop"})
+    await client.until("stopped")
+    await client.ws.close()
+    async with asyncio.timeout(5):  # the gateway's handler returns just after the close
+        while True:
+            if not await shown():
+                break
+            await asyncio.sleep(0.05)
+
+
+async def test_a_fixed_context_ends_context_full_before_it_overflows(server: Server):
+    client = await duplex(server)
+    await client.prepare("#kv-per-unit:700 #schedule:L", context_window="off")
+    seen = []
+    for _ in range(14):
+        # The server ends the session right after the unit that filled it, so
+        # the next second may meet a closed socket; what it sent is still read.
+        with contextlib.suppress(ConnectionClosed):
+            await client.chunk(SECOND)
+        message = await client.until("result", "timeout", timeout=10)
+        seen.append(message)
+        if message["type"] == "timeout":
+            break
+    assert seen[-1] == {**seen[-1], "type": "timeout", "reason": "context_full"}
+    assert all(r["kv_cache_length"] <= 8192 for r in seen[:-1])
+    assert max(r["evicted_units"] for r in seen[:-1]) == 0
+    await server.wait_idle(timeout=5)
+
+
+async def test_a_context_window_that_cannot_be_is_refused(server: Server):
+    client = await duplex(server)
+    await client.until("queue_done")
+    bad = {"high_tokens": 500, "low_tokens": 900}
+    await client.send({"type": "prepare", "system_prompt": "hi", "context_window": bad})
+    error = await client.until("error")
+    assert error["code"] == "invalid_request" and "low_tokens" in error["error"]
+    own = {"mode": "context", "max_units": 3}
+    await client.send({"type": "prepare", "system_prompt": "#schedule:L", "context_window": own})
+    await client.until("prepared")
 
 
 async def test_task_type_from_query_prepare_or_prefix(server: Server):

@@ -17,6 +17,8 @@ from tests.clients import open_client
 from tests.recordings import ffprobe, jpeg, load, meta_when, recording_dir, wav_seconds
 from tests.servers import Server
 
+pytestmark = pytest.mark.shared_server
+
 
 def b64(samples: np.ndarray) -> str:
     return base64.b64encode(samples.astype("<f4").tobytes()).decode()
@@ -94,6 +96,7 @@ async def test_realtime_session_is_recorded(server: Server):
     assert [c["result"]["mode"] for c in chunks] == ["LISTEN", "SPEAK", "LISTEN", "SPEAK"]
 
 
+@pytest.mark.fresh_server
 async def test_killed_worker_mid_duplex_leaves_every_completed_unit(server: Server):
     client = await open_client(server, path="/ws/duplex", query="?mode=audio")
     recording_id = (await client.prepare("#schedule:LS #latency:0.3"))["recording_session_id"]
@@ -110,6 +113,7 @@ async def test_killed_worker_mid_duplex_leaves_every_completed_unit(server: Serv
     assert meta["ended_at"] and "merged_replay.wav" in meta["replays"]
 
 
+@pytest.mark.fresh_server  # it finds no recording at all
 async def test_opting_out_writes_nothing(server: Server):
     client = await open_client(server, path="/ws/duplex", query="?mode=audio")
     prepared = await client.prepare("#schedule:L", recording=False)

@@ -20,6 +20,8 @@ from tests.clients import open_client
 from tests.servers import Server, running
 from tests.speech import chunks_b64, longest_pause, silence, speak_piper
 
+pytestmark = pytest.mark.shared_server
+
 COMPLETE = "Which animal is the largest on our planet?"
 PAUSED = "So I was thinking, that we could go out."  # cut at the comma's pause
 
@@ -60,18 +62,23 @@ async def first_turn(
 ) -> dict | None:
     """The ``generating`` message of the first turn heard in ``speech``,
     ``silence_s`` of silence and ``then`` (more audio, the turn's rest), or
-    None if none comes within ``wait_s`` of the last piece."""
+    None if none comes within ``wait_s`` of the last piece. The session
+    ends then: the next turn's session would wait in the queue behind it
+    until its inactivity timeout."""
     client = await open_client(server)
-    await client.prepare("Be brief.", config=config)
-    rest = [then] if then is not None else []
-    audio = np.concatenate([silence(0.6), speech, silence(silence_s), *rest])
-    for chunk in chunks_b64(audio, seconds=0.1):
-        await client.send({"type": "audio_chunk", "audio_base64": chunk})
-        await asyncio.sleep(pace_s)
     try:
-        return await client.until("generating", timeout=wait_s)
-    except TimeoutError:
-        return None
+        await client.prepare("Be brief.", config=config)
+        rest = [then] if then is not None else []
+        audio = np.concatenate([silence(0.6), speech, silence(silence_s), *rest])
+        for chunk in chunks_b64(audio, seconds=0.1):
+            await client.send({"type": "audio_chunk", "audio_base64": chunk})
+            await asyncio.sleep(pace_s)
+        try:
+            return await client.until("generating", timeout=wait_s)
+        except TimeoutError:
+            return None
+    finally:
+        await client.ws.close()
 
 
 async def test_a_finished_turn_is_answered_before_the_silence_rule(server):

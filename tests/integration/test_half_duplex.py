@@ -19,6 +19,8 @@ from tests.clients import open_client
 from tests.servers import Server
 from tests.speech import chunks_b64, silence, speak
 
+pytestmark = pytest.mark.shared_server
+
 QUESTION = "What is the weather like in Paris today?"
 
 

@@ -10,7 +10,6 @@ import os
 import re
 import signal
 import wave
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,8 @@ from websockets.exceptions import ConnectionClosed
 from omnilive.protocol.internal import WorkerStatus
 from tests.clients import EventSocket
 from tests.servers import Server, free_port
+
+pytestmark = pytest.mark.shared_server
 
 SECOND = base64.b64encode((np.zeros(16000, "<f4") + 0.01).tobytes()).decode()
 
@@ -126,6 +127,8 @@ async def test_session_ids_are_unique(server: Server):
     assert len(ids) == 3
 
 
+# Its queue estimates start from the defaults, not from what earlier sessions taught.
+@pytest.mark.fresh_server
 async def test_queue_events_not_ready_and_a_kept_update_while_queued(server: Server):
     """QUEUED: session.queued / queue_update; appends are not_ready; a
     session.update is kept and applied once the session has its worker (the
@@ -354,49 +357,6 @@ async def test_silent_drop_when_the_client_is_faster_than_the_model(server: Serv
     assert "error" not in [e["type"] for e in rt.events]
 
 
-@pytest.fixture
-async def short_server(tmp_path: Path) -> AsyncIterator[Server]:
-    srv = Server(
-        tmp_path,
-        env={
-            "OMNILIVE_REALTIME__VIDEO_MAX_S": "2.5",
-            "OMNILIVE_REALTIME__AUDIO_MAX_S": "4",
-            "OMNILIVE_REALTIME__CONTEXT_TOKENS": "500",
-        },
-    ).start()
-    try:
-        await srv.wait_ready(workers=1)
-        yield srv
-    finally:
-        srv.stop()
-
-
-async def test_total_duration_limit_includes_queueing(short_server: Server):
-    loop = asyncio.get_running_loop()
-    holder = await realtime(short_server, "audio")  # 4 s limit
-    await holder.start()
-    started = loop.time()
-    waiting = await realtime(short_server, "video")  # 2.5 s limit, all of it queued
-    assert await waiting.closed(timeout=6) == ("timeout", 1000)
-    assert 2.3 < loop.time() - started < 3.5
-    assert await holder.closed(timeout=6) == ("timeout", 1000)
-    assert 3.5 < loop.time() - started < 5
-
-
-async def test_context_full_really_ends_the_session(short_server: Server):
-    rt = await realtime(short_server, "audio")
-    await rt.start("#kv-per-unit:200 #schedule:L")
-    for _ in range(4):
-        await rt.append()
-    assert await rt.closed() == ("context_full", 1000)
-    listens = [e for e in rt.events if e["type"] == "response.listen"]
-    assert listens and listens[-1]["kv_cache_length"] >= 500
-    status = await short_server.get("/status")
-    assert status["workers"]["slots_busy"] == 0
-    nxt = await realtime(short_server, "audio")
-    await nxt.start()
-
-
 async def test_server_shutdown(tmp_path: Path):
     srv = Server(tmp_path).start()
     try:
@@ -409,6 +369,7 @@ async def test_server_shutdown(tmp_path: Path):
         srv.stop()
 
 
+@pytest.mark.fresh_server
 async def test_worker_death_is_an_unrecoverable_error(server: Server):
     rt = await realtime(server)
     await rt.start("#schedule:L")

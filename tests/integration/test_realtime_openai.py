@@ -23,6 +23,8 @@ from tests.clients import owned_task
 from tests.servers import Server
 from tests.speech import silence, speak
 
+pytestmark = pytest.mark.shared_server
+
 MODEL = "omnilive-realtime"
 
 
@@ -32,9 +34,10 @@ def pcm24(audio: np.ndarray) -> str:
     return base64.b64encode((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes()).decode()
 
 
-def connect(server: Server, model: str = MODEL) -> Any:
+def connect(server: Server, model: str = MODEL, **options: Any) -> Any:
+    """The SDK's connection; ``options`` for its websocket (``ping_interval``...)."""
     client = AsyncOpenAI(base_url=f"{server.http}/v1", api_key="any-key-on-an-open-gateway")
-    return client.realtime.connect(model=model)
+    return client.realtime.connect(model=model, websocket_connection_options=options)
 
 
 async def until(connection: Any, *types: str, timeout: float = 30) -> tuple[Any, list[Any]]:
@@ -202,6 +205,8 @@ async def test_cancel_mid_answer_and_truncate(server: Server):
         await until(connection, "session.updated")
         await connection.input_audio_buffer.append(audio=pcm24(speak("Tell me a long story.")))
         await connection.input_audio_buffer.commit()
+        await until(connection, "conversation.item.done")  # push to talk: no answer by itself
+        await connection.response.create()
         _first, _ = await until(connection, "response.output_audio.delta")
         await connection.response.cancel()
         done, _seen = await until(connection, "response.done")
@@ -222,6 +227,59 @@ async def test_cancel_mid_answer_and_truncate(server: Server):
         )
         error, _ = await until(connection, "error")
         assert error.error.code == "invalid_value" and error.error.param == "audio_end_ms"
+
+
+async def test_push_to_talk_commits_without_answering(server: Server):
+    """Turn detection off: a commit makes the user's item and no response;
+    the client's own response.create is the one answer (it was refused
+    ``conversation_already_has_active_response`` when the commit answered)."""
+    async with connect(server) as connection:
+        await text_session(connection, audio={"input": {"turn_detection": None}})
+        await connection.input_audio_buffer.append(audio=pcm24(speak("Hello there.")))
+        await connection.input_audio_buffer.commit()
+        done, seen = await until(connection, "conversation.item.done")
+        assert done.item.role == "user" and "response.created" not in [e.type for e in seen]
+        await connection.response.create()
+        answer, seen = await until(connection, "response.done")
+        assert answer.response.status == "completed"
+        await connection.conversation.item.create(
+            item={
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "x"}],
+            }
+        )
+        _, after = await until(connection, "conversation.item.done", timeout=3)
+    kinds = [e.type for e in seen + after]
+    assert "error" not in kinds and "response.created" not in [e.type for e in after]
+
+
+async def test_truncating_the_answer_in_progress_stops_it(server: Server):
+    """The Agents SDKs' ``interrupt()`` truncates the item it is playing,
+    which omnilive announced moments before (``conversation.item.added``):
+    that answer stops, and its transcript is cut to what was heard."""
+    async with connect(server) as connection:
+        await until(connection, "session.created")
+        await connection.session.update(
+            session={"type": "realtime", "instructions": "#latency:0.3"}
+        )
+        await until(connection, "session.updated")
+        await say(connection, "tell me about the sea")
+        await connection.response.create()
+        added, _ = await until(connection, "response.output_item.added")
+        assert added.item.status == "in_progress"
+        await until(connection, "response.output_audio.delta")
+        await connection.conversation.item.truncate(
+            item_id=added.item.id, content_index=0, audio_end_ms=0
+        )
+        truncated, seen = await until(connection, "conversation.item.truncated")
+        done = next(e for e in seen if e.type == "response.done")
+        assert done.response.status == "cancelled"
+        assert done.response.status_details.reason == "client_cancelled"
+        assert truncated.item_id == added.item.id and "error" not in [e.type for e in seen]
+        await connection.conversation.item.retrieve(item_id=added.item.id)
+        retrieved, _ = await until(connection, "conversation.item.retrieved")
+        assert retrieved.item.status == "incomplete" and retrieved.item.content[0].transcript == ""
 
 
 @pytest.mark.parametrize("dialect_url", ["?mode=audio&model=x", "?mode=chat"])
@@ -249,6 +307,7 @@ async def test_an_ephemeral_key_in_openais_shape(tmp_path):
             refused = await http.post(url, json=body)
         assert answer.status_code == 200 and refused.status_code == 401
         secret = answer.json()
+        assert secret["value"].startswith("ek_")  # what OpenAI's browser SDKs take
         assert secret["session"]["instructions"] == "hi"
         assert 0 < secret["expires_at"] - time.time() <= 121
         client = AsyncOpenAI(base_url=f"{server.http}/v1", api_key=secret["value"])
@@ -382,6 +441,7 @@ async def test_full_duplex_cancel_and_barge_in(server: Server):
             await sender
 
 
+@pytest.mark.fresh_server
 async def test_a_worker_lost_mid_session_is_an_openai_error(server: Server):
     async with connect(server) as connection:
         await text_session(connection)

@@ -23,6 +23,8 @@ from websockets.exceptions import InvalidStatus
 from tests.clients import EventSocket, owned_task
 from tests.servers import Server
 
+pytestmark = pytest.mark.shared_server
+
 SECOND_F32 = (np.zeros(16000, "<f4") + 0.01).tobytes()
 SECOND = base64.b64encode(SECOND_F32).decode()
 KEY = "v2-test-key-0123456789abcdef"

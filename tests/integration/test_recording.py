@@ -131,12 +131,15 @@ async def test_half_duplex_session_is_recorded(server: Server):
 
 async def test_killed_worker_leaves_a_valid_recording_marked_abnormal(server: Server):
     client = await open_client(server)
-    recording_id = (await client.prepare("slow #latency:0.2"))["recording_session_id"]
+    # Slow steps, and the worker's pid asked for before the second answer
+    # starts: the kill must land while that answer is under way, even on a
+    # loaded machine.
+    recording_id = (await client.prepare("slow #latency:0.4"))["recording_session_id"]
     await client.speak(utterance())
     first = await client.until("turn_done")
+    pid = (await server.get("/workers"))["workers"][0]["pid"]
     await client.speak(utterance())
     await client.until("chunk")  # the second answer is under way
-    pid = (await server.get("/workers"))["workers"][0]["pid"]
     os.kill(pid, signal.SIGKILL)
     assert (await client.until("error"))["code"] == "worker_failed"
 

@@ -13,9 +13,12 @@ from typing import Any
 
 import httpx
 import numpy as np
+import pytest
 
 from tests.clients import open_client
 from tests.servers import Server, chat_once, user
+
+pytestmark = pytest.mark.shared_server
 
 SECOND = base64.b64encode((np.zeros(16000, "<f4") + 0.01).tobytes()).decode()
 
@@ -78,6 +81,7 @@ async def test_status_workers_queue_and_running_tasks(server: Server):
         assert missing.status_code == 404 and missing.json()["found"] is False
 
 
+@pytest.mark.fresh_server  # the ETA settings it changes stay changed
 async def test_eta_config_in_the_reference_names(server: Server):
     eta = await server.get("/api/config/eta")
     assert eta["config"] == {"eta_chat_s": 15.0, "eta_half_duplex_s": 180.0,

@@ -5,6 +5,7 @@ connection mid-answer, and the client resumes with its token."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
 from pathlib import Path
@@ -249,6 +250,34 @@ async def test_the_slot_is_held_then_freed_when_no_resume_comes(tmp_path: Path):
         server.stop()
 
 
+async def test_any_close_frame_ends_the_session_at_once(tmp_path: Path):
+    """Only a connection lost without a Close frame is held for a resume: an
+    empty Close (1005, OpenAI's JS SDK), a protocol error, an application's
+    own code, and the server's own 1009 for an oversized frame all end the
+    session, and the slot is free long before the 30 s grace."""
+    env = {"OMNILIVE_LIMITS__MAX_MESSAGE_BYTES": "200000"}
+    server = Server(tmp_path, env=env).start()
+    try:
+        await server.wait_ready(workers=1)
+        for code in (None, 1002, 3000, 4001, "oversized"):
+            sid = f"s_{secrets.token_hex(4)}"
+            client = await Numbered().open(f"{server.ws}/ws/half_duplex/{sid}")
+            assert (await client.until("queue_done"))["resume_grace_s"] == 30
+            await client.send({"type": "prepare", "system_prompt": "hi", "config": {}})
+            await client.until("prepared")
+            if code == "oversized":
+                with contextlib.suppress(ConnectionClosed):
+                    await client.ws.send("x" * 2_000_000)
+                    await client.ws.wait_closed()
+                assert client.ws.close_code == 1009
+            else:
+                await client.ws.close(code)  # type: ignore[arg-type]  # None: an empty Close
+            status = await server.wait_idle(timeout=8)
+            assert status["suspended_sessions"] == 0, (code, status)
+    finally:
+        server.stop()
+
+
 async def half_duplex_mid_answer_grace(server: Server, proxy: TcpProxy) -> Numbered:
     sid = f"s_{secrets.token_hex(4)}"
     client = await Numbered().open(f"{proxy.ws}/ws/half_duplex/{sid}?seq=1")
@@ -410,7 +439,9 @@ async def test_a_duplex_session_pauses_while_suspended_and_goes_on(server: Serve
 
 
 async def test_an_openai_dialect_session_resumes(server: Server, proxy: TcpProxy):
-    client = await Numbered().open(f"{proxy.ws}/v1/realtime?model=gpt-realtime&seq=1")
+    """With omnilive's extensions asked for: OpenAI's clients know no resume token."""
+    url = f"{proxy.ws}/v1/realtime?model=gpt-realtime&seq=1&omnilive_extensions=true"
+    client = await Numbered().open(url)
     created = await client.until("session.created")
     assert created["seq"] == 1 and client.token
     await wait_for(lambda: _running(server, 1))
@@ -420,6 +451,18 @@ async def test_an_openai_dialect_session_resumes(server: Server, proxy: TcpProxy
     await client.send({"type": "session.update", "session": {"type": "realtime"}})
     await client.until("session.updated")
     client.assert_contiguous()
+
+
+async def test_an_openai_client_that_drops_is_not_held(server: Server, proxy: TcpProxy):
+    """A plain OpenAI client gets no token, and its lost connection ends the
+    session at once: its slot is not held for a resume it cannot ask for."""
+    client = await Numbered().open(f"{proxy.ws}/v1/realtime?model=gpt-realtime")
+    created = await client.until("session.created")
+    assert "resume_token" not in created and "resume_grace_s" not in created
+    await wait_for(lambda: _running(server, 1))
+    proxy.cut()
+    status = await server.wait_idle(timeout=8)
+    assert status["suspended_sessions"] == 0
 
 
 async def _running(server: Server, n: int) -> bool:

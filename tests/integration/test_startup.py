@@ -4,8 +4,11 @@ expected problem and never a server that runs on without being able to serve."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -15,7 +18,7 @@ import httpx
 import pytest
 
 from omnilive.serving import ExitCode
-from tests.servers import Server, chat_once, free_port, free_port_run, user
+from tests.servers import Server, chat_once, free_port, user
 
 TIMEOUT_S = 90
 
@@ -38,7 +41,7 @@ def omnilive(
 
 def serve_args(tmp_path: Path, *extra: str) -> list[str]:
     return [
-        "serve", "--port", str(free_port()), "--worker-base-port", str(free_port_run(1)),
+        "serve", "--port", "0", "--worker-base-port", "0",
         "--data-dir", str(tmp_path / "data"), *extra,
     ]  # fmt: skip
 
@@ -87,6 +90,73 @@ def test_port_in_use(tmp_path: Path) -> None:
     assert run.stderr.strip() == (
         f"omnilive serve: cannot listen on 127.0.0.1:{port}: Address already in use"
     )
+
+
+def test_a_worker_port_in_use_stops_serve_before_any_worker_starts(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        run = omnilive(
+            tmp_path,
+            *["serve", "--engine", "scripted", "--port", "0", "--worker-base-port", str(port)],
+        )
+    assert run.returncode == ExitCode.USAGE
+    assert last_line(run) == (
+        f"omnilive serve: cannot listen on 127.0.0.1:{port}: Address already in use"
+    )
+    assert worker_starts(run) == 0
+
+
+async def test_port_file_names_the_ports_chosen_for_port_0(tmp_path: Path) -> None:
+    """``--port 0 --worker-base-port 0``: the system picks every port, and the
+    port file says which (the gateway's, each worker's); a worker that is
+    restarted keeps its port."""
+    server = Server(tmp_path, workers=2).start()
+    try:
+        await server.wait_ready(workers=2)
+        ports = json.loads(server.port_file.read_text())
+        assert ports["url"] == f"http://127.0.0.1:{ports['port']}" and ports["port"] > 0
+        workers = (await server.get("/workers"))["workers"]
+        assert ports["workers"] == {w["worker_id"]: w["url"] for w in workers}
+        assert len({ports["port"], *(w["port"] for w in workers)}) == 3
+        os.kill(workers[0]["pid"], signal.SIGKILL)
+        async with asyncio.timeout(30):
+            while True:
+                again = (await server.get("/workers"))["workers"][0]
+                if again["restarts"] == 1 and again["status"] == "idle":
+                    break
+                await asyncio.sleep(0.1)
+        assert again["url"] == workers[0]["url"]
+        assert (await chat_once(server, user("Still there?")))[-1]["type"] == "done"
+    finally:
+        server.stop()
+
+
+def test_a_standalone_worker_on_port_0_writes_its_port_file(tmp_path: Path) -> None:
+    port_file = tmp_path / "worker.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OMNILIVE_")}
+    env["OMNILIVE_INTERNAL_TOKEN"] = "t" * 32
+    args = ["worker", "--engine", "scripted", "--port", "0", "--port-file", str(port_file)]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "omnilive", *args],
+        stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        assert process.stderr is not None
+        for line in process.stderr:
+            if "Application startup complete" in line:
+                break
+        ports = json.loads(port_file.read_text())
+        assert set(ports) == {"url", "port"}
+        health = httpx.get(
+            f"{ports['url']}/health", headers={"Authorization": "Bearer " + "t" * 32}
+        )
+        assert health.status_code == 200
+    finally:
+        process.terminate()
+        process.communicate(timeout=TIMEOUT_S)
+    assert process.returncode == 0
 
 
 def test_missing_checkpoint_stops_serve_without_restarts(tmp_path: Path) -> None:

@@ -18,6 +18,8 @@ from tests.servers import Server
 from tests.speech import silence, speak
 from tests.webrtc_peer import Peer
 
+pytestmark = pytest.mark.shared_server
+
 GA_SESSION = {
     "type": "session.update",
     "session": {
@@ -77,6 +79,21 @@ async def test_a_spoken_question_over_webrtc(server: Server):
     finally:
         await peer.close()
     await until_idle(server)  # closing the peer ended the session and freed the slot
+
+
+async def test_omnilives_extensions_on_a_call_only_when_asked(server: Server):
+    """A GA call speaks OpenAI's events only, as its WebSocket does; asked for
+    (``omnilive_extensions``), it gets its resume token too."""
+    for query, resumable in (("", False), ("&omnilive_extensions=true", True)):
+        peer = Peer()
+        try:
+            url = f"{server.http}/v1/realtime/calls?model=omnilive-realtime{query}"
+            assert (await peer.call(url)).status_code == 201
+            created = await peer.until("session.created")
+            assert ("resume_token" in created) is resumable
+        finally:
+            await peer.close()
+        await until_idle(server)
 
 
 async def test_hang_up_ends_the_session(server: Server):

@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from tests.minicpmo.fake_decoder import FakeCache, FakeDecoder
+
 OUT_RATE = 24_000
 
 
@@ -33,22 +35,6 @@ class ProcessorMode(Enum):
     CHAT = "chat"
     STREAMING = "streaming"
     DUPLEX = "duplex"
-
-
-class FakeCache:
-    """A KV cache: one entry per token fed."""
-
-    def __init__(self) -> None:
-        self.entries: list[str] = []
-
-    def add(self, label: str, n: int) -> None:
-        self.entries.extend([label] * n)
-
-    def get_seq_length(self) -> int:
-        return len(self.entries)
-
-    def crop(self, length: int) -> None:
-        del self.entries[length:]
 
 
 def tokens_of(item: Any) -> int:
@@ -61,24 +47,6 @@ def tokens_of(item: Any) -> int:
         assert item.mode == "RGB"
         return 66
     raise TypeError(f"content the model cannot take: {type(item).__name__}")
-
-
-class FakeDecoder:
-    """The duplex object's stream decoder: its own KV cache."""
-
-    def __init__(self) -> None:
-        self.cache: FakeCache | None = None
-
-    def feed(self, label: str, n: int) -> None:
-        if self.cache is None:
-            self.cache = FakeCache()
-        self.cache.add(label, n)
-
-    def get_cache_length(self) -> int:
-        return self.cache.get_seq_length() if self.cache else 0
-
-    def reset(self) -> None:
-        self.cache = None
 
 
 class FakeDuplex:
@@ -152,6 +120,7 @@ class FakeDuplex:
         self.calls.append(("prefill", {"frames": len(frame_list or []),
                                        "max_slice_nums": max_slice_nums}))  # fmt: skip
         schema: list[Any] = ["<unit>"]
+        self.decoder.unit_started()
         self.decoder.feed("unit", 1)
         for frame in frame_list or []:
             assert isinstance(frame, Image.Image) and frame.mode == "RGB"
@@ -198,7 +167,7 @@ class FakeDuplex:
                 self.current_turn_ended = True
             plan = "L"
         if plan == "L":
-            self._pending_finalize = {"terminator": "listen"}
+            self._pending_finalize = {"terminator": "listen", "spoken": 0}
             self.total_hidden.append(0)
             return self._result(is_listen=True)
         n = max(1, max_new_speak_tokens_per_chunk - 2)
@@ -207,7 +176,7 @@ class FakeDuplex:
         self.current_turn_ended = end
         self.total_hidden.append(n)
         self.tts_past_key_values = None if end else [n]
-        self._pending_finalize = {"terminator": "chunk_eos"}
+        self._pending_finalize = {"terminator": "chunk_eos", "spoken": n}
         words = " ".join(f"w{self.audio_chunk_idx}.{i}" for i in range(n))
         audio = None
         if self.generate_audio and self.voice_path:
@@ -243,6 +212,7 @@ class FakeDuplex:
             return
         self.calls.append(("finalize", {}))
         self.decoder.feed("unit_end", 2)
+        self.decoder.unit_ended(self._pending_finalize.get("spoken", 0))
         self._pending_finalize = None
 
     def set_break_event(self) -> None:

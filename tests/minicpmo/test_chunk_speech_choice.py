@@ -68,7 +68,10 @@ def kernel_and_rule(rows: list[SpeechRow], size: int) -> None:
 
 
 @pytest.mark.skipif(not kernels.AVAILABLE, reason="Triton is not installed")
-@pytest.mark.parametrize(("seed", "size"), [(1, 300), (2, 64), (3, 300)])
+# Sizes at a power of two and between two (the block pads to the next one);
+# the interpreter's time grows with the block: 300 (a block of 512) took ~21
+# CPU-seconds, 100 ~5.
+@pytest.mark.parametrize(("seed", "size"), [(1, 100), (2, 64), (3, 200)])
 def test_the_kernel_chooses_as_the_tensor_rule(seed: int, size: int) -> None:
     kernel_and_rule(random_rows(seed, size), size)
 

@@ -32,6 +32,25 @@ def test_batched_sessions_decide_as_the_model_code_alone(
     assert max(report["speech_batch_sizes"]) > 1  # and speech LM steps
 
 
+@pytest.mark.parametrize("flavour", ["standalone", "unified"])
+@pytest.mark.parametrize("mode", ["basic", "context"])
+def test_sliding_windows_slide_as_the_model_codes_own(
+    tiny_checkpoint: Path, flavour: str, mode: str
+) -> None:
+    # Long enough for evictions in every session (the model code's window
+    # and the slot sessions' with the same settings); after each, the same
+    # decisions, speech and context lengths, unit for unit.
+    from benchmarks.duplex_equality import check
+
+    from omnilive.engines.messages import ContextWindow, WindowMode
+
+    window = ContextWindow(WindowMode(mode), 200, 150, previous_max_tokens=12, max_units=4)
+    report = check(tiny_checkpoint, flavour, sessions=2, units=16, window=window)
+    assert report["mismatches"] == [] and report["units_compared"] == 32
+    assert report["evicted_units"] >= 2 * 8  # several windows in each session
+    assert report["max_logit_difference"] < 1e-3
+
+
 class _Replayed:
     """A CUDA graph's stand-in on the CPU: a replay runs what was captured
     again and writes its results into the captured outputs, in place, as a

@@ -1,9 +1,10 @@
 # ruff: noqa: F811 - the test_slot_engine fixtures, imported, are requested by name
 """A half-duplex session in a slot that a client edits: tools through the
 model's own chat template, calls read out of the answer, the context cut to
-what was heard and written again from an edited conversation. On a tiny
-random checkpoint of the real architecture (its answers are forced token by
-token through the session's ``follow`` hook)."""
+what was heard and written again from an edited conversation. On the
+tests' own tiny model and, where the model's code is at hand, a tiny random
+checkpoint of the real architecture (its answers are forced token by token
+through the session's ``follow`` hook)."""
 
 from __future__ import annotations
 
@@ -17,10 +18,7 @@ import pytest
 
 from omnilive.engines.base import EngineError
 from omnilive.engines.messages import ChatMessage, HalfDuplexOptions, TextPart, Tools
-from tests.minicpmo.model_code import needs_model_code
 from tests.minicpmo.test_slot_engine import engine, tiny  # noqa: F401 - the fixtures
-
-pytestmark = needs_model_code
 
 WEATHER = {
     "type": "function",

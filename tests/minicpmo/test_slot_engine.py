@@ -1,18 +1,21 @@
-"""The minicpmo engine with slots, on the CPU over a tiny random checkpoint
-loaded with the model's own code: concurrent duplex sessions in their slots,
-a chat beside them on the simplex seat, and refusals when the slots are full.
-Skipped where the model code is not at hand (see ``model_code.py``)."""
+"""The minicpmo engine with slots (the batched path every GPU deployment
+serves), on the CPU: concurrent duplex sessions in their slots, chats beside
+them, the thread hand-offs of a unit, and refusals when the slots are full.
+Each test runs on the tests' own tiny model (``tiny/``) and, where the
+model's code is at hand (``model_code.py``), on a tiny random checkpoint
+loaded with that code."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import copy
-import gc
 import io
 import logging
-import sys
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +24,8 @@ import pytest
 import torch
 from PIL import Image
 
-from omnilive.engine_settings import MiniCPMoSettings
+from omnilive.audio import wav_bytes
+from omnilive.engine_settings import ContextWindowSettings, MiniCPMoSettings
 from omnilive.engines.base import EngineError
 from omnilive.engines.messages import (
     ChatMessage,
@@ -33,65 +37,56 @@ from omnilive.engines.messages import (
     Voice,
 )
 from omnilive.engines.minicpmo import MiniCPMoEngine
-from omnilive.engines.minicpmo.backend import DeviceInfo
 from omnilive.engines.minicpmo.sessions.simplex_speech import FIRST_PIECE
-from tests.minicpmo.model_code import needs_model_code
+from tests.minicpmo.conftest import voice, write_checkpoint
+from tests.minicpmo.model_code import CpuBackend, needs_model_code
 from tests.minicpmo.model_code import tiny_checkpoint as build_tiny
-
-pytestmark = needs_model_code
-GIB = 2**30
+from tests.minicpmo.tiny.backend import TinyBackend
 
 
-class CpuBackend:
-    """The model's own code on the CPU in float32, with as much "GPU memory"
-    as the test says is free."""
+@dataclass(frozen=True)
+class Tiny:
+    """A tiny model for the slot engine: a checkpoint folder (the files the
+    engine checks), a voice, and the backend that loads the model."""
 
-    def __init__(self, ckpt: Path, free_gib: float = 64.0) -> None:
-        self.ckpt = ckpt
-        self.free_gib = free_gib
+    path: Path
+    voice: Path
+    backend: Callable[[float], Any]  # free "GPU memory" in GiB -> a backend
 
-    def check_device(self, device: str) -> DeviceInfo:
-        return DeviceInfo("CPU", int(self.free_gib * GIB), int(self.free_gib * GIB))
 
-    def load_model(self, checkpoint: Any, settings: MiniCPMoSettings, progress: Any) -> Any:
-        import torch
-        import transformers
-
-        if str(self.ckpt / "standin") not in sys.path:
-            sys.path.insert(0, str(self.ckpt / "standin"))  # the vocoder's stand-in
-        model = transformers.AutoModel.from_pretrained(
-            str(self.ckpt), trust_remote_code=True, torch_dtype=torch.float32
-        )
-        return model.eval()
-
-    def step_graphs(self, model: Any, settings: MiniCPMoSettings) -> None:
-        return None
-
-    def release_memory(self) -> None:
-        gc.collect()
-
-    def memory_stats(self) -> dict[str, float]:
-        return {}
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param("in-tree", id="in-tree"),
+        pytest.param("model-code", id="model-code", marks=needs_model_code),
+    ],
+)
+def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Tiny:
+    """The tests' own tiny model (``tiny/``: no published code), and where
+    the model's code is at hand a tiny random checkpoint loaded with it."""
+    if request.param == "model-code":
+        path = build_tiny(tmp_path_factory)
+        return Tiny(path, path / "voice.wav", partial(CpuBackend, path))
+    folder = tmp_path_factory.mktemp("tiny_in_tree")
+    speaker = folder / "voice.wav"
+    speaker.write_bytes(wav_bytes(voice(2.0, seed=7), 16000))
+    return Tiny(write_checkpoint(folder / "ckpt"), speaker, lambda free: TinyBackend(free))
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def engine(tiny: Path) -> Any:
+def engine(tiny: Tiny) -> Any:
     settings = MiniCPMoSettings(
-        model_path=tiny,
+        model_path=tiny.path,
         device="cpu",
         slots=3,
         context_length=1024,
-        default_voice=tiny / "voice.wav",
+        duplex_window=ContextWindowSettings(high_tokens=600, low_tokens=450),
+        default_voice=tiny.voice,
         force_listen_units=0,
         max_speak_tokens_per_unit=6,
         memory_headroom_gb=1.0,
     )
-    engine = MiniCPMoEngine(settings, backend=CpuBackend(tiny))
+    engine = MiniCPMoEngine(settings, backend=tiny.backend(64.0))
     engine.load(lambda stage, fraction: None)  # warms a chat and a duplex unit up
     yield engine
     engine.close()
@@ -436,13 +431,13 @@ async def test_a_reader_cancelled_while_a_piece_is_decoded_leaves_the_program_to
         chat.close()
 
 
-def test_too_many_slots_for_the_memory_is_one_clear_refusal(tiny: Path) -> None:
+def test_too_many_slots_for_the_memory_is_one_clear_refusal(tiny: Tiny) -> None:
     from omnilive.engines.base import EngineUnavailable
 
     settings = MiniCPMoSettings(
-        model_path=tiny, device="cpu", slots=64, context_length=32768, warmup=False
+        model_path=tiny.path, device="cpu", slots=64, context_length=32768, warmup=False
     )
-    engine = MiniCPMoEngine(settings, backend=CpuBackend(tiny, free_gib=5.0))
+    engine = MiniCPMoEngine(settings, backend=tiny.backend(5.0))
     try:
         with pytest.raises(EngineUnavailable, match=r"64 session slot\(s\) need .* fit"):
             engine.load(lambda stage, fraction: None)

@@ -14,7 +14,7 @@ from omnilive.config import Settings, load_settings
 from omnilive.gateway.app import create_app
 
 # Fixtures, found by pytest through these names: a real, keyless gateway.
-from tests.live_fixtures import _close_clients, server  # noqa: F401
+from tests.live_fixtures import _close_clients, _module_server, server  # noqa: F401
 
 USER_KEY = "user-key-0123456789abcdef"
 ADMIN_KEY = "admin-key-0123456789abcdef"

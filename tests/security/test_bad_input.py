@@ -24,6 +24,8 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from tests.security.conftest import ADMIN_KEY, bearer
 from tests.servers import Server, recv, until, user
 
+pytestmark = pytest.mark.shared_server
+
 MAX_BYTES = 200_000
 DEEP = "[" * 100_000 + "]" * 100_000  # ~200 kB, well under a 64 MB limit
 ENV = {
@@ -221,6 +223,7 @@ async def test_one_rule_for_http_errors(server):
     documented(response, 422, "invalid_request")
 
 
+@pytest.mark.fresh_server  # the ETA settings it changes stay changed
 async def test_eta_ignores_unknown_keys_and_applies_the_rest(server):
     before = (await http(server, "GET", "/api/config/eta")).json()
     response = await http(

@@ -128,6 +128,32 @@ def test_a_disabled_realtime_api_refuses_in_its_own_error_format(client: TestCli
     assert error["error"]["code"] == "app_disabled" and error["error"]["type"] == "client_error"
 
 
+def _refused_after_created(client: TestClient, path: str) -> tuple[dict, int]:
+    """An OpenAI GA connection's refusal, after its session.created if the
+    session was made."""
+    with client.websocket_connect(path) as ws:
+        error = ws.receive_json()
+        if error["type"] == "session.created":
+            error = ws.receive_json()
+        with pytest.raises(WebSocketDisconnect) as closed:
+            ws.receive_json()
+    return error, closed.value.code
+
+
+def test_the_openai_dialect_refuses_in_openais_error_shape(client: TestClient):
+    # No worker: the server's refusal, close 1013 (try again later).
+    error, code = _refused_after_created(client, "/v1/realtime?model=m")
+    assert code == 1013 and error["type"] == "error"
+    assert error["error"]["type"] == "server_error"
+    assert error["error"]["code"] == "service_unavailable"
+    # A disabled app: the client's request, close 1008.
+    client.put("/api/admin/apps/realtime", json={"enabled": False})
+    error, code = _refused_after_created(client, "/v1/realtime?model=m")
+    assert code == 1008 and error["type"] == "error"
+    assert error["error"]["type"] == "invalid_request_error"
+    assert error["error"]["code"] == "app_disabled"
+
+
 def test_other_modes_stay_open_when_one_is_disabled(client: TestClient):
     client.put("/api/admin/apps/omni", json={"enabled": False})
     with client.websocket_connect("/ws/duplex/s1?mode=audio") as ws:

@@ -101,7 +101,8 @@ def test_an_engine_without_conversation_steps_still_talks(tmp_path: Path):
             },
         },
         {"type": "input_audio_buffer.append", "audio": base64.b64encode(speech).decode()},
-        {"type": "input_audio_buffer.commit"},
+        {"type": "input_audio_buffer.commit"},  # turn detection off: no answer by itself
+        {"type": "response.create"},
     ]
     socket = Socket(frames)
 

@@ -100,3 +100,38 @@ def test_the_first_ending_wins_and_the_context_limit_ends_it():
     assert machine.disconnected() == Ended("context_full")
     gone = prepared()
     assert gone.disconnected() == Ended("disconnected", tell_client=False)
+
+
+def test_a_context_that_cannot_take_two_more_units_ends_it():
+    """Whatever the window (a fixed context, or one the next unit would
+    outgrow), a session ends context_full before a unit could fail for
+    want of room; the first unit's growth (the system prompt's too) is no
+    unit's size."""
+    machine = prepared()
+    assert machine.unit_done(3000, capacity=8192) is None  # a long system prompt
+    for length in range(3100, 7900, 100):  # units of 100
+        assert machine.unit_done(length, capacity=8192) is None, length
+    assert machine.unit_done(8000, capacity=8192) == Ended("context_full")
+
+
+def test_units_failing_in_a_row_end_the_session_once():
+    machine = prepared()
+    assert machine.unit_failed() and machine.unit_failed()
+    machine.unit_succeeded()
+    assert machine.unit_failed() and machine.unit_failed()
+    assert not machine.unit_failed()  # the third in a row
+
+
+def test_a_sessions_own_window_over_the_engines():
+    from omnilive.engines.messages import ContextWindow, WindowMode
+    from omnilive.protocol.common import ContextWindowOption, ProtocolError
+    from omnilive.worker.machines.duplex import window_for
+
+    engine = ContextWindow(WindowMode.BASIC, 4000, 3500)
+    assert window_for(engine, None) is engine and window_for(None, None) is None
+    off = window_for(engine, ContextWindowOption.model_validate("off"))
+    assert off == ContextWindow(WindowMode.OFF, 4000, 3500)
+    own = window_for(engine, ContextWindowOption(high_tokens=6000))
+    assert (own.mode, own.high_tokens, own.low_tokens) == (WindowMode.BASIC, 6000, 3500)
+    with pytest.raises(ProtocolError, match="low_tokens"):
+        window_for(engine, ContextWindowOption(low_tokens=5000))

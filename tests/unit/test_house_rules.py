@@ -19,11 +19,17 @@ TREES = ("src/omnilive", "tests", "benchmarks", "tools")
 MAX_LINES = 500
 
 
+# Folders inside the trees that hold what a run installs or writes (npm's
+# packages carry Python of their own), never the project's code.
+NOT_OURS = {"node_modules", "artifacts", "__pycache__"}
+
+
 def modules(*trees: str) -> dict[str, str]:
     return {
         str(path.relative_to(ROOT)): path.read_text()
         for tree in trees
         for path in sorted((ROOT / tree).rglob("*.py"))
+        if not NOT_OURS & set(path.relative_to(ROOT).parts)
     }
 
 

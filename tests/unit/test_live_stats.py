@@ -7,6 +7,7 @@ import asyncio
 from omnilive.gateway.live_stats import (
     MAX_UNITS_PER_WINDOW,
     LiveStats,
+    SessionContext,
     WorkerSlots,
     percentile,
     sample_periodically,
@@ -82,6 +83,61 @@ def test_an_observer_counts_units_for_its_worker_once_leased():
     sample = metrics.live.sample(1.0, 0, 0.0, [WorkerSlots("w3", 1, 8)])
     assert (sample.workers["w3"].units, sample.workers["w3"].dropped) == (1, 2)
     assert sample.workers["w3"].p50_ms == 600.0
+
+
+def test_contexts_are_the_last_news_of_each_session_until_forgotten():
+    stats = LiveStats()
+    stats.context("dx_b", SessionContext("w1", 100, 8192, 0, 1.0))
+    stats.context("dx_a", SessionContext("w1", 500, 8192, 0, 1.0))
+    stats.context("dx_a", SessionContext("w1", 1000, 8192, 4, 2.0))  # a later unit replaces it
+    stats.context("dx_c", SessionContext("w0", 40, None, 0, 2.0))  # no capacity: no fill
+    assert stats.to_json()["contexts"] == [
+        {"session_id": "dx_c", "worker_id": "w0", "kv_cache_length": 40,
+         "context_capacity": None, "evicted_units": 0, "fill": None},
+        {"session_id": "dx_a", "worker_id": "w1", "kv_cache_length": 1000,
+         "context_capacity": 8192, "evicted_units": 4, "fill": 0.122},
+        {"session_id": "dx_b", "worker_id": "w1", "kv_cache_length": 100,
+         "context_capacity": 8192, "evicted_units": 0, "fill": 0.012},
+    ]  # fmt: skip
+    stats.forget("dx_a")
+    stats.forget("dx_a")  # twice, or never reported: nothing to do
+    stats.forget("never")
+    assert [c["session_id"] for c in stats.contexts()] == ["dx_c", "dx_b"]
+
+
+def test_the_contexts_are_capped_the_longest_without_news_out_first():
+    stats = LiveStats(max_contexts=3)
+    for n in range(3):
+        stats.context(f"s{n}", SessionContext("w0", n, 10, 0, float(n)))
+    stats.context("s0", SessionContext("w0", 5, 10, 0, 3.0))  # s0 has news: s1 is the oldest
+    stats.context("s3", SessionContext("w0", 1, 10, 0, 4.0))
+    assert [c["session_id"] for c in stats.contexts()] == ["s0", "s2", "s3"]
+    for n in range(100):
+        stats.context(f"x{n}", SessionContext("w0", 1, 10, 0, 5.0))
+    assert len(stats.contexts()) == 3
+
+
+def test_an_observer_reports_its_sessions_context_and_forgets_it_at_the_end():
+    metrics = GatewayMetrics()
+    watch = SessionObserver("duplex", metrics, wall_clock=lambda: 7.0)
+    unit = Envelope("result", unit_index=0, kv_cache_length=300, context_capacity=1000)
+    watch.relayed(unit)  # not leased yet: no session to show it under
+    assert metrics.live.contexts() == []
+    watch.worker_id, watch.session_id = "w2", "dx_1"
+    watch.relayed(Envelope("result", unit_index=1, kv_cache_length=450, context_capacity=1000,
+                           evicted_units=2))  # fmt: skip
+    watch.relayed(Envelope("queue_update"))  # not a unit: the context stays as it was
+    [shown] = metrics.live.contexts()
+    assert shown == {"session_id": "dx_1", "worker_id": "w2", "kv_cache_length": 450,
+                     "context_capacity": 1000, "evicted_units": 2, "fill": 0.45}  # fmt: skip
+    assert metrics.live._contexts["dx_1"].updated_at == 7.0
+    # The connection's next session takes the first one's place.
+    watch.session_id = "dx_2"
+    watch.relayed(Envelope("result", unit_index=0, kv_cache_length=10, context_capacity=1000))
+    assert [c["session_id"] for c in metrics.live.contexts()] == ["dx_2"]
+    watch.ended()
+    watch.ended()
+    assert metrics.live.contexts() == []
 
 
 async def test_the_sampler_reads_the_gateway_every_period():

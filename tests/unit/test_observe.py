@@ -74,6 +74,30 @@ def test_a_duplex_result_carries_its_unit_facts():
     assert (envelope.dropped_chunks, envelope.unit_index, envelope.end_of_turn) == (2, 4, True)
 
 
+def test_a_duplex_result_carries_its_context():
+    unit = DuplexUnit(True, kv_cache_length=900, context_capacity=8192, evicted_units=12)
+    [result] = unit_messages(DuplexPresenter(), unit)
+    envelope = through_the_wire(result)
+    assert (envelope.kv_cache_length, envelope.context_capacity, envelope.evicted_units) == (
+        900, 8192, 12)  # fmt: skip
+    # An engine that tells no capacity: the header leaves it out, the rest stays.
+    [unsized] = unit_messages(DuplexPresenter(), DuplexUnit(True, kv_cache_length=40))
+    unsized_envelope = through_the_wire(unsized)
+    assert (unsized_envelope.context_capacity, unsized_envelope.evicted_units) == (None, 0)
+
+
+def test_the_newer_realtime_dialect_carries_the_context_under_metrics():
+    unit = DuplexUnit(False, "hi", SPEECH, kv_cache_length=700, context_capacity=4096,
+                      evicted_units=3)  # fmt: skip
+    for delta in unit_messages(RealtimeV2Presenter("s"), unit):
+        assert delta["metrics"]["context_capacity"] == 4096
+        envelope = through_the_wire(delta)
+        assert (envelope.kv_cache_length, envelope.context_capacity, envelope.evicted_units) == (
+            700, 4096, 3)  # fmt: skip
+    older = through_the_wire(delta_event("hi", "AAAA", True, 5))  # the older dialect: none
+    assert (older.kv_cache_length, older.context_capacity, older.evicted_units) == (None,) * 3
+
+
 def test_the_header_is_compact_and_leaves_out_what_a_message_lacks():
     header = Envelope.frame({"type": "prepared", "recording_session_id": "hd_1"}).split("\n")[0]
     assert header == '{"type":"prepared","recording_id":"hd_1"}'
@@ -286,3 +310,24 @@ def test_the_middleware_counts_frames_and_hands_send_json_the_observer():
     assert metrics.sessions_opened.values == {("chat",): 1}
     assert metrics.messages.values == {("chat", "in"): 1, ("chat", "out"): 1}
     assert metrics.errors.values == {("chat", "invalid_json"): 1}
+
+
+def test_the_middleware_forgets_the_sessions_context_when_its_connection_ends():
+    metrics = GatewayMetrics()
+    shown: list[list[dict[str, Any]]] = []
+
+    async def session(ws: WebSocket) -> None:
+        watch = session_observer(ws)
+        assert watch is not None
+        watch.worker_id, watch.session_id = "w0", "dx_1"
+        watch.relayed(Envelope("result", unit_index=0, kv_cache_length=300, context_capacity=600))
+        shown.append(metrics.live.contexts())
+        await ws.accept()
+        raise RuntimeError("the handler fails")  # the context goes all the same
+
+    app = ObserveMiddleware(Starlette(routes=[WebSocketRoute("/ws/duplex/dx_1", session)]), metrics)
+    with TestClient(app) as http, pytest.raises(RuntimeError):  # noqa: SIM117
+        with http.websocket_connect("/ws/duplex/dx_1"):
+            pass
+    assert [c["session_id"] for c in shown[0]] == ["dx_1"] and shown[0][0]["fill"] == 0.5
+    assert metrics.live.contexts() == []

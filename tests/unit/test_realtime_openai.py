@@ -79,6 +79,38 @@ def test_created_at_once_and_configuration_merged_while_queued():
         m.attach_worker()
 
 
+def test_the_queue_is_told_in_openais_own_shape():
+    """Only events of OpenAI's union by default: the wait is ``rate_limits.updated``
+    (the Python Agents SDK makes an error event of any unknown type)."""
+    m = machine()
+    assert m.queue_event({"type": "queue_done"}) == []  # never queued: nothing to tell
+    waiting = client(m.queue_event({"type": "queued", "position": 2, "estimated_wait_s": 7.5,
+                                    "ticket_id": "t", "queue_length": 3}))  # fmt: skip
+    done = client(m.queue_event({"type": "queue_done"}))
+    for event in waiting + done:
+        conforms(event)
+    assert [e["type"] for e in waiting + done] == ["rate_limits.updated"] * 2
+    assert waiting[0]["rate_limits"] == [
+        {"name": "requests", "limit": 1, "remaining": 0, "reset_seconds": 7.5}
+    ]
+    assert done[0]["rate_limits"][0]["remaining"] == 1
+    assert worker(m.attach_worker())[0]["extensions"] is False
+
+
+def test_omnilive_extensions_add_the_queue_position():
+    m = OpenAIRealtimeMachine("sess_x", "m", 1 << 20, extensions=True)
+    events = client(m.queue_event({"type": "queued", "position": 2, "estimated_wait_s": 1.0,
+                                   "ticket_id": "t", "queue_length": 3}))  # fmt: skip
+    events += client(m.queue_event({"type": "queue_done"}))
+    kinds = [e["type"] for e in events]
+    assert kinds == [
+        "rate_limits.updated", "omnilive.queue.waiting", "rate_limits.updated",
+        "omnilive.queue.done",
+    ]  # fmt: skip
+    assert events[1]["position"] == 2
+    assert worker(m.attach_worker())[0]["extensions"] is True
+
+
 def test_audio_held_while_queued_is_bounded_oldest_first():
     m = machine()
     append = json.dumps({"type": "input_audio_buffer.append", "audio": "AAAA"})
@@ -105,6 +137,37 @@ def test_audio_held_while_queued_is_bounded_oldest_first():
             "content_index",
         ),
         ('{"type": "session.update", "session": {"tool_choice": 3}}', "invalid_value", None),
+        # OpenAI's bounds: one or both modalities, 1 to 4096 tokens or "inf".
+        (
+            '{"type": "session.update", "session": {"output_modalities": []}}',
+            "invalid_value",
+            "session.output_modalities",
+        ),
+        (
+            '{"type": "session.update", "session": {"max_output_tokens": -1}}',
+            "invalid_value",
+            "session.max_output_tokens",
+        ),
+        (
+            '{"type": "session.update", "session": {"max_output_tokens": 0}}',
+            "invalid_value",
+            "session.max_output_tokens",
+        ),
+        (
+            '{"type": "session.update", "session": {"max_output_tokens": 1e30}}',
+            "invalid_value",
+            "session.max_output_tokens",
+        ),
+        (
+            json.dumps({"type": "session.update", "session": {"max_output_tokens": 10**30}}),
+            "invalid_value",
+            "session.max_output_tokens",
+        ),
+        (
+            '{"type": "response.create", "response": {"max_output_tokens": -5}}',
+            "invalid_value",
+            "response.max_output_tokens",
+        ),
         (
             '{"type": "conversation.item.create", "item": {"type": "message", "role": "robot",'
             ' "content": []}}',
@@ -223,7 +286,9 @@ def test_conversation_items_insert_delete_truncate():
 
 @pytest.mark.parametrize("audio", [True, False])
 def test_every_response_event_conforms(audio):
-    presenter = ResponsePresenter(audio, "audio/pcm", previous_item_id="prev", metadata={"k": "v"})
+    conversation = Conversation()
+    conversation.add({"id": "prev", "type": "message", "role": "user", "content": []})
+    presenter = ResponsePresenter(audio, "audio/pcm", conversation, metadata={"k": "v"})
     events = presenter.created()
     events += presenter.chunk("Hello ", np.zeros(2400, np.float32))
     events += presenter.chunk("world.", None)
@@ -241,13 +306,47 @@ def test_every_response_event_conforms(audio):
 
 
 def test_a_cancelled_response_conforms():
-    presenter = ResponsePresenter(True, "audio/pcmu", previous_item_id=None)
+    presenter = ResponsePresenter(True, "audio/pcmu", Conversation())
     events = presenter.chunk("Hel", np.zeros(2400, np.float32))
     events += presenter.done("cancelled", usage(1, 1, True), "turn_detected")
     for event in events:
         conforms(event)
-    assert events[-1]["response"]["status_details"]["reason"] == "turn_detected"
+    details = events[-1]["response"]["status_details"]
+    assert details == {"type": "cancelled", "reason": "turn_detected"}  # no null error
     assert events[-1]["response"]["output"][0]["status"] == "incomplete"
+
+
+def test_an_added_event_shows_its_item_as_it_was_and_the_item_joins_at_once():
+    """Events are sent after the presenter goes on changing the item: an
+    ``.added`` one must still show it in progress (the JS Agents SDK runs a
+    tool on an ``.added`` item that says completed, and again on ``.done``),
+    and the item is in the conversation from then on (a client may truncate
+    the answer it hears)."""
+    conversation = Conversation()
+    presenter = ResponsePresenter(True, "audio/pcm", conversation)
+    events = presenter.chunk("Hello ", np.zeros(2400, np.float32))
+    item_id = events[0]["item"]["id"]
+    assert list(conversation.items) == [item_id]
+    events += presenter.tool_call(ToolCall("call_1", "get_weather", "{}"))
+    events += presenter.done("completed", usage(1, 1, True))
+    added = [e for e in events if e["type"].endswith("item.added")]
+    assert [e["item"]["status"] for e in added] == ["in_progress"] * 4
+    assert added[0]["item"]["content"] == []
+    call = next(e["item"] for e in added if e["item"]["type"] == "function_call")
+    assert call["arguments"] == ""
+    done = [e["item"]["status"] for e in events if e["type"] == "response.output_item.done"]
+    assert done == ["completed", "completed"]
+    assert len(conversation.items) == 2
+
+
+def test_a_failed_response_says_why():
+    presenter = ResponsePresenter(False, "audio/pcm", None)
+    error = {"type": "server_error", "code": "inference_error", "message": "boom"}
+    events = presenter.done("failed", usage(1, 0, False), None, error)
+    conforms(events[-1])
+    response = events[-1]["response"]
+    assert response["status_details"] == {"type": "failed", "error": error}
+    assert "conversation_id" not in response  # out of band: in no conversation
 
 
 def test_worker_side_events_conform():
@@ -331,7 +430,7 @@ def test_duplex_units_as_responses_conform():
     done = [e["response"] for e in events if e["type"] == "response.done"]
     assert [d["status"] for d in done] == ["completed", "cancelled"]
     assert done[0]["output"][0]["content"][0]["transcript"] == "Hello there."
-    assert len(conversation.items) == 2  # the third response is still open
+    assert len(conversation.items) == 3  # the third response's item joined as it was added
 
 
 def test_error_params_name_fields_as_openai_does():

@@ -57,7 +57,7 @@ def fatal(actions: list) -> str:
     """The diagnostic of a fatal close (and check that it is one)."""
     closed, close = actions
     assert closed.event["type"] == "session.closed" and closed.event["reason"] == "backend_error"
-    assert close == Close(1011)
+    assert close == Close(1011, "backend_error")  # the close says why, as the reference's does
     return closed.event["diagnostic"]["message"]
 
 

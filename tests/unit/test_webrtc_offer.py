@@ -23,9 +23,14 @@ s=-
 t=0 0
 a=fingerprint:sha-256 AA:BB
 m=audio 9 UDP/TLS/RTP/SAVPF 111
+a=mid:0
+a=sendrecv
 a=rtpmap:111 opus/48000/2
 m=video 9 UDP/TLS/RTP/SAVPF 96
+a=mid:1
+a=sendonly
 m=application 9 UDP/DTLS/SCTP webrtc-datachannel
+a=mid:2
 """
 
 
@@ -69,6 +74,36 @@ def test_openai_multipart_form():
         assert raised.value.code is OfferErrorCode.INVALID_SESSION
     with pytest.raises(OfferError):
         parse_offer(b"", "multipart/form-data", {"session": "{}"})
+
+
+@pytest.mark.parametrize("depth", [65, 30_000])
+def test_a_deep_session_is_refused_as_any_deep_json(depth: int):
+    """The form's ``session`` goes through the one client-JSON decoder: its
+    depth rule, not the interpreter's recursion limit (a 500 with a traceback)."""
+    deep = '{"a":' * depth + "1" + "}" * depth
+    with pytest.raises(OfferError) as raised:
+        parse_offer(b"", "multipart/form-data", {"sdp": OFFER, "session": deep})
+    assert raised.value.code is OfferErrorCode.INVALID_SESSION
+
+
+@pytest.mark.parametrize(
+    ("line", "replacement"),
+    [
+        ("a=mid:0\n", ""),
+        ("a=mid:2\n", "a=mid:\n"),
+        ("a=sendrecv\n", ""),
+        ("a=sendonly\n", "a=sendrecx\n"),
+        ("m=audio 9 UDP/TLS/RTP/SAVPF 111", "m=audio 9 UDP/TL"),
+        ("m=video 9 UDP/TLS/RTP/SAVPF 96", "m=video x UDP/TLS/RTP/SAVPF 96"),
+    ],
+)
+def test_sections_aiortc_cannot_answer(line: str, replacement: str):
+    """What aiortc takes for granted in a media section is checked first: it
+    answers such an offer with an exception of its own code's, or a
+    connection task that fails later."""
+    with pytest.raises(OfferError) as raised:
+        check_sdp(OFFER.replace(line, replacement))
+    assert raised.value.code is OfferErrorCode.INVALID_SDP
 
 
 def test_size_and_encoding():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 
 from omnilive.protocol.common import ErrorCode
+from omnilive.protocol.openai_live import ERROR_CODES as LIVE_ERROR_CODES
 from omnilive.protocol.openai_realtime import ERROR_CODES
 from omnilive.protocol.realtime import RealtimeErrorCode
 from tools.docgen import cli_page, messages_page, settings_page
@@ -116,6 +117,7 @@ ERROR_PAGES: dict[str, tuple[str, ...]] = {
     "reference/errors.md": tuple(code.value for code in ErrorCode),
     "reference/websocket.md": tuple(code.value for code in RealtimeErrorCode),
     "reference/openai-realtime.md": tuple(sorted(ERROR_CODES)),
+    "reference/openai-live.md": tuple(sorted(LIVE_ERROR_CODES)),
 }
 
 

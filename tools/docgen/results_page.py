@@ -131,6 +131,28 @@ def cascade_rows(items: list[Result]) -> list[list[str]]:
     return rows
 
 
+def heldout_rows(items: list[Result]) -> list[list[str]]:
+    """``cascade_heldout`` (live) and ``turn_verdicts`` (offline, per rule)."""
+    rows = []
+    for r in items:
+        if r.name.startswith("cascade_heldout"):
+            s = r.data.get("summary", {})
+            e2e = s.get("end_to_end_ms", {})
+            rows.append([code(r.name), r.date, "live", _ms(e2e), _ms(e2e, "p90"),
+                         f"{s.get('waited', '—')} / {s.get('questions', '—')}",
+                         f"{s.get('paused_turns_cut', '—')} / {s.get('paused_turns', '—')}",
+                         str(s.get("questions_cut_in_on", "—"))])  # fmt: skip
+            continue
+        for rule, s in r.data.get("rules", {}).items():
+            delay = s.get("delay_ms", {})
+            rows.append([code(r.name) + f" ({rule})", r.date, "offline, decision only",
+                         _ms(delay), _ms(delay, "p90"),
+                         f"{delay.get('over_1000', '—')} / {delay.get('n', '—')}",
+                         f"{s.get('paused_turns_cut', '—')} / {s.get('paused_turns', '—')}",
+                         str(s.get("questions_cut_in_on", "—"))])  # fmt: skip
+    return rows
+
+
 def load_rows(items: list[Result]) -> list[list[str]]:
     rows = []
     for r in items:
@@ -195,7 +217,8 @@ def render(results: Path) -> str:
     cpu = [r for r in items if r.gpu == "CPU"]
     cascade = [r for r in cpu if r.name.startswith("cascade_latency")]
     load_items = [r for r in cpu if r.name.startswith("load_")]
-    rest = [r for r in cpu if r not in cascade and r not in load_items]
+    heldout = [r for r in cpu if r.name.startswith(("cascade_heldout", "turn_verdicts"))]
+    rest = [r for r in cpu if r not in cascade and r not in load_items and r not in heldout]
     out += [
         "\n## CPU\n",
         section(
@@ -210,6 +233,16 @@ def render(results: Path) -> str:
                 "end to end",
             ],
             cascade_rows(cascade),
+        ),
+        section(
+            "### Turn-taking on voices the cascade was not tuned to "
+            "(`cascade_heldout`, `turn_verdicts`)",
+            "Held-out questions and paused turns in espeak-ng voices. Live: end of speech "
+            "to first answer audio, questions held past 1 s, paused turns cut at their "
+            "pause. Offline: the silence after the speech when the rule ends the turn "
+            "(no answer time), on the judges' recorded verdicts.",
+            ["file", "date", "how", "p50", "p90", "held > 1 s", "paused cut", "questions cut"],
+            heldout_rows(heldout),
         ),
         section(
             "### Gateway relay delay (`load`, scripted engine)",

@@ -75,7 +75,9 @@ def with_query(url: str, **params: str) -> str:
     return urlunsplit((scheme, netloc, path, f"{query}&{extra}" if query else extra, fragment))
 
 
-def refusal(status: int, body: bytes | str, retry_after: str | None = None) -> OmniliveError:
+def refusal(
+    status: int, body: bytes | bytearray | str, retry_after: str | None = None
+) -> OmniliveError:
     """The exception for an HTTP refusal ``{error, code}`` (or a bare status)."""
     try:
         data = json.loads(body or b"{}")

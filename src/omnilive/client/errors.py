@@ -32,7 +32,7 @@ class OmniliveError(Exception):
         super().__init__(message)
         self.message = message
         if code is not None:
-            self.code = code  # type: ignore[misc] - an unknown code, kept per instance
+            self.code = code  # type: ignore[misc]  # an unknown code, kept on the instance
         self.details = details  # e.g. status, close_code, retry_after_s
 
     def __str__(self) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar, dataclass_transform
 
 import numpy as np
 
@@ -61,9 +61,15 @@ def _wire(*types: str) -> Callable[[type[E]], type[E]]:
     return register
 
 
-_events = dataclass(frozen=True, kw_only=True)
+@dataclass_transform(frozen_default=True, kw_only_default=True)
+def _events(cls: type[E]) -> type[E]:
+    return dataclass(frozen=True, kw_only=True)(cls)
+
+
 # Events that carry audio arrays compare by identity (arrays have no truth value).
-_media = dataclass(frozen=True, kw_only=True, eq=False)
+@dataclass_transform(frozen_default=True, kw_only_default=True, eq_default=False)
+def _media(cls: type[E]) -> type[E]:
+    return dataclass(frozen=True, kw_only=True, eq=False)(cls)
 
 
 # --- every mode ------------------------------------------------------------------------
@@ -260,6 +266,8 @@ class Result(Event):
     unit_index: int | None = None
     current_time: float | None = None
     kv_cache_length: int | None = None
+    context_capacity: int | None = None
+    evicted_units: int = 0
     wall_clock_ms: float | None = None
     server_send_ts: float | None = None
     cost_prefill_ms: float | None = None

@@ -14,6 +14,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -243,7 +244,7 @@ class DuplexTalk(Conversation):
 
     def open_session(self) -> Duplex:
         o = self.options
-        mode = "omni" if o.mode == "omni" else "audio"
+        mode: Literal["audio", "omni"] = "omni" if o.mode == "omni" else "audio"
         return Duplex(o.url, mode=mode, system_prompt=o.system, voice=o.voice,
                       tts_voice=o.voice, key=o.key, token=o.token)  # fmt: skip
 

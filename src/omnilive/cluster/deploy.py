@@ -13,6 +13,7 @@ the registry; the other gateways then stop too.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,7 @@ from omnilive.cluster.remote_pool import ClusterPool, gateway_name
 from omnilive.config import Settings
 from omnilive.gateway.links import WorkerLink
 from omnilive.gateway.pool import PoolFace
+from omnilive.gateway.scheduler import WorkerHealth
 from omnilive.serving import ExitCode, ProcessExit, StartupError
 
 log = logging.getLogger(__name__)
@@ -45,13 +47,23 @@ class Deployment:
         return ClusterPool(settings, self.registry, self.gateway_id)
 
     async def follow(
-        self, links: dict[str, WorkerLink], pool: PoolFace, process_exit: ProcessExit | None
+        self,
+        links: dict[str, WorkerLink],
+        pool: PoolFace,
+        process_exit: ProcessExit | None,
+        worker_gone: Callable[[str], object],
     ) -> None:
         """Follow the deployment's state into ``links`` and the pool's mirror;
+        end the sessions on a worker the registry lost (``worker_gone``);
         stop this gateway once no worker can ever serve, or the queue is gone."""
         assert isinstance(pool, ClusterPool)
 
         def on_state(state: ClusterState) -> None:
+            # The registry's control channels judge the workers' liveness
+            # (session sockets carry no pings: protocol/internal.py).
+            for worker_id, record in state.workers.items():
+                if record.health is WorkerHealth.OFFLINE:
+                    worker_gone(worker_id)
             if process_exit is None or not state.given_up:
                 return
             if len(state.given_up) == len(state.links):

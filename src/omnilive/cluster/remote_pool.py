@@ -78,7 +78,7 @@ class QueueLost(WorkerConnectError):
 class ForwardingEta(EtaModel):
     """The mirror's ETA model: ``PUT /api/config/eta`` changes the registry's."""
 
-    def __init__(self, settings: Settings, forward: Callable[[dict[str, Any]], None]) -> None:
+    def __init__(self, settings: Settings, forward: Callable[[dict[str, Any]], object]) -> None:
         super().__init__(settings.eta)
         self._forward = forward
 

@@ -20,7 +20,7 @@ from omnilive.cluster.ray_api import REGISTRY_NAME, import_ray
 from omnilive.config import Settings
 from omnilive.header_deadline import http_protocol
 from omnilive.logs import configure_logging
-from omnilive.protocol.internal import LoadOutcome, LoadReport
+from omnilive.protocol.internal import SESSION_PING_INTERVAL_S, LoadOutcome, LoadReport
 from omnilive.serving import WS_FRAME_MARGIN, ExitCode, listen_socket
 
 log = logging.getLogger(__name__)
@@ -71,6 +71,7 @@ class WorkerHost:
             app,
             log_level=settings.log_level,
             ws_max_size=settings.limits.max_message_bytes + WS_FRAME_MARGIN,
+            ws_ping_interval=SESSION_PING_INTERVAL_S,  # see protocol/internal.py
             http=http_protocol(settings.limits.header_timeout_s),
             lifespan="on",
             log_config=None,

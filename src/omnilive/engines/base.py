@@ -16,15 +16,19 @@ Audio in is float32 mono at 16 kHz; audio out is float32 mono at 24 kHz.
 from __future__ import annotations
 
 import abc
+import dataclasses
+import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
 
+from omnilive.engines.appends import ContextNote
 from omnilive.engines.messages import (
     ChatMessage,
     ChatOptions,
+    ContextWindow,
     DuplexOptions,
     DuplexUnit,
     HalfDuplexOptions,
@@ -69,12 +73,16 @@ class Capabilities:
     voice_cloning: bool
     context_length: int
     slots: int = 1
+    # How a duplex session's context slides by default (None: no duplex
+    # window; a session's prepare may ask for its own).
+    context_window: ContextWindow | None = None
 
     @property
     def vision(self) -> bool:
         return Modality.IMAGE in self.input_modalities
 
     def to_dict(self) -> dict[str, object]:
+        window = self.context_window
         return {
             "input_modalities": sorted(m.value for m in self.input_modalities),
             "audio_output": self.audio_output,
@@ -82,17 +90,26 @@ class Capabilities:
             "vision": self.vision,
             "context_length": self.context_length,
             "slots": self.slots,
+            "context_window": None if window is None else dataclasses.asdict(window),
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, object]) -> Capabilities:
         return cls(
-            input_modalities=frozenset(Modality(m) for m in data["input_modalities"]),  # type: ignore[union-attr]
+            # JSON from the wire, its shape checked by the worker that sent it.
+            input_modalities=frozenset(Modality(m) for m in data["input_modalities"]),  # type: ignore[attr-defined]
             audio_output=bool(data["audio_output"]),
             voice_cloning=bool(data["voice_cloning"]),
-            context_length=int(data["context_length"]),  # type: ignore[arg-type]
-            slots=int(data.get("slots", 1)),  # type: ignore[arg-type]
+            context_length=int(data["context_length"]),  # type: ignore[call-overload]
+            slots=int(data.get("slots", 1)),  # type: ignore[call-overload]
+            context_window=_window_of(data.get("context_window")),
         )
+
+
+def _window_of(data: object) -> ContextWindow | None:
+    if not isinstance(data, dict):
+        return None
+    return ContextWindow.of(types.SimpleNamespace(**data))
 
 
 # --- views -------------------------------------------------------------------
@@ -282,6 +299,13 @@ class DuplexSession(abc.ABC):
         if tts_voice is not None:
             unchanged.append("this engine keeps the session's voice until it ends")
         return unchanged
+
+    def append(self, note: ContextNote) -> int:
+        """Write ``note`` into the context, between two units (the worker
+        calls it after one unit's finalize, before the next one's prefill);
+        returns the tokens it added. Commentary is for the model to say
+        (the Live API's appends: :mod:`omnilive.engines.appends`)."""
+        raise CapabilityError(type(self).__name__, "text appended to the context")
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the session's state (caches, GPU memory)."""

@@ -252,9 +252,10 @@ class JobQueue(Generic[J]):
                 self.lock.wait()
             if self._closed:
                 return None
+            chosen: Sequence[J]
+            outcome: P | list[J]
             if choose is None:
-                chosen = first_with_its_key(tuple(self._pending), self.max_gather)
-                outcome: Any = chosen
+                chosen = outcome = first_with_its_key(tuple(self._pending), self.max_gather)
             else:
                 chosen, outcome = choose(tuple(self._pending))
             for job in chosen:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 import numpy as np
 
@@ -129,12 +130,49 @@ class HalfDuplexOptions:
     voice: Voice | None = None
 
 
+class WindowMode(StrEnum):
+    """How a duplex session's context makes room (MiniCPM-o's own modes)."""
+
+    OFF = "off"  # a fixed context: the session ends ``context_full`` when it fills
+    BASIC = "basic"  # past ``high_tokens``, the oldest units leave until ``low_tokens``
+    CONTEXT = "context"  # past ``max_units``, the oldest leave, their words kept in a note
+
+
+@dataclass(frozen=True)
+class ContextWindow:
+    """A duplex session's sliding context, as the model code's
+    ``DuplexWindowConfig`` has it. The system prompt always stays. ``basic``
+    drops whole units, oldest first, once the context passes
+    ``high_tokens``, until it is at most ``low_tokens``; ``context`` keeps at
+    most ``max_units`` units and folds what the model said in the dropped
+    ones into a "previous" note after the system prompt (at most
+    ``previous_max_tokens`` of it, the newest)."""
+
+    mode: WindowMode = WindowMode.BASIC
+    high_tokens: int = 4000
+    low_tokens: int = 3500
+    previous_max_tokens: int = 500
+    max_units: int = 24
+
+    @classmethod
+    def of(cls, settings: Any) -> ContextWindow:
+        """From a ``duplex_window`` settings section (or any object with its fields)."""
+        return cls(
+            WindowMode(settings.mode),
+            settings.high_tokens,
+            settings.low_tokens,
+            settings.previous_max_tokens,
+            settings.max_units,
+        )
+
+
 @dataclass(frozen=True)
 class DuplexOptions:
     llm_voice: Voice | None = None  # embedded in the system prompt
     tts_voice: Voice | None = None  # initialises the speech decoder
     max_slice_nums: int = 1
     vision: bool = False  # omni session: frames will come
+    window: ContextWindow | None = None  # None: the engine's own default
 
 
 # --- outputs ----------------------------------------------------------------
@@ -186,6 +224,9 @@ class DuplexUnit:
     audio: np.ndarray | None = None  # 24 kHz
     end_of_turn: bool = False
     kv_cache_length: int = 0
+    # The context's room (positions) and the units its window dropped so far.
+    context_capacity: int | None = None
+    evicted_units: int = 0
     # Input the step added to the context outside prefill (a cascade commits
     # the transcribed user turn when it starts answering).
     input_text_tokens: int = 0

@@ -12,8 +12,13 @@ session, so tests that run real processes need no restart:
 ``#fail-unit:N``      duplex unit N (0-based) raises in generate
 ``#schedule:LLSSE``   duplex plan per unit, repeated: L listen, S speak, E speak + end turn
 ``#kv-per-unit:N``    duplex KV-cache growth per unit (to reach context limits quickly)
+``#fail-from:N``     every duplex unit from the N-th on fails
 ``#finalize-latency:0.3``  sleep this long in every duplex finalize
 ``#speak-seconds:0.7``  audio per duplex speak unit (S; E units get half), default 1.0
+
+Text appended to a duplex context (the Live API's appends): commentary is
+said verbatim at the next unit, whatever the schedule (one unit that ends
+the turn); instructions with directives change them, as an update does.
 
 Half-duplex conversations a client edits (the OpenAI Realtime dialect): the
 transcript of speech is ``"<seconds> s of speech"``; an answer without
@@ -27,6 +32,7 @@ previous unit's finalize raises, so a runner that breaks it fails loudly.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -42,6 +48,7 @@ from PIL import Image
 
 from omnilive.audio import INPUT_RATE, OUTPUT_RATE, rms, tone
 from omnilive.engine_settings import ScriptedSettings
+from omnilive.engines.appends import ContextNote, NoteKind
 from omnilive.engines.base import (
     Capabilities,
     ChatSession,
@@ -52,10 +59,12 @@ from omnilive.engines.base import (
     HalfDuplexSession,
     ProgressCallback,
 )
+from omnilive.engines.context_window import ContextLedger
 from omnilive.engines.messages import (
     AudioPart,
     ChatMessage,
     ChatOptions,
+    ContextWindow,
     DuplexOptions,
     DuplexUnit,
     HalfDuplexOptions,
@@ -111,6 +120,7 @@ class _Knobs:
     fail: str | None = None
     fail_turn: int | None = None
     fail_unit: int | None = None
+    fail_from: int | None = None
     kv_per_unit: int = 10
     finalize_latency_s: float = 0.0
     speak_seconds: float = 1.0
@@ -124,6 +134,7 @@ class _Knobs:
             fail=found.get("fail"),
             fail_turn=int(found["fail-turn"]) if "fail-turn" in found else None,
             fail_unit=int(found["fail-unit"]) if "fail-unit" in found else None,
+            fail_from=int(found["fail-from"]) if "fail-from" in found else None,
             kv_per_unit=int(found.get("kv-per-unit", 10)),
             finalize_latency_s=float(found.get("finalize-latency", 0.0)),
             speak_seconds=float(found.get("speak-seconds", 1.0)),
@@ -312,6 +323,8 @@ class ScriptedDuplex(DuplexSession):
         self._voice = ""
         self._speaking = False
         self._unfinalized = False  # generate() ran, finalize() not yet
+        self._to_say: list[str] = []  # commentary appended, said at the next unit
+        self.notes: list[ContextNote] = []  # everything appended, in order
 
     def prepare(self, system_prompt: str, options: DuplexOptions) -> int:
         self._knobs = _Knobs.parse(system_prompt, self._settings)
@@ -319,6 +332,10 @@ class ScriptedDuplex(DuplexSession):
         self._voice = describe_voice(options.tts_voice or options.llm_voice)
         prompt_length = len(system_prompt.split()) + 16
         self._kv = prompt_length
+        # The context slides as MiniCPM-o's (no note of what was said is kept here).
+        window = options.window or ContextWindow.of(self._settings.duplex_window)
+        self._ledger = ContextLedger(window, frozenset(), ())
+        self._ledger.system(prompt_length)
         return prompt_length
 
     def prefill(
@@ -339,8 +356,13 @@ class ScriptedDuplex(DuplexSession):
         )
 
     def generate(self, force_listen: bool = False) -> DuplexUnit:
+        evicted, decided = self._ledger.evicted_units, self._decide(force_listen)
+        return dataclasses.replace(decided, context_capacity=CONTEXT_LENGTH, evicted_units=evicted)
+
+    def _decide(self, force_listen: bool) -> DuplexUnit:
         unit, self._unit = self._unit, self._unit + 1
-        if self._knobs.fail_unit == unit:
+        failing_from = self._knobs.fail_from is not None and unit >= self._knobs.fail_from
+        if self._knobs.fail_unit == unit or failing_from:
             raise EngineError(f"scripted failure in unit {unit}")
         self._unfinalized = True
         plan = self._knobs.schedule[self._cursor % len(self._knobs.schedule)]
@@ -350,6 +372,8 @@ class ScriptedDuplex(DuplexSession):
                 self._skip_to_listen()
             self._speaking = False
             return DuplexUnit(is_listen=True, kv_cache_length=self._kv)
+        if self._to_say:  # commentary is said at once, whatever the schedule
+            return self._say(self._to_say.pop(0), unit)
         if plan == "L":
             self._speaking = False
             return DuplexUnit(is_listen=True, kv_cache_length=self._kv)
@@ -374,6 +398,8 @@ class ScriptedDuplex(DuplexSession):
         if self._knobs.finalize_latency_s:
             time.sleep(self._knobs.finalize_latency_s)
         self._unfinalized = False
+        self._ledger.unit_closed(self._kv, [], True)
+        self._kv = self._ledger.length
 
     def update(self, system_prompt: str | None, tts_voice: Voice | None) -> list[str]:
         """New directives and voice apply from the next unit on."""
@@ -382,6 +408,31 @@ class ScriptedDuplex(DuplexSession):
         if tts_voice is not None:
             self._voice = describe_voice(tts_voice)
         return []
+
+    def append(self, note: ContextNote) -> int:
+        """Commentary is said verbatim at the next unit (one unit, ending the
+        turn); instructions may carry directives, as an update's prompt."""
+        self.notes.append(note)
+        if note.speakable:
+            self._to_say.append(note.text)
+        elif note.kind is NoteKind.INSTRUCTIONS and directives(note.text):
+            self._knobs = _Knobs.parse(note.text, self._settings)
+        added = len(note.text.split()) + 4
+        self._kv += added
+        return added
+
+    def _say(self, text: str, unit: int) -> DuplexUnit:
+        self._speaking = False
+        self._kv += 8
+        audio = tone(self._knobs.speak_seconds / 2, OUTPUT_RATE, 300.0 + 10 * (unit % 20))
+        return DuplexUnit(
+            is_listen=False,
+            text=text,
+            audio=audio,
+            end_of_turn=True,
+            kv_cache_length=self._kv,
+            n_tokens=8,
+        )
 
     def _skip_to_listen(self) -> None:
         """A forced listen ends the turn: move the plan to its next listen."""
@@ -417,6 +468,7 @@ class ScriptedEngine(Engine):
             voice_cloning=True,
             context_length=CONTEXT_LENGTH,
             slots=settings.slots,
+            context_window=ContextWindow.of(settings.duplex_window),
         )
 
     def load(self, progress: ProgressCallback) -> None:

@@ -59,7 +59,8 @@ class Lane:
         """Run ``fn(*args)`` as this session's next step and return its result."""
         if self._closing:
             raise RuntimeError(f"lane {self.name} is finished")
-        return await self.steps.jobs.submit(Step(lane=self, fn=fn, args=args))
+        result: T = await self.steps.jobs.submit(Step(lane=self, fn=fn, args=args))
+        return result
 
     async def stream(self, fn: Callable[..., Iterator[T]], *args: Any) -> AsyncIterator[T]:
         """Iterate ``fn(*args)`` as one step: the engine's thread produces items

@@ -64,6 +64,7 @@ RULES: tuple[Rule, ...] = (
     _rule("POST", "/v1/realtime/client_secrets", A.USER),  # the same, in OpenAI's shape
     _rule(WS, "/ws/", A.SESSION, opens_session=True),
     _rule(WS, "/v1/realtime", A.SESSION, opens_session=True),
+    _rule(WS, "/v1/live/sessions", A.SESSION, opens_session=True),  # OpenAI's Live API
     _rule("POST", "/api/chat", A.USER, opens_session=True),
     # WebRTC signalling (docs/webrtc.md). The call's session runs under a
     # WebSocket scope of its own, classified (and counted) by the WS rules.

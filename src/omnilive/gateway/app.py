@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+import socket
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
 
 import httpx
@@ -13,6 +14,7 @@ from fastapi import FastAPI
 
 from omnilive.config import Settings
 from omnilive.gateway.auth import AuthMiddleware, Gatekeeper, install_log_filter
+from omnilive.gateway.body_deadline import BodyDeadline
 from omnilive.gateway.catalogs import Catalogs
 from omnilive.gateway.http_errors import install_error_handlers
 from omnilive.gateway.links import WorkerLink, close_quietly
@@ -27,6 +29,7 @@ from omnilive.gateway.routes import (
     client_secrets,
     duplex,
     half_duplex,
+    live,
     metrics,
     pages,
     presets,
@@ -38,10 +41,10 @@ from omnilive.gateway.routes import (
     webrtc,
 )
 from omnilive.gateway.state import Gateway
-from omnilive.gateway.supervisor import GaveUp, Supervisor, worker_url
+from omnilive.gateway.supervisor import GaveUp, Supervisor
 from omnilive.gateway.webrtc import missing as webrtc_missing
 from omnilive.recording.cleanup import cleanup_periodically
-from omnilive.serving import ProcessExit
+from omnilive.serving import ProcessExit, http_url
 from omnilive.tasks import TaskSet
 
 if TYPE_CHECKING:
@@ -77,29 +80,31 @@ def _webrtc_calls(settings: Settings) -> Calls | None:
 
 def _start_workers(
     gateway: Gateway,
-    supervise: bool,
+    supervised: Sequence[socket.socket] | None,
     process_exit: ProcessExit | None,
     tasks: TaskSet,
     client: httpx.AsyncClient,
 ) -> None:
-    """Links to the workers of ``--worker`` URLs, or to the ``workers`` that
-    this process supervises (``serve``)."""
+    """Links to the workers of ``--worker`` URLs, or to the workers that this
+    process supervises (``serve``), one on each of the ``supervised`` sockets."""
     settings, pool = gateway.settings, gateway.pool
     urls = list(settings.worker_urls)
-    if supervise:
-        urls = [worker_url(settings, i) for i in range(settings.workers)]
+    if supervised is not None:
+        urls = [http_url(settings.worker_host, sock) for sock in supervised]
     for index, url in enumerate(urls):
         worker_id = f"w{index}"
-        gateway.links[worker_id] = WorkerLink(worker_id, url, settings, pool)
-    if supervise:
+        link = gateway.links[worker_id] = WorkerLink(worker_id, url, settings, pool)
+        link.on_offline = gateway.sessions.worker_gone
+    if supervised is not None:
 
         def gave_up(worker: GaveUp) -> None:
             gateway.links[worker.worker_id].give_up(worker.reason)
-            if process_exit is not None and len(gateway.supervisor.given_up) == len(urls):
+            if process_exit is not None and len(supervisor.given_up) == len(urls):
                 process_exit.request(worker.code, f"no worker can serve: {worker.reason}")
 
-        gateway.supervisor = Supervisor(
+        supervisor = gateway.supervisor = Supervisor(
             settings,
+            supervised,
             on_exit=lambda wid: gateway.links[wid].mark_offline(),
             on_give_up=gave_up,
             on_ready=lambda wid: gateway.links[wid].knock(),
@@ -114,12 +119,13 @@ def _start_workers(
 
 def create_app(
     settings: Settings,
-    supervise: bool = False,
+    supervised: Sequence[socket.socket] | None = None,
     process_exit: ProcessExit | None = None,
     cluster: Deployment | None = None,
 ) -> FastAPI:
-    """The gateway. With ``supervise`` it also starts and restarts
-    ``settings.workers`` worker processes (``omnilive serve``), and stops the
+    """The gateway. With ``supervised`` (the listening sockets of
+    :func:`~omnilive.gateway.supervisor.worker_sockets`) it also starts and
+    restarts a worker process on each (``omnilive serve``), and stops the
     server through ``process_exit`` once none of them can load. With
     ``cluster`` its queue and workers are those of a deployment on a Ray
     cluster, shared with the deployment's other gateways."""
@@ -134,9 +140,10 @@ def create_app(
         tasks = TaskSet("gateway")
         client = httpx.AsyncClient()
         if cluster is not None:
-            tasks.spawn("cluster", cluster.follow(gateway.links, pool, process_exit))
+            follow = cluster.follow(gateway.links, pool, process_exit, gateway.sessions.worker_gone)
+            tasks.spawn("cluster", follow)
         else:
-            _start_workers(gateway, supervise, process_exit, tasks, client)
+            _start_workers(gateway, supervised, process_exit, tasks, client)
         tasks.spawn("recording-cleanup", cleanup_periodically(settings))
         registry: GatewayMetrics = app.state.metrics
         tasks.spawn("live-stats", sample_periodically(registry.live, lambda: live_reading(gateway)))
@@ -165,6 +172,7 @@ def create_app(
     app.include_router(half_duplex.router)
     app.include_router(duplex.router)
     app.include_router(realtime.router)
+    app.include_router(live.router)
     app.include_router(sessions.router)
     app.include_router(apps.router)
     app.include_router(presets.router)
@@ -184,6 +192,7 @@ def create_app(
     def refused(code: str) -> None:
         registry.errors.inc("access", code)
 
+    app.add_middleware(BodyDeadline, timeout_s=settings.limits.body_timeout_s)
     app.add_middleware(AuthMiddleware, gatekeeper=gatekeeper, on_refusal=refused)
     # Outermost: it also counts the refusals' HTTP statuses.
     app.add_middleware(ObserveMiddleware, metrics=registry)

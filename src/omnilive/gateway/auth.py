@@ -22,7 +22,7 @@ import logging
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from starlette.datastructures import Headers
@@ -42,6 +42,9 @@ from omnilive.gateway.http_errors import error_body
 from omnilive.gateway.limits import KeyLimiter, Refusal
 from omnilive.gateway.resume import RESUME_SUBPROTOCOLS, TOKEN_PARAM, asks_resume
 from omnilive.protocol.common import ErrorCode
+
+if TYPE_CHECKING:
+    from omnilive.gateway.client_ws import ClientSocket
 
 log = logging.getLogger(__name__)
 
@@ -186,9 +189,10 @@ class Gatekeeper:
         secret = secret.strip()
         if not (scheme.lower() == "bearer" and secret):
             # Browser clients of the Realtime API offer the key as a subprotocol.
-            scheme, secret = "bearer", _subprotocol_secret(request.subprotocols, KEY_SUBPROTOCOL)
+            scheme = "bearer"
+            secret = _subprotocol_secret(request.subprotocols, KEY_SUBPROTOCOL) or ""
             if not secret:
-                secret = _subprotocol_secret(request.subprotocols, OPENAI_KEY_SUBPROTOCOL)
+                secret = _subprotocol_secret(request.subprotocols, OPENAI_KEY_SUBPROTOCOL) or ""
         try:
             if secret:
                 if ClientTokens.looks_like_token(secret):
@@ -222,9 +226,10 @@ def _subprotocol_secret(offered: tuple[str, ...], prefix: str) -> str | None:
     return next((p[len(prefix) :] for p in offered if p.startswith(prefix)), None)
 
 
-def principal_of(connection: HTTPConnection) -> Principal:
+def principal_of(connection: HTTPConnection | ClientSocket) -> Principal:
     """The caller of a request the middleware let through."""
-    return connection.scope.get(PRINCIPAL_KEY, ANONYMOUS)
+    principal: Principal = connection.scope.get(PRINCIPAL_KEY, ANONYMOUS)
+    return principal
 
 
 class AuthMiddleware:

@@ -5,23 +5,27 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from enum import Enum
+from typing import TYPE_CHECKING
 
-from starlette.websockets import WebSocket
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosedError, InvalidHandshake, WebSocketException
 
 from omnilive.config import Settings
-from omnilive.gateway.links import CLOSE_TIMEOUT_S, PING_INTERVAL_S, PING_TIMEOUT_S
+from omnilive.gateway.links import CLOSE_TIMEOUT_S
 from omnilive.gateway.observe import session_observer
 from omnilive.gateway.scheduler import Lease
 from omnilive.protocol.internal import (
     CLOSE_OK,
     CLOSE_SESSION_FAILED,
     CLOSE_WORKER_UNAVAILABLE,
+    SESSION_PING_INTERVAL_S,
     Envelope,
     bearer,
     ws_url,
 )
+
+if TYPE_CHECKING:
+    from omnilive.gateway.client_ws import ClientSocket
 
 WORKER_OPEN_TIMEOUT_S = 10.0
 # Headroom over the client limit: internal messages carry the client's payload
@@ -51,10 +55,9 @@ async def open_worker_session(
             additional_headers=bearer(settings.internal_token),
             max_size=settings.limits.max_message_bytes + INTERNAL_SIZE_MARGIN,
             open_timeout=WORKER_OPEN_TIMEOUT_S,
-            # A hung worker keeps its sockets open: pings end its sessions
-            # (as lost) as soon as the control channel would call it gone.
-            ping_interval=PING_INTERVAL_S,
-            ping_timeout=PING_TIMEOUT_S,
+            # No pings: they would wait behind the client's events. A hung
+            # worker's sockets are closed when its control channel is lost.
+            ping_interval=SESSION_PING_INTERVAL_S,
             close_timeout=CLOSE_TIMEOUT_S,
             compression=None,  # payloads are base64 media: not worth deflating on loopback
         )
@@ -70,7 +73,7 @@ async def relay_to_client(
     worker: ClientConnection,
     send_text: Callable[[str], Awaitable[None]],
     observe: Callable[[Envelope], None] | None = None,
-    client: WebSocket | None = None,
+    client: ClientSocket | None = None,
 ) -> SessionEnd:
     """Forward every worker message until the worker closes: its envelope to
     ``observe`` and to the metrics of ``client`` (the client's socket, where

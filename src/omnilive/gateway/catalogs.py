@@ -39,4 +39,5 @@ class Catalogs:
 
 
 def catalogs_of(connection: Request | WebSocket) -> Catalogs:
-    return connection.app.state.catalogs
+    catalogs: Catalogs = connection.app.state.catalogs
+    return catalogs

@@ -33,6 +33,7 @@ from omnilive.wsutil import receive_frame
 log = logging.getLogger(__name__)
 
 CLOSE_RESUMED_ELSEWHERE = 4000  # the old socket of a session resumed on a new one
+CLOSE_ABNORMAL = 1006  # no Close frame came: the network dropped
 FLUSH_TIMEOUT_S = 5.0  # at close: how long the last events may take to go out
 _SEND_ERRORS = (WebSocketDisconnect, OSError, RuntimeError)
 
@@ -167,7 +168,7 @@ class ClientChannel:
                     return
                 self._receive = None
                 if isinstance(receive.exception(), WebSocketDisconnect):
-                    self._left_code = receive.exception().code  # type: ignore[union-attr]
+                    self._left_code = receive.exception().code  # type: ignore[union-attr]  # checked above
                     return
                 yield receive.result()  # raises what receive_frame raised, if anything
         finally:
@@ -199,9 +200,11 @@ class ClientChannel:
         return True
 
     def _left_on_purpose(self) -> bool:
-        """A close frame of 1000 (normal) or 1001 (going away, a page left)
-        ends the session as before; a drop without one (1006) suspends it."""
-        return self._left_code in (1000, 1001)
+        """Any Close frame ends the session, whatever its code (an empty one
+        is 1005; one the server sent, 1009 for an oversized frame, counts
+        too): somebody ended it. Only a connection lost without one (1006,
+        or a socket that failed under the writer) is held for a resume."""
+        return self._left_code is not None and self._left_code != CLOSE_ABNORMAL
 
     def table_open(self) -> bool:
         return self.grace_s > 0 and self.table.is_open(self)

@@ -22,6 +22,10 @@ from pathlib import Path
 from omnilive.config import ApiKey, AuthSettings
 
 TOKEN_PREFIX = "olt"
+# A client token in the shape of OpenAI's ephemeral keys (POST
+# /v1/realtime/client_secrets): OpenAI's JS SDKs take in a browser only a key
+# that starts so. The same token behind it.
+EPHEMERAL_PREFIX = "ek_"
 
 
 class Role(StrEnum):
@@ -180,9 +184,10 @@ class ClientTokens:
 
     @staticmethod
     def looks_like_token(value: str) -> bool:
-        return value.startswith(TOKEN_PREFIX + ".")
+        return value.removeprefix(EPHEMERAL_PREFIX).startswith(TOKEN_PREFIX + ".")
 
     def check(self, token: str) -> Principal:
+        token = token.removeprefix(EPHEMERAL_PREFIX)
         parts = token.split(".")
         if len(parts) != 5 or parts[0] != TOKEN_PREFIX or not parts[2].isdigit():
             raise CredentialError("malformed client token")

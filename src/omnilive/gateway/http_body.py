@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from fastapi import Depends, Request
 from pydantic import BaseModel, ValidationError
+from starlette.types import Message
 
 from omnilive.gateway.http_errors import HttpRefusal, status_for
 from omnilive.protocol.common import (
@@ -67,6 +68,21 @@ async def read_capped(request: Request, limit: int) -> bytes:
             raise too_large(limit)
         parts.append(chunk)
     return b"".join(parts)
+
+
+def with_body(request: Request, body: bytes) -> Request:
+    """The same request with its body, already read (capped), for a parser
+    that reads it again (Starlette's form parser)."""
+    delivered = False
+
+    async def receive() -> Message:
+        nonlocal delivered
+        if delivered:
+            return {"type": "http.disconnect"}
+        delivered = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return Request(request.scope, receive)
 
 
 def refusal_of(exc: ProtocolError) -> HttpRefusal:

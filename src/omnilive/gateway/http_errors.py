@@ -11,12 +11,18 @@ by the handlers :func:`install_error_handlers` puts on the app.
 
 from __future__ import annotations
 
+import logging
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
+from starlette.responses import Response
 
 from omnilive.protocol.common import ErrorCode, ProtocolError
+
+log = logging.getLogger(__name__)
 
 # The HTTP status of each documented error code (docs/reference/errors.md).
 _STATUS = {
@@ -112,7 +118,14 @@ def install_error_handlers(app: FastAPI) -> None:
             error_body(message, code), status_code=exc.status_code, headers=exc.headers
         )
 
+    async def client_gone(request: Request, _: Exception) -> Response:
+        # The client left before its body was whole: nobody reads an answer,
+        # and it is no failure of the server's.
+        log.info("%s %s: the client left mid-body", request.method, request.url.path)
+        return Response(status_code=400)
+
     app.add_exception_handler(HttpRefusal, refusal)
+    app.add_exception_handler(ClientDisconnect, client_gone)
     app.add_exception_handler(ProtocolError, protocol_error)
     app.add_exception_handler(RequestValidationError, invalid)
     app.add_exception_handler(HTTPException, http_exception)

@@ -17,7 +17,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidHandshake, WebSocketException
 
 from omnilive.config import Settings
-from omnilive.gateway.pool import Pool
+from omnilive.gateway.pool import PoolFace
 from omnilive.gateway.scheduler import Lease, WorkerHealth
 from omnilive.protocol.internal import WorkerStatus, bearer, ws_url
 
@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
 RECONNECT_MIN_S = 0.1
 RECONNECT_MAX_S = 1.0
 # Keepalive pings on the control channel: a worker whose event loop stops
-# answering for this long is treated as gone.
+# answering for this long is treated as gone, and so are its sessions (their
+# own sockets carry no pings: ``protocol/internal.py`` says why).
 PING_INTERVAL_S = 2.0
 PING_TIMEOUT_S = 5.0
 # A hung worker never completes the closing handshake: give up on it quickly.
@@ -44,7 +45,7 @@ def health_of(worker_status: str) -> WorkerHealth:
 class WorkerLink:
     """Keeps one worker's state current in the pool."""
 
-    def __init__(self, worker_id: str, url: str, settings: Settings, pool: Pool) -> None:
+    def __init__(self, worker_id: str, url: str, settings: Settings, pool: PoolFace) -> None:
         self.worker_id = worker_id
         self.url = url
         self.settings = settings
@@ -56,6 +57,9 @@ class WorkerLink:
         # Called with the worker's id and last pid when an established control
         # channel is lost while the worker was serving (not loading): a crash or a hang.
         self.on_lost: Callable[[str, int | None], None] | None = None
+        # Called with the worker's id whenever it is taken for gone (offline):
+        # the sessions it served end (``SessionRegistry.worker_gone``).
+        self.on_offline: Callable[[str], object] | None = None  # what it returns is not read
         self._changed = asyncio.Event()
         self._knock = asyncio.Event()
         pool.add_worker(worker_id, url)
@@ -91,6 +95,8 @@ class WorkerLink:
     def mark_offline(self) -> None:
         self.connected = False
         self.pool.set_worker_state(self.worker_id, WorkerHealth.OFFLINE)
+        if self.on_offline is not None:
+            self.on_offline(self.worker_id)
         self._notify()
 
     def give_up(self, reason: str) -> None:

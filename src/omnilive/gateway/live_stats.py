@@ -1,5 +1,6 @@
 """The server at a glance: per worker its slots in use, unit latency and dropped
-chunks, and the queue, over the last minutes (``GET /api/admin/live``).
+chunks, and the queue, over the last minutes; and each session's context now
+(``GET /api/admin/live``).
 
 Made only from what the gateway already measures: the session observers
 report each duplex unit's ``wall_clock_ms`` and ``dropped_chunks`` with the
@@ -8,6 +9,11 @@ slots and queue every ``period_s`` (:func:`sample_periodically`), closing the
 window of units into one :class:`Sample`. The ring keeps ``keep`` samples (the
 last five minutes by default); a window keeps at most ``MAX_UNITS_PER_WINDOW``
 latencies, dropping the oldest, so nothing grows with the traffic.
+
+Each duplex session's context as its last unit left it (:meth:`LiveStats.context`)
+is kept until its connection ends (:meth:`LiveStats.forget`); at most
+``MAX_CONTEXTS`` sessions, the one longest without news leaving first, so that a
+forget that never came (a bug) cannot grow the map either.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from typing import Any
 PERIOD_S = 2.0
 KEEP = 150  # five minutes of 2 s samples
 MAX_UNITS_PER_WINDOW = 4096
+MAX_CONTEXTS = 4096
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -62,6 +69,29 @@ class Sample:
 
 
 @dataclass(frozen=True)
+class SessionContext:
+    """A session's context after its last unit."""
+
+    worker_id: str
+    kv_cache_length: int
+    context_capacity: int | None  # None: the engine did not say
+    evicted_units: int
+    updated_at: float  # epoch seconds
+
+    def to_json(self, session_id: str) -> dict[str, Any]:
+        capacity = self.context_capacity
+        fill = round(self.kv_cache_length / capacity, 3) if capacity else None
+        return {
+            "session_id": session_id,
+            "worker_id": self.worker_id,
+            "kv_cache_length": self.kv_cache_length,
+            "context_capacity": capacity,
+            "evicted_units": self.evicted_units,
+            "fill": fill,
+        }
+
+
+@dataclass(frozen=True)
 class WorkerSlots:
     """A worker's slots at the moment of a sample."""
 
@@ -73,10 +103,15 @@ class WorkerSlots:
 class LiveStats:
     """A ring of samples, and the window of units the next sample will close."""
 
-    def __init__(self, period_s: float = PERIOD_S, keep: int = KEEP) -> None:
+    def __init__(
+        self, period_s: float = PERIOD_S, keep: int = KEEP, max_contexts: int = MAX_CONTEXTS
+    ) -> None:
         self.period_s = period_s
         self.samples: deque[Sample] = deque(maxlen=keep)
         self._windows: dict[str, _Window] = {}
+        self.max_contexts = max_contexts
+        # By the time of their last news, oldest first (a dict keeps insertion order).
+        self._contexts: dict[str, SessionContext] = {}
 
     def unit(self, worker_id: str, wall_clock_ms: float | None, dropped: int) -> None:
         """One duplex unit's result, relayed from ``worker_id``."""
@@ -85,6 +120,22 @@ class LiveStats:
             window.latencies_ms.append(wall_clock_ms)
             window.units += 1
         window.dropped += dropped
+
+    def context(self, session_id: str, context: SessionContext) -> None:
+        """A session's context after one of its units."""
+        self._contexts.pop(session_id, None)  # to the end: the newest news
+        self._contexts[session_id] = context
+        while len(self._contexts) > self.max_contexts:
+            del self._contexts[next(iter(self._contexts))]
+
+    def forget(self, session_id: str) -> None:
+        """The session's connection ended: its context is no longer shown."""
+        self._contexts.pop(session_id, None)
+
+    def contexts(self) -> list[dict[str, Any]]:
+        """Every session's context, by worker then session."""
+        ordered = sorted(self._contexts.items(), key=lambda item: (item[1].worker_id, item[0]))
+        return [context.to_json(session_id) for session_id, context in ordered]
 
     def sample(
         self, t: float, queue_length: int, queue_wait_s: float, workers: Iterable[WorkerSlots]
@@ -108,7 +159,11 @@ class LiveStats:
         return sample
 
     def to_json(self) -> dict[str, Any]:
-        return {"period_s": self.period_s, "samples": [asdict(s) for s in self.samples]}
+        return {
+            "period_s": self.period_s,
+            "samples": [asdict(s) for s in self.samples],
+            "contexts": self.contexts(),
+        }
 
 
 async def sample_periodically(

@@ -15,13 +15,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
+from omnilive.gateway.live_stats import SessionContext
 from omnilive.gateway.metrics import GatewayMetrics
 from omnilive.protocol.internal import Envelope
+
+if TYPE_CHECKING:
+    from omnilive.gateway.client_ws import ClientSocket
 
 # Where the observer lives: the connection's own state (``scope["state"]``).
 OBSERVER_KEY = "omnilive.session_observer"
@@ -68,6 +72,8 @@ class SessionObserver:
         self.first_audio = False
         self.last_unit: int | None = None
         self.worker_id: str | None = None  # the worker serving it, once leased
+        self.session_id: str | None = None  # ...and its session, set with it
+        self._shown_context: str | None = None  # the session whose context the page shows
 
     def received(self) -> None:
         """A frame from the client (a chat request is its first)."""
@@ -83,6 +89,12 @@ class SessionObserver:
         """A message of the gateway's own, sent to this client. Any timings in
         it are the gateway's, not a worker's: only its type and code count."""
         self._shown(Envelope.of(message))
+
+    def ended(self) -> None:
+        """The connection ended: its session's context leaves the admin page."""
+        if self._shown_context is not None:
+            self.metrics.live.forget(self._shown_context)
+            self._shown_context = None
 
     def _shown(self, envelope: Envelope) -> None:
         metrics, kind, now = self.metrics, envelope.type, self.clock()
@@ -123,9 +135,25 @@ class SessionObserver:
             metrics.dropped_chunks.inc(self.mode, amount=envelope.dropped_chunks)
         if self.worker_id is not None and (envelope.wall_clock_ms or envelope.dropped_chunks):
             metrics.live.unit(self.worker_id, envelope.wall_clock_ms, envelope.dropped_chunks or 0)
+        self._context(envelope)
+
+    def _context(self, envelope: Envelope) -> None:
+        if self.worker_id is None or self.session_id is None or envelope.kv_cache_length is None:
+            return
+        if self._shown_context not in (None, self.session_id):
+            self.ended()  # a connection that runs sessions one after another shows its last
+        self._shown_context = self.session_id
+        context = SessionContext(
+            worker_id=self.worker_id,
+            kv_cache_length=envelope.kv_cache_length,
+            context_capacity=envelope.context_capacity,
+            evicted_units=envelope.evicted_units or 0,
+            updated_at=self.wall_clock(),
+        )
+        self.metrics.live.context(self.session_id, context)
 
 
-def session_observer(connection: WebSocket) -> SessionObserver | None:
+def session_observer(connection: WebSocket | ClientSocket) -> SessionObserver | None:
     """The observer of a session connection; None on other routes (and
     where the app runs without :class:`ObserveMiddleware`)."""
     observer = connection.scope.get("state", {}).get(OBSERVER_KEY)
@@ -167,7 +195,10 @@ class ObserveMiddleware:
             if kind == "websocket.send" and message.get("text"):
                 metrics.messages.inc(mode, "out")
 
-        await self.app(scope, receiving, sending)
+        try:
+            await self.app(scope, receiving, sending)
+        finally:  # whichever way it ended: nothing of it stays on the admin page
+            observer.ended()
 
     def _counting_http(self, send: Send) -> Send:
         async def sending(message: Message) -> None:

@@ -6,8 +6,11 @@ on), and passes the good ones to the worker, where the session lives
 (``worker/runners/conversation.py``). It owns no session logic: while the
 session waits for a worker it keeps what the client sent (the configuration
 merged into one ``session.update``, other events in order, bounded), and
-tells the client where it stands in omnilive's own ``omnilive.queue.*``
-events, which OpenAI's SDKs pass on as unknown events.
+tells the client where it stands in OpenAI's own ``rate_limits.updated``
+(and, for a client that asked for ``omnilive_extensions``, omnilive's
+``omnilive.queue.*`` with its position): by default only events of OpenAI's
+server-event union are sent, which strict clients (the Python Agents SDK)
+require.
 """
 
 from __future__ import annotations
@@ -17,18 +20,18 @@ from enum import StrEnum
 from typing import Any
 
 from omnilive.gateway.realtime_machine import Action, Close, IllegalTransition, ToClient, ToWorker
-from omnilive.protocol.common import ProtocolError, load_json
+from omnilive.protocol.common import EventRefused, decode_event
 from omnilive.protocol.internal import Envelope
 from omnilive.protocol.openai_realtime import (
     DIALECT,
     DUPLEX_SUFFIX,
     OMNILIVE_QUEUE_EVENTS,
     AudioAppend,
-    OpenAIError,
     SessionConfig,
     SessionUpdate,
     error_event,
     parse_client_event,
+    queue_rate_limits,
     server_event,
     session_object,
 )
@@ -60,9 +63,13 @@ class OpenAIRealtimeMachine:
 
     dialect = DIALECT
 
-    def __init__(self, session_id: str, model: str, max_message_bytes: int) -> None:
+    def __init__(
+        self, session_id: str, model: str, max_message_bytes: int, extensions: bool = False
+    ) -> None:
         self.session_id = session_id
         self.model = model
+        self.extensions = extensions  # omnilive's own events too (EXTENSIONS_PARAM)
+        self._waited = False  # the session was queued: its end of waiting is told
         # omnilive's extension: a model named ``*-duplex`` runs the session on
         # the full-duplex unit loop (the model decides when to speak); any
         # other on the half-duplex path (turn detection decides).
@@ -84,9 +91,18 @@ class OpenAIRealtimeMachine:
     # --- the queue ------------------------------------------------------------------
 
     def queue_event(self, message: dict[str, Any]) -> list[Action]:
-        kind = OMNILIVE_QUEUE_EVENTS[message["type"]]
-        fields = {k: v for k, v in message.items() if k != "type"}
-        return [ToClient(server_event(kind, **fields))]
+        """Where the session stands in the queue; a session never queued
+        hears nothing of it (the pool says ``queue_done`` to every one)."""
+        waiting = message["type"] != "queue_done"
+        if not (waiting or self._waited):
+            return []
+        self._waited = True
+        actions: list[Action] = [ToClient(queue_rate_limits(message))]
+        if self.extensions:
+            kind = OMNILIVE_QUEUE_EVENTS[message["type"]]
+            fields = {k: v for k, v in message.items() if k != "type"}
+            actions.append(ToClient(server_event(kind, **fields)))
+        return actions
 
     def attach_worker(self) -> list[Action]:
         """The worker's session socket is open: it learns the session as
@@ -104,6 +120,7 @@ class OpenAIRealtimeMachine:
             "updated": update is not None,
             "event_id": update.get("event_id") if update is not None else None,
             "dropped_appends": self.dropped_appends,
+            "extensions": self.extensions,
         }
         held = [e for e in self._held if e["type"] != "session.update"]
         self._held = deque()
@@ -115,14 +132,8 @@ class OpenAIRealtimeMachine:
         if self.state is OpenAIState.CLOSED:
             return []
         try:
-            data = load_json(raw, self.max_message_bytes)  # the one client JSON decoder
-        except ProtocolError as exc:
-            return [ToClient(error_event(exc.code.value, exc.message))]
-        if not isinstance(data, dict):
-            return [ToClient(error_event("invalid_json", "an event is a JSON object"))]
-        try:
-            event = parse_client_event(data)
-        except OpenAIError as exc:
+            event = decode_event(raw, self.max_message_bytes, parse_client_event)
+        except EventRefused as exc:
             return [ToClient(error_event(exc.code, exc.message, exc.param, exc.event_id))]
         if isinstance(event, SessionUpdate):
             # The worker hears the whole session as it stands, so the two never differ.

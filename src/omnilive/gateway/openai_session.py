@@ -11,23 +11,19 @@ are OpenAI-shaped ``error`` events.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from typing import Any
 
 from fastapi import WebSocket
-from starlette.websockets import WebSocketDisconnect
 
-from omnilive.gateway.app_gate import CLOSE_POLICY_VIOLATION
-from omnilive.gateway.client_ws import CLOSE_TRY_AGAIN, close_quietly
 from omnilive.gateway.lifecycle import Ending
 from omnilive.gateway.openai_machine import OpenAIRealtimeMachine
-from omnilive.gateway.realtime_io import RealtimeIO
+from omnilive.gateway.realtime_io import RealtimeIO, openai_error_kind
 from omnilive.gateway.session_link import SessionLink
 from omnilive.gateway.state import Gateway
 from omnilive.ids import mint
 from omnilive.protocol.internal import Envelope
-from omnilive.protocol.openai_realtime import error_event
+from omnilive.protocol.openai_realtime import error_event, wants_extensions
 from omnilive.protocol.realtime import CloseReason, RealtimeErrorCode
 
 
@@ -37,26 +33,22 @@ class OpenAIRealtimeConnection(RealtimeIO):
     def __init__(self, gateway: Gateway, ws: WebSocket, model: str) -> None:
         super().__init__(gateway, ws)
         max_bytes = gateway.settings.limits.max_message_bytes
-        self.machine = OpenAIRealtimeMachine(mint("sess_", 12), model, max_bytes)
+        extensions = wants_extensions(ws.query_params)
+        self.machine = OpenAIRealtimeMachine(mint("sess_", 12), model, max_bytes, extensions)
         self.limit_s = gateway.settings.realtime.audio_max_s
+        # No OpenAI client knows a resume token: without omnilive's
+        # extensions a lost connection ends the session, as on OpenAI's server.
+        self.resumable = extensions
 
     def client_frame(self, raw: str | bytes) -> list[Any]:
-        return self.machine.client_frame(raw)
+        actions: list[Any] = self.machine.client_frame(raw)
+        return actions
 
     async def opened(self) -> None:
         await self.apply(self.machine.created())
 
-    async def refuse(self, code: RealtimeErrorCode, message: str) -> None:
-        with contextlib.suppress(WebSocketDisconnect, OSError, RuntimeError):
-            await self.send(error_event(code.value, message, kind="server_error"))
-        await close_quietly(self.ws, CLOSE_TRY_AGAIN)
-
-    async def tell(self, ending: Ending, detail: str) -> None:
-        if ending is Ending.APP_DISABLED:
-            await self.send(error_event("app_disabled", detail))
-            await close_quietly(self.ws, CLOSE_POLICY_VIOLATION)
-            return
-        await super().tell(ending, detail)
+    def refusal_event(self, code: RealtimeErrorCode, message: str) -> dict[str, Any]:
+        return error_event(code.value, message, kind=openai_error_kind(code))
 
     async def serve_leased(self, link: SessionLink) -> None:
         async def to_client(envelope: Envelope, payload: str) -> None:

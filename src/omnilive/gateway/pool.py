@@ -192,7 +192,8 @@ class Pool(PoolFace):
             raise LookupError("ticket cancelled")
         changed = asyncio.create_task(self._changed.wait(), name=f"{ticket.ticket_id}:queue-change")
         try:
-            await asyncio.wait([future, changed], timeout=timeout, return_when="FIRST_COMPLETED")
+            waiting: list[asyncio.Future[Any]] = [future, changed]
+            await asyncio.wait(waiting, timeout=timeout, return_when="FIRST_COMPLETED")
         finally:
             changed.cancel()
         if future.done():

@@ -65,7 +65,8 @@ class RealtimeChatConnection(RealtimeIO):
             raise ValueError(exc.message) from None
 
     def client_frame(self, raw: str | bytes) -> list[Any]:
-        return self.machine.client_frame(raw)
+        actions: list[Any] = self.machine.client_frame(raw)
+        return actions
 
     async def act(self, action: Any) -> None:
         if isinstance(action, StartTurn):

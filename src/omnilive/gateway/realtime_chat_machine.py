@@ -261,7 +261,11 @@ class RealtimeChatMachine:
         responding = self.state is ChatState.RESPONDING
         self.state = ChatState.CLOSED
         closed = closed_event(self.session_id, V2Reason.BACKEND_ERROR, message)
-        return [*([CancelTurn()] if responding else []), ToClient(closed), Close(CLOSE_FATAL)]
+        return [
+            *([CancelTurn()] if responding else []),
+            ToClient(closed),
+            Close(CLOSE_FATAL, V2Reason.BACKEND_ERROR),
+        ]
 
     def _move(self, expected: ChatState, target: ChatState) -> None:
         if self.state is not expected:

@@ -38,6 +38,12 @@ from omnilive.logs import bind_session
 from omnilive.protocol.realtime import CloseReason, RealtimeErrorCode, error_event
 
 
+def openai_error_kind(code: RealtimeErrorCode) -> str:
+    """The ``error.type`` of a server-side refusal in OpenAI's dialects: a
+    disabled app is the client's request, the rest the server's."""
+    return "invalid_request_error" if code is RealtimeErrorCode.APP_DISABLED else "server_error"
+
+
 class SessionDone(Exception):
     """Raised inside the session to end it after its actions were carried out."""
 
@@ -86,7 +92,8 @@ class RealtimeIO(abc.ABC):
                 name = f"{self.machine.session_id}:from-worker"
                 relay = asyncio.create_task(worker.relay(to_client), name=name)
                 self._channel().set_resumable(True)
-                return await self.while_reading(relay)
+                ending: Ending | None = await self.while_reading(relay)
+                return ending
             finally:
                 self._channel().set_resumable(False)
                 self.worker = None
@@ -101,15 +108,19 @@ class RealtimeIO(abc.ABC):
             if isinstance(action, ToClient):
                 await self.send(action.event)
             elif isinstance(action, Close):
-                await close_quietly(self.ws, action.code)
+                await close_quietly(self.ws, action.code, action.reason)
                 raise SessionDone()
             else:
                 await self.act(action)
 
+    def refusal_event(self, code: RealtimeErrorCode, message: str) -> dict[str, Any]:
+        """A server-side refusal or end as the dialect's ``error`` event."""
+        return error_event(code, message)
+
     async def refuse(self, code: RealtimeErrorCode, message: str) -> None:
         """A server-side refusal: error, then close 1013 (try again later)."""
         with contextlib.suppress(WebSocketDisconnect, OSError, RuntimeError):
-            await self.send(error_event(code, message))
+            await self.send(self.refusal_event(code, message))
         await close_quietly(self.ws, CLOSE_TRY_AGAIN)
 
     async def end(self, reason: CloseReason) -> None:
@@ -123,7 +134,7 @@ class RealtimeIO(abc.ABC):
         elif ending in _REFUSALS:
             await self.refuse(_REFUSALS[ending], detail)
         elif ending is Ending.APP_DISABLED:
-            await self.send(error_event(RealtimeErrorCode.APP_DISABLED, detail))
+            await self.send(self.refusal_event(RealtimeErrorCode.APP_DISABLED, detail))
             await close_quietly(self.ws, CLOSE_POLICY_VIOLATION)
         else:  # lost, cancelled, a bug
             if self.machine.dialect == "realtime":  # the newer dialect has no error events
@@ -191,7 +202,7 @@ class RealtimeIO(abc.ABC):
         if shutdown in done:
             raise ServerShutdown()
         if reader in done and reader.exception():
-            raise reader.exception()  # type: ignore[misc]
+            raise reader.exception()  # type: ignore[misc]  # not None: checked above
         if work in done:
             return work.result()
         return None

@@ -53,9 +53,11 @@ class ToWorker:
 
 @dataclass(frozen=True)
 class Close:
-    """End the session: close the client socket with ``code``."""
+    """End the session: close the client socket with ``code`` (and ``reason``,
+    where the dialect names one)."""
 
     code: int = 1000
+    reason: str = ""
 
 
 Action = ToClient | ToWorker | Close
@@ -237,6 +239,11 @@ class RealtimeMachine(DuplexRealtimeMachine):
             "deferred_finalize": True,
             "mode": self.task_type,
             "recording": config.recording,
+            "context_window": (
+                config.context_window.model_dump(exclude_none=True)
+                if config.context_window
+                else None
+            ),
         }
 
     @staticmethod

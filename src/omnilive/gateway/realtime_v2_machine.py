@@ -148,7 +148,9 @@ class RealtimeV2Machine(DuplexRealtimeMachine):
             self._configuring = False
         elif event_type == "session.closed":
             self.state = RealtimeState.CLOSED
-            return [Close(CLOSE_FATAL if envelope.reason == V2Reason.BACKEND_ERROR else 1000)]
+            if envelope.reason == V2Reason.BACKEND_ERROR:
+                return [Close(CLOSE_FATAL, V2Reason.BACKEND_ERROR)]
+            return [Close()]
         return []
 
     def end(self, reason: CloseReason) -> list[Action]:
@@ -166,4 +168,6 @@ class RealtimeV2Machine(DuplexRealtimeMachine):
     def _fatal(self, message: str) -> list[Action]:
         self.state = RealtimeState.CLOSED
         event = closed_event(self.session_id, V2Reason.BACKEND_ERROR, message)
-        return [ToClient(event), Close(CLOSE_FATAL)]
+        # The close says it too, as the reference's does (1011 backend_error):
+        # a client that reads only the close code and reason learns why.
+        return [ToClient(event), Close(CLOSE_FATAL, V2Reason.BACKEND_ERROR)]

@@ -69,6 +69,21 @@ class SessionRegistry:
     def suspended(self) -> int:
         return sum(1 for session in self._sessions.values() if session.suspended)
 
+    def worker_gone(self, worker_id: str) -> int:
+        """The worker is gone (its control channel lost, its process exited):
+        the sockets of the sessions it served are dropped, so that each
+        session's relay ends at once as its worker lost (a hung worker would
+        keep them open, and they carry no pings: ``protocol/internal.py``).
+        Returns how many were dropped."""
+        dropped = 0
+        for session in self._sessions.values():
+            worker, lease = session.worker, session.lease
+            if worker is None or lease is None or lease.worker_id != worker_id:
+                continue
+            worker.transport.abort()
+            dropped += 1
+        return dropped
+
     def by_kind(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         for session in self._sessions.values():

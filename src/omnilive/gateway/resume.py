@@ -66,6 +66,14 @@ def resume_request_of(
     return ResumeRequest(token, int(last))
 
 
+def kept_token(scope: Mapping[str, object]) -> dict[str, str]:
+    """The resume token the auth middleware took out of a request's query
+    string (to keep it out of access logs), as a query parameter again."""
+    state = scope.get("state")
+    token = state.get(TOKEN_PARAM) if isinstance(state, dict) else None
+    return {TOKEN_PARAM: token} if isinstance(token, str) else {}
+
+
 def asks_resume(query: Mapping[str, str], subprotocols: tuple[str, ...]) -> bool:
     """Whether a connection presents a resume token (valid or not): it takes
     no new session place, the session it resumes holds one already."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from omnilive.gateway.auth import principal_of
 from omnilive.gateway.client_channel import ClientChannel
 from omnilive.gateway.metrics import GatewayMetrics
 from omnilive.gateway.registry import ActiveSession
-from omnilive.gateway.resume import TOKEN_PARAM, resume_request_of
+from omnilive.gateway.resume import kept_token, resume_request_of
 from omnilive.gateway.state import Gateway
 from omnilive.protocol.common import ErrorCode, ProtocolError
 from omnilive.recording.files import session_dir, write_json_atomic
@@ -61,7 +61,7 @@ async def serve_resume(gateway: Gateway, ws: WebSocket, route: str, refuse: Refu
     did (resumed, then let go, or refused); False for a new session."""
     subprotocols = tuple(ws.scope.get("subprotocols") or ())
     try:
-        query = {**ws.query_params, **_kept_token(ws)}
+        query = {**ws.query_params, **kept_token(ws.scope)}
         request = resume_request_of(query, subprotocols)
         if request is None:
             return False
@@ -80,6 +80,20 @@ async def serve_resume(gateway: Gateway, ws: WebSocket, route: str, refuse: Refu
     return True
 
 
+def asks_claimable_resume(
+    gateway: Gateway, query: Mapping[str, str], owner: str | None, route: str
+) -> bool:
+    """Whether ``query`` asks to resume a session (True) or opens a new one;
+    a resume that would be refused now raises its :class:`ProtocolError`
+    (``resume_refused``). Nothing is taken: the session's own route claims
+    the token when it runs."""
+    request = resume_request_of(query, ())
+    if request is None:
+        return False
+    gateway.resumes.claim(request.token, owner, route)
+    return True
+
+
 def mark_gaps(data_dir: Path, recording_id: str, gaps: list[dict[str, Any]]) -> None:
     """Write where the client was away into the session's recording, as
     ``connection.json`` beside its ``meta.json``: ``{gaps: [{dropped_at,
@@ -87,13 +101,6 @@ def mark_gaps(data_dir: Path, recording_id: str, gaps: list[dict[str, Any]]) -> 
     directory = session_dir(data_dir, recording_id)
     if directory.is_dir():
         write_json_atomic(directory / CONNECTION_FILE, {"gaps": gaps})
-
-
-def _kept_token(ws: WebSocket) -> dict[str, str]:
-    """The resume token the auth middleware took out of the query string
-    (to keep it out of access logs)."""
-    token = ws.scope.get("state", {}).get(TOKEN_PARAM)
-    return {TOKEN_PARAM: token} if isinstance(token, str) else {}
 
 
 def _count(ws: WebSocket, outcome: str) -> None:

@@ -22,9 +22,9 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocketDisconnect
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
@@ -51,6 +51,9 @@ from omnilive.gateway.state import Gateway
 from omnilive.protocol.internal import Envelope
 from omnilive.recording.recovery import recover_abandoned
 from omnilive.wsutil import PeerGone, race
+
+if TYPE_CHECKING:
+    from omnilive.gateway.client_ws import ClientSocket
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -128,7 +131,7 @@ class SessionLink:
     """One session at the gateway, driving its lifecycle machine."""
 
     def __init__(
-        self, gateway: Gateway, session: ActiveSession, tell: Tell, client: WebSocket | None
+        self, gateway: Gateway, session: ActiveSession, tell: Tell, client: ClientSocket | None
     ) -> None:
         self.gateway = gateway
         self.session = session
@@ -171,6 +174,7 @@ class SessionLink:
         observer = session_observer(self.client) if self.client is not None else None
         if observer is not None:  # its units count for this worker on the admin page
             observer.worker_id = lease.worker_id
+            observer.session_id = self.session.session_id  # ...and its context, per session
         if lease.request_type != self.session.kind:  # e.g. a prepare while queued changed it
             pool.retype(None, lease, self.session.kind)
         return lease
@@ -221,7 +225,7 @@ class SessionLink:
 
 @contextlib.asynccontextmanager
 async def gateway_session(
-    gateway: Gateway, session: ActiveSession, tell: Tell, client: WebSocket | None = None
+    gateway: Gateway, session: ActiveSession, tell: Tell, client: ClientSocket | None = None
 ) -> AsyncIterator[SessionLink]:
     """Register ``session`` (a ``ProtocolError`` if its id is in use) and
     drive it; whatever ends it, it is closed on the way out. The ways a

@@ -57,4 +57,5 @@ class Gateway:
 
 
 def gateway_of(connection: Request | WebSocket) -> Gateway:
-    return connection.app.state.gateway
+    gateway: Gateway = connection.app.state.gateway
+    return gateway

@@ -6,6 +6,12 @@ that doubles while it keeps dying and resets once it has run a while.
 A worker that stops answering its control channel but does not exit (hung)
 is killed, and so restarted the same way. A worker that cannot load its
 engine is not restarted in a loop: see :class:`Supervisor`.
+
+``serve`` binds each worker's listening socket itself, before any worker
+starts (:func:`worker_sockets`), and hands it to every life of that worker:
+a port in use stops ``serve`` at once, a worker on port 0 keeps the port the
+system gave it across restarts, and no other process can take the port
+between a probe and a bind.
 """
 
 from __future__ import annotations
@@ -16,14 +22,15 @@ import ctypes
 import logging
 import os
 import signal
+import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from omnilive.config import Settings
-from omnilive.protocol.internal import REPORT_FD_ENV, LoadOutcome, LoadReport
-from omnilive.serving import ExitCode
+from omnilive.protocol.internal import LISTEN_FD_ENV, REPORT_FD_ENV, LoadOutcome, LoadReport
+from omnilive.serving import ExitCode, listen_socket
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +51,21 @@ def _die_with_parent() -> None:
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def worker_url(settings: Settings, index: int) -> str:
-    return f"http://{settings.worker_host}:{settings.worker_base_port + index}"
+def worker_sockets(settings: Settings) -> list[socket.socket]:
+    """The listening socket of each of ``settings.workers``: worker k on
+    ``worker_base_port + k``, or each on a port of the system's choosing
+    when ``worker_base_port`` is 0. Raises :class:`StartupError` for a port
+    that cannot be bound (the sockets bound before it are closed)."""
+    base = settings.worker_base_port
+    bound: list[socket.socket] = []
+    try:
+        for index in range(settings.workers):
+            bound.append(listen_socket(settings.worker_host, base + index if base else 0))
+    except BaseException:
+        for sock in bound:
+            sock.close()
+        raise
+    return bound
 
 
 def describe_exit(code: int) -> str:
@@ -79,11 +99,13 @@ class Supervisor:
     def __init__(
         self,
         settings: Settings,
+        sockets: Sequence[socket.socket],
         on_exit: Callable[[str], None],
         on_give_up: Callable[[GaveUp], None],
         on_ready: Callable[[str], None] = lambda worker_id: None,
     ) -> None:
         self.settings = settings
+        self.sockets = sockets  # worker k's listening socket, kept open across its lives
         self.on_exit = on_exit
         self.on_give_up = on_give_up
         self.on_ready = on_ready
@@ -139,15 +161,15 @@ class Supervisor:
         """Start a worker; the reader yields the load reports it writes."""
         env = dict(os.environ)
         env[SETTINGS_ENV] = self.settings.to_json()
-        port = self.settings.worker_base_port + index
+        listening = self.sockets[index].fileno()
+        env[LISTEN_FD_ENV] = str(listening)
         read_fd, write_fd = os.pipe()
         env[REPORT_FD_ENV] = str(write_fd)
         try:
             process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "omnilive", "worker",
-                "--worker-id", worker_id, "--port", str(port),
+                sys.executable, "-m", "omnilive", "worker", "--worker-id", worker_id,
                 env=env,
-                pass_fds=(write_fd,),
+                pass_fds=(write_fd, listening),
                 # Its own process group: a Ctrl-C in the terminal reaches only the
                 # gateway, which stops the workers itself (they are not restarted).
                 start_new_session=True,
@@ -213,20 +235,22 @@ class Supervisor:
                 failed_loads += 1
                 if report is not None and report.outcome is LoadOutcome.UNAVAILABLE:
                     reason = f"worker {worker_id} cannot load its engine: {report.reason}"
-                    self._give_up(worker_id, reason, ExitCode.ENGINE_UNAVAILABLE)
+                    self._give_up(worker_id, index, reason, ExitCode.ENGINE_UNAVAILABLE)
                     return
                 why = report.reason if report is not None else describe_exit(code)
                 what = f"worker {worker_id} died during load: {why}"
                 if failed_loads >= self.settings.max_failed_loads:
                     reason = f"{what}, {failed_loads} loads in a row"
-                    self._give_up(worker_id, reason, ExitCode.WORKERS_FAILED)
+                    self._give_up(worker_id, index, reason, ExitCode.WORKERS_FAILED)
                     return
             log.warning("%s; restarting in %.1f s", what, backoff)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, self.settings.restart_backoff_max_s)
 
-    def _give_up(self, worker_id: str, reason: str, code: ExitCode) -> None:
+    def _give_up(self, worker_id: str, index: int, reason: str, code: ExitCode) -> None:
         log.error("%s; not starting it again", reason)
+        # Nobody will accept on it again: connections are refused, not left waiting.
+        self.sockets[index].close()
         gave_up = self.given_up[worker_id] = GaveUp(worker_id, reason, code)
         self.on_give_up(gave_up)
 
@@ -244,3 +268,5 @@ class Supervisor:
                 with contextlib.suppress(ProcessLookupError):
                     process.kill()
                 await process.wait()
+        for sock in self.sockets:
+            sock.close()

@@ -267,4 +267,4 @@ class PresetCatalog:
         mode = our_name(mode)
         if mode not in MODES:
             return None
-        return next((f for f in self.load()[mode] if f.preset.id == preset_id), None)  # type: ignore[index]
+        return next((f for f in self.load()[mode] if f.preset.id == preset_id), None)

@@ -6,13 +6,23 @@ import binascii
 import contextlib
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import AfterValidator, TypeAdapter, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
 
 from omnilive.ids import is_safe_id
+
+T = TypeVar("T")
 
 
 class ErrorCode(StrEnum):
@@ -255,3 +265,52 @@ def queue_update_message(position: int, estimated_wait_s: float, queue_length: i
 
 
 QUEUE_DONE: dict[str, Any] = {"type": "queue_done"}
+
+
+class ContextWindowOption(BaseModel):
+    """omnilive's extension to a duplex session's configuration
+    (``context_window``): how its context slides once it fills, where the
+    engine slides it (its default in the prepared message's
+    ``capabilities.context_window``). The fields given replace the engine's;
+    ``"off"`` alone (or ``{"mode": "off"}``) keeps a fixed context, and the
+    session ends ``context_full`` when it fills."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    mode: Literal["off", "basic", "context"] | None = None
+    high_tokens: int | None = Field(None, ge=64, le=32768)
+    low_tokens: int | None = Field(None, ge=0, le=32768)
+    previous_max_tokens: int | None = Field(None, ge=0, le=4096)
+    max_units: int | None = Field(None, ge=1, le=4096)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mode_alone(cls, value: Any) -> Any:
+        return {"mode": value} if isinstance(value, str) else value
+
+
+class EventRefused(Exception):
+    """A client event of one of OpenAI's dialects refused: the ``error``
+    event's code, message, the parameter at fault and the event's id."""
+
+    def __init__(
+        self, code: str, message: str, param: str | None = None, event_id: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.param = param
+        self.event_id = event_id
+
+
+def decode_event(raw: str | bytes, max_bytes: int, parse: Callable[[dict[str, Any]], T]) -> T:
+    """A client frame of one of OpenAI's dialects through :func:`load_json`
+    and the dialect's ``parse``; every refusal (not JSON, too large, not an
+    object, not an event the dialect knows) raised as :class:`EventRefused`,
+    the dialect's own subclass where ``parse`` refused it."""
+    try:
+        data = load_json(raw, max_bytes)
+    except ProtocolError as exc:
+        raise EventRefused(exc.code.value, exc.message) from exc
+    if not isinstance(data, dict):
+        raise EventRefused("invalid_json", "an event is a JSON object")
+    return parse(data)

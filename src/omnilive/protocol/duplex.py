@@ -7,7 +7,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
-from omnilive.protocol.common import Base64Str, Float32Base64, SafeId, VoiceBase64
+from omnilive.protocol.common import (
+    Base64Str,
+    ContextWindowOption,
+    Float32Base64,
+    SafeId,
+    VoiceBase64,
+)
 
 _MODEL = ConfigDict(extra="ignore", frozen=True)
 DuplexMode = Literal["audio_duplex", "omni_duplex"]
@@ -40,6 +46,10 @@ class Prepare(BaseModel):
     max_slice_nums: int = Field(1, ge=1, le=9)
     mode: str | None = None
     recording: bool = True
+    # omnilive's extension: the session's own sliding context (None: the
+    # engine's; ``config.context_window`` is read where this is absent, for
+    # the Realtime API's clients, whose config passes through).
+    context_window: ContextWindowOption | None = None
 
     @model_validator(mode="after")
     def _check(self) -> Prepare:

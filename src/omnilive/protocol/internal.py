@@ -25,6 +25,19 @@ CLOSE_OK = 1000
 CLOSE_SESSION_FAILED = 4500  # the session ended with an error the client was told about
 CLOSE_WORKER_UNAVAILABLE = 4503  # loading, failed, or no slot
 
+# Session sockets carry no keepalive pings, either way. uvicorn reads a
+# socket's next frame only once the app took the last one (and websockets'
+# client, once its queue has room), so a ping sent behind a burst of client
+# events is answered only when the session has caught up with them: it
+# measures how far behind the session is, not whether its peer lives, and
+# a busy session was ended as if its worker had died. A worker's liveness is
+# its control channel's, which carries no data and whose reader never waits
+# (``gateway/links.py``); a worker found gone there ends its sessions at once
+# (``SessionRegistry.worker_gone``). A worker learns that its gateway went
+# away when the socket closes; one whose gateway hangs ends its sessions by
+# their own timeouts.
+SESSION_PING_INTERVAL_S: float | None = None
+
 
 def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
@@ -45,6 +58,9 @@ def ws_url(http_url: str, path: str) -> str:
 # to. The supervisor reads it to tell a worker that died while loading from one
 # that died serving, and a configuration problem from a crash.
 REPORT_FD_ENV = "OMNILIVE_REPORT_FD"
+# The listening socket ``serve`` bound for a worker it starts (its file
+# descriptor, in this variable): the worker serves on it instead of binding.
+LISTEN_FD_ENV = "OMNILIVE_LISTEN_FD"
 
 
 class LoadOutcome(StrEnum):
@@ -100,6 +116,11 @@ class Envelope:
     dropped_chunks: int | None = None  # input chunks dropped before the unit's
     unit_index: int | None = None  # the unit the facts above are of
     end_of_turn: bool | None = None  # the model's turn ended with this message
+    # The session's context after the unit: its length and room (positions),
+    # and the units its window let go so far (the admin page's fill per session).
+    kv_cache_length: int | None = None
+    context_capacity: int | None = None
+    evicted_units: int | None = None
 
     @classmethod
     def of(cls, message: dict[str, Any]) -> Envelope:
@@ -108,9 +129,11 @@ class Envelope:
         code: Any = None
         if kind == "error":  # the Realtime API nests what the other protocols do not
             error = message.get("error")
-            nested = isinstance(error, dict)
-            text = str(error.get("message") if nested else error)
-            code = message.get("code") or (error.get("code") if nested else None)
+            if isinstance(error, dict):
+                text = str(error.get("message"))
+                code = message.get("code") or error.get("code")
+            else:
+                text, code = str(error), message.get("code")
         return cls(
             type=kind,
             recording_id=_text(message.get("recording_session_id")),
@@ -152,6 +175,9 @@ def _unit_facts(kind: str, message: dict[str, Any]) -> dict[str, Any]:
         "dropped_chunks": _count(facts.get("dropped_chunks")),
         "unit_index": _count(unit),
         "end_of_turn": end if isinstance(end, bool) else None,
+        "kv_cache_length": _count(facts.get("kv_cache_length")),
+        "context_capacity": _count(facts.get("context_capacity")),
+        "evicted_units": _count(facts.get("evicted_units")),
     }
 
 

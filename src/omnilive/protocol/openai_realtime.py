@@ -12,12 +12,14 @@ know of a newer SDK; a field of a known name with a bad value is an
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from omnilive.ids import mint
-from omnilive.protocol.common import Base64Str
+from omnilive.protocol.common import Base64Str, EventRefused
 
 _MODEL = ConfigDict(extra="ignore", frozen=True)
 DIALECT = "openai"
@@ -102,6 +104,9 @@ class FunctionChoice(BaseModel):
 
 ToolChoice = Literal["auto", "none", "required"] | FunctionChoice
 Modality = Literal["text", "audio"]
+# OpenAI's bounds: one or both modalities; an answer of 1 to 4096 tokens, or "inf".
+Modalities = Annotated[list[Modality], Field(min_length=1, max_length=2)]
+MaxOutputTokens = Annotated[int, Field(ge=1, le=4096)] | Literal["inf"]
 
 
 class SessionConfig(BaseModel):
@@ -112,11 +117,11 @@ class SessionConfig(BaseModel):
     type: Literal["realtime"] = "realtime"
     model: str | None = None
     instructions: str | None = None
-    output_modalities: list[Modality] = Field(default_factory=lambda: ["audio"], max_length=2)
+    output_modalities: Modalities = Field(default_factory=lambda: list[Modality](["audio"]))
     audio: AudioConfig = Field(default_factory=AudioConfig)
     tools: list[FunctionTool] = Field(default_factory=list, max_length=128)
     tool_choice: ToolChoice = "auto"
-    max_output_tokens: int | Literal["inf"] = "inf"
+    max_output_tokens: MaxOutputTokens = "inf"
     # The beta API's sampling temperature, which clients written for it still
     # send; omnilive honours it (0: greedy, the same answer every time).
     temperature: float | None = Field(None, ge=0.0, le=2.0)
@@ -193,10 +198,10 @@ class ResponseParams(BaseModel):
 
     model_config = _MODEL
     instructions: str | None = None
-    output_modalities: list[Modality] | None = None
+    output_modalities: Modalities | None = None
     tools: list[FunctionTool] | None = None
     tool_choice: ToolChoice | None = None
-    max_output_tokens: int | Literal["inf"] | None = None
+    max_output_tokens: MaxOutputTokens | None = None
     temperature: float | None = Field(None, ge=0.0, le=2.0)  # as the session's
     conversation: Literal["auto", "none"] = "auto"
     input: list[InputItem] | None = Field(None, max_length=4096)
@@ -314,17 +319,8 @@ ERROR_CODES = frozenset(
 """Every ``error.code`` omnilive sends in this dialect (docs/reference/openai-realtime.md)."""
 
 
-class OpenAIError(Exception):
+class OpenAIError(EventRefused):
     """A client event refused with an OpenAI-shaped ``error``."""
-
-    def __init__(
-        self, code: str, message: str, param: str | None = None, event_id: str | None = None
-    ) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.param = param
-        self.event_id = event_id
 
 
 def parse_client_event(data: dict[str, Any]) -> ClientEvent:
@@ -347,7 +343,7 @@ def parse_client_event(data: dict[str, Any]) -> ClientEvent:
 # Where pydantic's error locations name a union's member, not a field.
 _UNION_TAGS = frozenset(
     {"message", "function_call", "function_call_output", "item_reference", "server_vad",
-     "semantic_vad", "FunctionChoice"}
+     "semantic_vad", "FunctionChoice", "constrained-int", "int"}
 )  # fmt: skip
 
 
@@ -365,8 +361,11 @@ def event_id() -> str:
 
 
 def server_event(kind: str, **fields: Any) -> dict[str, Any]:
-    """A server event: its ``type`` and a fresh ``event_id``, then ``fields``."""
-    return {"type": kind, "event_id": event_id(), **fields}
+    """A server event: its ``type`` and a fresh ``event_id``, then ``fields``
+    as they are now. Events are serialised later (a session's outbox), while
+    the objects they show (an item, a response) go on changing: an
+    ``.added`` event must show its item as it was when added."""
+    return {"type": kind, "event_id": event_id(), **copy.deepcopy(fields)}
 
 
 def error_event(
@@ -390,34 +389,74 @@ def error_event(
 
 def session_object(session_id: str, config: SessionConfig, model: str) -> dict[str, Any]:
     """The session as ``session.created`` / ``session.updated`` show it."""
-    body = config.model_dump(mode="json")
-    if body["temperature"] is None:  # not set: the session looks as OpenAI's GA one
-        del body["temperature"]
-    body["audio"]["input"]["noise_reduction"] = None
+    # Fields not set are left out, not null, where OpenAI's schema has no
+    # null (instructions, transcription.language / .prompt): a strict client
+    # (TypeScript's types, the OpenAPI spec) refuses a null there. The beta
+    # API's temperature shows only once set: the session looks as OpenAI's GA one.
+    body = _without_nulls(config.model_dump(mode="json"))
+    turn_detection = config.audio.input.turn_detection
+    body["audio"]["input"]["turn_detection"] = (  # off is null: the schema has it
+        None if turn_detection is None else body["audio"]["input"]["turn_detection"]
+    )
     for direction in ("input", "output"):
         fmt = body["audio"][direction]["format"]
         if fmt["type"] == "audio/pcm":
             fmt["rate"] = INPUT_RATE_HZ
         else:
             fmt.pop("rate", None)
-    voice = body["audio"]["output"]["voice"]
-    body["audio"]["output"]["voice"] = voice or "default"
+    body["audio"]["output"].setdefault("voice", "default")
     return {
         **body,
         "id": session_id,
         "object": "realtime.session",
         "model": model,
         "expires_at": 0,
-        "include": None,
         "tracing": None,
         "truncation": "auto",
         "prompt": None,
     }
 
 
+def _without_nulls(value: Any) -> Any:
+    """``value`` with every ``None`` left out of its objects (nulls in lists stay)."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
+
+
+# --- omnilive's own information, for clients that ask for it ----------------------------------
+
+EXTENSIONS_PARAM = "omnilive_extensions"
+"""``/v1/realtime?model=…&omnilive_extensions=true``: besides OpenAI's own
+events, omnilive's (``omnilive.queue.*``, ``omnilive.session.*``) and the
+resume token (``docs/resume.md``). Without it a session speaks only the
+events of OpenAI's server-event union: the Python Agents SDK turns any other
+into an error, and no OpenAI client knows a resume token."""
+
 OMNILIVE_QUEUE_EVENTS = {
     "queued": "omnilive.queue.waiting",
     "queue_update": "omnilive.queue.waiting",
     "queue_done": "omnilive.queue.done",
 }
-"""omnilive's own facts, as extra event types the SDKs pass on without failing."""
+"""omnilive's own queue events, with ``omnilive_extensions``."""
+
+
+def wants_extensions(query: Mapping[str, str]) -> bool:
+    return query.get(EXTENSIONS_PARAM, "").lower() in ("1", "true", "yes")
+
+
+def queue_rate_limits(message: dict[str, Any]) -> dict[str, Any]:
+    """A pool message as OpenAI's own shape for "wait before it runs":
+    ``rate_limits.updated`` with the session's one ``requests`` place,
+    ``remaining`` 0 while it waits (``reset_seconds``: the estimated wait),
+    1 once a worker took it."""
+    waiting = message["type"] != "queue_done"
+    limit = {
+        "name": "requests",
+        "limit": 1,
+        "remaining": 0 if waiting else 1,
+        "reset_seconds": float(message.get("estimated_wait_s", 0.0)) if waiting else 0.0,
+    }
+    return server_event("rate_limits.updated", rate_limits=[limit])

@@ -18,7 +18,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from omnilive.ids import is_safe_id
-from omnilive.protocol.common import check_float32, check_voice, decoded_length, strict_base64
+from omnilive.protocol.common import (
+    ContextWindowOption,
+    check_float32,
+    check_voice,
+    decoded_length,
+    strict_base64,
+)
 
 CLOSE_UNSUPPORTED_DATA = 1003  # a frame that is not JSON
 
@@ -79,6 +85,9 @@ class SessionConfig(BaseModel):
     ref_audio_id: str | None = None
     tts_ref_audio_id: str | None = None
     recording: bool = True
+    # omnilive's extension: the session's own sliding context ("off": the
+    # spec's fixed context, ending context_full).
+    context_window: ContextWindowOption | None = None
 
     @field_validator("ref_audio", "tts_ref_audio")
     @classmethod
@@ -156,7 +165,7 @@ def parse_event(data: dict[str, Any]) -> ClientEvent:
     if model is None:
         raise RealtimeError(RealtimeErrorCode.UNKNOWN_EVENT, f"unknown event type {kind!r}")
     try:
-        return model.model_validate(data)  # type: ignore[return-value]
+        return model.model_validate(data)  # type: ignore[return-value]  # _EVENTS holds only ClientEvent types
     except ValidationError as exc:
         errors = exc.errors(include_input=False, include_url=False)
         missing = [e for e in errors if e["type"] == "missing"]

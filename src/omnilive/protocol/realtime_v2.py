@@ -29,7 +29,7 @@ from pydantic import (
 )
 
 from omnilive.protocol.common import check_float32, check_voice, decoded_length, strict_base64
-from omnilive.protocol.realtime import SessionClose  # the same in both dialects
+from omnilive.protocol.realtime import SessionClose as SessionClose  # both dialects': re-exported
 
 _MODEL = ConfigDict(extra="ignore", frozen=True)
 CLOSE_FATAL = 1011  # the reference closes every fatal condition with this
@@ -199,11 +199,12 @@ def _problem(exc: ValidationError) -> str:
 
 def parse_event(data: dict[str, Any]) -> ClientEvent:
     """A decoded JSON object → a typed event, or :class:`V2Error`."""
-    model = _EVENTS.get(data.get("type")) if isinstance(data.get("type"), str) else None
+    kind = data.get("type")
+    model = _EVENTS.get(kind) if isinstance(kind, str) else None
     if model is None:
         raise V2Error(f"unknown event type {data.get('type')!r}")
     try:
-        return model.model_validate(data)  # type: ignore[return-value]
+        return model.model_validate(data)  # type: ignore[return-value]  # _EVENTS holds only ClientEvent types
     except ValidationError as exc:
         raise V2Error(_problem(exc)) from None
 

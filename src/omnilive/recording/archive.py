@@ -53,7 +53,8 @@ def iter_zip(directory: Path, prefix: str | None = None) -> Iterator[bytes]:
     Blocking: Starlette runs a sync iterator on its thread pool."""
     pipe = _Pipe()
     prefix = prefix or directory.name
-    with zipfile.ZipFile(pipe, "w", compression=zipfile.ZIP_STORED) as archive:  # type: ignore[arg-type]
+    # A write-only pipe: zipfile needs only its write(), flush() and tell().
+    with zipfile.ZipFile(pipe, "w", compression=zipfile.ZIP_STORED) as archive:  # type: ignore[call-overload]
         for relative, path in session_files(directory):
             try:
                 source = open(path, "rb")  # noqa: SIM115 - closed below

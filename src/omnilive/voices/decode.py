@@ -52,8 +52,11 @@ def decode_file(path: Path, max_seconds: float, timeout_s: float) -> np.ndarray:
         raise UndecodableAudio(f"decoding took longer than {timeout_s:.0f} s") from None
     if done.returncode != 0:
         detail = done.stderr.decode("utf-8", "replace").strip().splitlines()
-        reason = detail[-1][:_STDERR_CHARS] if detail else f"ffmpeg exit {done.returncode}"
-        raise UndecodableAudio(f"not a decodable audio file ({reason})")
+        reason = detail[-1] if detail else f"ffmpeg exit {done.returncode}"
+        # ffmpeg names its input: the server's own path (a temporary file,
+        # for an upload) is not the client's to see.
+        reason = reason.replace(f"file:{path}", "the file").replace(str(path), "the file")
+        raise UndecodableAudio(f"not a decodable audio file ({reason[:_STDERR_CHARS]})")
     samples = np.frombuffer(done.stdout[: len(done.stdout) // 4 * 4], dtype="<f4")
     if samples.size == 0:
         raise UndecodableAudio("the file holds no audio")

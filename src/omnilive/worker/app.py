@@ -45,6 +45,7 @@ from omnilive.worker.runners.conversation import ConversationRunner
 from omnilive.worker.runners.conversation_duplex import OpenAIDuplexRunner
 from omnilive.worker.runners.duplex import DuplexRunner
 from omnilive.worker.runners.half_duplex import HalfDuplexRunner
+from omnilive.worker.runners.live import LiveRunner
 from omnilive.worker.runners.streaming import StreamingRunner
 from omnilive.worker.runtime import SESSION_KINDS, SessionRecord, WorkerNotReady, WorkerRuntime
 from omnilive.worker.transcriber import SideTranscriber
@@ -114,7 +115,8 @@ def create_worker_app(
 
     @app.get("/health")
     async def health(request: Request) -> dict[str, Any]:
-        return request.app.state.runtime.status().model_dump()
+        runtime: WorkerRuntime = request.app.state.runtime
+        return runtime.status().model_dump()
 
     @app.websocket("/internal/control")
     async def control(ws: WebSocket) -> None:
@@ -220,6 +222,7 @@ _RUNNERS: dict[str, type[StreamingRunner]] = {
     "half_duplex": HalfDuplexRunner,
     "conversation": ConversationRunner,  # the OpenAI Realtime dialect's sessions
     "openai_duplex": OpenAIDuplexRunner,  # ...on the full-duplex unit loop
+    "live": LiveRunner,  # OpenAI's Live API, on the full-duplex unit loop
 }
 
 

@@ -18,6 +18,11 @@ Item = dict[str, Any]
 MAX_ITEMS = 4096
 
 
+def conversation_full(event_id: str | None) -> OpenAIError:
+    message = f"the conversation holds its {MAX_ITEMS} items: delete some to add more"
+    return OpenAIError("conversation_full", message, None, event_id)
+
+
 def _not_found(item_id: str, event_id: str | None) -> OpenAIError:
     message = f"no item with id {item_id[:64]!r} in the conversation"
     return OpenAIError("item_not_found", message, "item_id", event_id)
@@ -32,17 +37,28 @@ class Conversation:
     def last_id(self) -> str | None:
         return next(reversed(self.items), None)
 
+    @property
+    def full(self) -> bool:
+        return len(self.items) >= MAX_ITEMS
+
     def add(
-        self, item: Item, previous_item_id: str | None = None, event_id: str | None = None
+        self,
+        item: Item,
+        previous_item_id: str | None = None,
+        event_id: str | None = None,
+        answer: bool = False,
     ) -> str | None:
         """Insert ``item`` after ``previous_item_id`` (at the end when None;
-        ``"root"``: first); returns the id it follows."""
+        ``"root"``: first); returns the id it follows. A full conversation
+        takes no more items from the client (``conversation_full``; the
+        session goes on, and deleting items makes room); an ``answer``'s own
+        items, of a response that began with room, still join it."""
         if item["id"] in self.items:
             raise OpenAIError(
                 "item_already_exists", f"item {item['id']!r} exists", "item.id", event_id
             )
-        if len(self.items) >= MAX_ITEMS:
-            raise OpenAIError("conversation_full", f"at most {MAX_ITEMS} items", None, event_id)
+        if self.full and not answer:
+            raise conversation_full(event_id)
         if previous_item_id is None:
             after = self.last_id
             self.items[item["id"]] = item

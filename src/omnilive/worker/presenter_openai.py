@@ -5,6 +5,13 @@ made (text, speech, tool calls) and sends the events it returns: one
 ``response.created``, then per output item ``response.output_item.added``
 and ``conversation.item.added``, its content part, the deltas, their
 ``done`` events, and ``response.done`` with the response's items and usage.
+An output item joins the conversation when it is added (a client may
+truncate the answer it is hearing), not when the response is done.
+
+Fields are left out rather than sent as ``null`` where OpenAI's schema
+gives them no null (``tests/openai_clients`` type-checks every event with
+the ``openai`` package's TypeScript types), but for one the clients need
+(:func:`speech_item`).
 """
 
 from __future__ import annotations
@@ -43,8 +50,9 @@ class ResponsePresenter:
 
     audio: bool
     audio_format: str
-    previous_item_id: str | None
-    conversation: str = "auto"  # "none": out of band, not added to the conversation
+    # Where the output items go as they are added; None: out of band (a
+    # response with ``conversation: "none"``), no ``conversation.item.*`` events.
+    conversation: Conversation | None
     metadata: dict[str, Any] | None = None
     id: str = field(default_factory=lambda: mint("resp_", 12))
     output: list[Event] = field(default_factory=list)
@@ -60,18 +68,18 @@ class ResponsePresenter:
 
     def _response(self, status: str, **extra: Any) -> Event:
         modalities = ["audio"] if self.audio else ["text"]
-        return {
+        response = {
             "id": self.id,
             "object": "realtime.response",
             "status": status,
-            "status_details": None,
             "output": list(self.output),
-            "conversation_id": None if self.conversation == "none" else "conv_default",
             "output_modalities": modalities,
             "metadata": self.metadata,
-            "usage": None,
             **extra,
         }
+        if self.conversation is not None:
+            response["conversation_id"] = "conv_default"
+        return response
 
     def created(self) -> list[Event]:
         return [server_event("response.created", response=self._response("in_progress"))]
@@ -84,20 +92,18 @@ class ResponsePresenter:
                 "response.output_item.added", response_id=self.id, output_index=index, item=item
             )
         ]
-        if self.conversation != "none":
+        if self.conversation is not None:
+            previous = self.conversation.add(item, answer=True)
             events.append(
-                server_event(
-                    "conversation.item.added", previous_item_id=self.previous_item_id, item=item
-                )
+                server_event("conversation.item.added", previous_item_id=previous, item=item)
             )
-            self.previous_item_id = item["id"]
         return events
 
     def _start_message(self) -> tuple[_Message, list[Event]]:
         if self._message is not None:
             return self._message, []
         kind = "output_audio" if self.audio else "output_text"
-        item = {
+        item: Event = {
             "id": item_id(),
             "object": "realtime.item",
             "type": "message",
@@ -162,7 +168,7 @@ class ResponsePresenter:
                 "response.output_item.done", response_id=self.id, output_index=index, item=item
             )
         ]
-        if self.conversation != "none":
+        if self.conversation is not None:
             events.append(server_event("conversation.item.done", item=item))
         return events
 
@@ -200,18 +206,26 @@ class ResponsePresenter:
         )
         return events + self._item_done(item, index)
 
-    def done(self, status: str, usage: Event, reason: str | None = None) -> list[Event]:
+    def done(
+        self, status: str, usage: Event, reason: str | None = None, error: Event | None = None
+    ) -> list[Event]:
         """The response is over: ``completed``, ``cancelled`` (``reason``:
-        ``client_cancelled`` or ``turn_detected``), ``incomplete`` or ``failed``."""
+        ``client_cancelled`` or ``turn_detected``), ``incomplete`` or
+        ``failed`` (``error``: ``{type, code, message}``)."""
         message = self._message
         if message is not None and status != "completed":
             message.item["status"] = "incomplete"
         events = self._finish_message()
-        details = None
+        extra: Event = {"usage": usage}
         if status != "completed":
-            details = {"type": status, "reason": reason, "error": None}
-        response = self._response(status, status_details=details, usage=usage)
+            details = {"type": status, "reason": reason, "error": error}
+            extra["status_details"] = {k: v for k, v in details.items() if v is not None}
+        response = self._response(status, **extra)
         return [*events, server_event("response.done", response=response)]
+
+    def is_output(self, item_id: str) -> bool:
+        """Whether ``item_id`` is one of this response's output items."""
+        return any(item["id"] == item_id for item in self.output)
 
     @property
     def spoken_ms(self) -> float:
@@ -243,7 +257,10 @@ def usage(heard_tokens: int, output_tokens: int, audio: bool) -> Event:
 
 
 def speech_item(new_id: str) -> Event:
-    """A user's committed speech, its transcript to come."""
+    """A user's committed speech, its transcript to come (:func:`set_transcript`).
+    Until then the transcript is null, not absent, as on OpenAI's server: the
+    JS Agents SDK's item schema requires the field (its TypeScript type says
+    optional, the one place omnilive follows the clients over the type)."""
     return {
         "id": new_id,
         "object": "realtime.item",
@@ -252,6 +269,16 @@ def speech_item(new_id: str) -> Event:
         "status": "completed",
         "content": [{"type": "input_audio", "transcript": None}],
     }
+
+
+def set_transcript(item: Event, transcript: str | None) -> None:
+    """A speech item's transcript (None: the engine could not transcribe it)."""
+    item["content"][0]["transcript"] = transcript
+
+
+def transcript_of(item: Event) -> str | None:
+    transcript: str | None = item["content"][0].get("transcript")
+    return transcript
 
 
 def speech_started(at_ms: float, new_id: str) -> Event:

@@ -10,7 +10,8 @@ first listening unit after speech, closes it (``response.done``,
 speech while it ran) or the client cancelled ends ``cancelled`` with
 ``turn_detected`` / ``client_cancelled``, and the next unit is a forced
 listen. The duplex loop's own messages (ready, updated, errors, its ends)
-become GA events or omnilive's ``omnilive.*`` extensions.
+become GA events, or omnilive's ``omnilive.*`` events for a client that
+asked for them (``omnilive_extensions``); for any other, nothing.
 """
 
 from __future__ import annotations
@@ -57,10 +58,13 @@ class OpenAIDuplexPresenter:
         # After a cancel, units already on their way may still speak: the
         # client hears none of it until the model listens again.
         self.muted = False
+        self.extensions = False  # omnilive's own events too (the client asked)
 
     def prepared(
         self, session_id: str, prompt_length: int, recording_id: str | None, extra: dict[str, Any]
-    ) -> Event:
+    ) -> Event | None:
+        if not self.extensions:
+            return None
         return server_event(
             "omnilive.session.ready",
             prompt_tokens=prompt_length,
@@ -80,7 +84,7 @@ class OpenAIDuplexPresenter:
             self.response = ResponsePresenter(
                 "audio" in config.output_modalities,
                 config.audio.output.format.type,
-                self.conversation.last_id,
+                self.conversation,
             )
             self.tokens = 0
             events += self.response.created()
@@ -91,7 +95,7 @@ class OpenAIDuplexPresenter:
         return events
 
     def close(self, status: str, reason: str | None = None) -> list[Event]:
-        """End the open response; its items join the conversation."""
+        """End the open response (its items joined the conversation as they came)."""
         response, self.response = self.response, None
         if response is None:
             return []
@@ -99,7 +103,6 @@ class OpenAIDuplexPresenter:
         spoken = response.spoken_ms
         events = response.done(status, usage(0, self.tokens, response.audio), reason)
         for item in response.output:
-            self.conversation.add(item)
             self.spoken_ms[item["id"]] = spoken
         return events
 
@@ -117,8 +120,10 @@ class OpenAIDuplexPresenter:
     def updated(self, applied: list[str], warnings: list[str]) -> Event:
         return server_event("session.updated", session=self._session())
 
-    def ended(self, reason: str, elapsed_s: float, detail: str | None = None) -> Event:
-        if reason == "stopped":
-            return server_event("omnilive.session.closed", reason=reason)
+    def ended(self, reason: str, elapsed_s: float, detail: str | None = None) -> Event | None:
+        if reason == "stopped":  # the client ended it: the socket closes
+            return (
+                server_event("omnilive.session.closed", reason=reason) if self.extensions else None
+            )
         code = _ENDS.get(reason, "session_expired")
         return error_event(code, f"the session ended: {reason} after {elapsed_s:.0f} s")

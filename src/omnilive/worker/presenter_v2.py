@@ -122,6 +122,8 @@ class RealtimeV2Presenter:
 def _metrics(unit: DuplexUnit, chunk: PendingChunk, timing: UnitTiming) -> dict[str, Any]:
     return {
         "kv_cache_length": unit.kv_cache_length,
+        "context_capacity": unit.context_capacity,
+        "evicted_units": unit.evicted_units,
         "prefill_ms": round(timing.prefill_ms, 1),
         "generate_ms": round(timing.generate_ms, 1),
         "wall_clock_ms": round((time.monotonic() - chunk.received_at) * 1000, 1),

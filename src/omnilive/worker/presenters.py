@@ -51,9 +51,11 @@ class UnitTiming:
 
 
 class Presenter(Protocol):
+    """A dialect's messages; None where the dialect has nothing to say."""
+
     def prepared(
         self, session_id: str, prompt_length: int, recording_id: str | None, extra: dict[str, Any]
-    ) -> dict[str, Any]: ...
+    ) -> dict[str, Any] | None: ...
 
     def unit(self, unit: DuplexUnit, chunk: PendingChunk, timing: UnitTiming) -> list[dict]: ...
 
@@ -65,7 +67,9 @@ class Presenter(Protocol):
 
     def updated(self, applied: list[str], warnings: list[str]) -> dict[str, Any]: ...
 
-    def ended(self, reason: str, elapsed_s: float, detail: str | None = None) -> dict[str, Any]: ...
+    def ended(
+        self, reason: str, elapsed_s: float, detail: str | None = None
+    ) -> dict[str, Any] | None: ...
 
 
 class DuplexPresenter:
@@ -101,6 +105,9 @@ class DuplexPresenter:
                 "server_send_ts": round(time.time() * 1000),
                 "wall_clock_ms": round((time.monotonic() - chunk.received_at) * 1000, 1),
                 "kv_cache_length": unit.kv_cache_length,
+                # omnilive's: the context's room and the units its window let go so far
+                "context_capacity": unit.context_capacity,
+                "evicted_units": unit.evicted_units,
                 "vision_slices": timing.vision_slices,
                 "vision_tokens": timing.vision_tokens,
                 "dropped_chunks": chunk.dropped_before,

@@ -7,11 +7,11 @@ import inspect
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast, overload
 
 from omnilive.end_of_turn import TurnJudge
 from omnilive.engines.base import Engine, EngineUnavailable
@@ -44,7 +44,7 @@ class WorkerState(StrEnum):
 
 
 # ``conversation`` / ``openai_duplex``: a half-duplex / duplex session in the
-# OpenAI Realtime dialect.
+# OpenAI Realtime dialect; ``live``: a duplex session in OpenAI's Live API.
 SESSION_KINDS = (
     "chat",
     "half_duplex",
@@ -52,6 +52,7 @@ SESSION_KINDS = (
     "omni_duplex",
     "conversation",
     "openai_duplex",
+    "live",
 )
 _BUSY_STATE = {
     "chat": WorkerState.BUSY_CHAT,
@@ -60,6 +61,7 @@ _BUSY_STATE = {
     "audio_duplex": WorkerState.DUPLEX_ACTIVE,
     "omni_duplex": WorkerState.DUPLEX_ACTIVE,
     "openai_duplex": WorkerState.DUPLEX_ACTIVE,
+    "live": WorkerState.DUPLEX_ACTIVE,
 }
 
 
@@ -171,7 +173,17 @@ class WorkerRuntime:
         record.state = state
         self._refresh()
 
-    async def step(self, record: SessionRecord, fn: Callable[..., T], *args: Any) -> T:
+    # An engine's view makes a step a plain function or a coroutine function
+    # (engines/base.py): either way the caller gets the step's result.
+    @overload
+    async def step(
+        self, record: SessionRecord, fn: Callable[..., Awaitable[T]], *args: Any
+    ) -> T: ...
+
+    @overload
+    async def step(self, record: SessionRecord, fn: Callable[..., T], *args: Any) -> T: ...
+
+    async def step(self, record: SessionRecord, fn: Callable[..., Any], *args: Any) -> Any:
         """Run one model step of ``record``'s session: awaited here when the
         engine's step is a coroutine function (the engine keeps its blocking
         work on threads of its own), else on the session's lane."""
@@ -184,8 +196,11 @@ class WorkerRuntime:
             self.total_inference_s += time.perf_counter() - started
 
     async def stream(
-        self, record: SessionRecord, fn: Callable[..., Iterator[T]], *args: Any
-    ) -> AsyncIterator[T]:
+        self,
+        record: SessionRecord,
+        fn: Callable[..., Iterator[T]] | Callable[..., AsyncIterator[T]],
+        *args: Any,
+    ) -> AsyncGenerator[T, None]:
         """Iterate a streamed step of ``record``'s session (an answer's chunks)."""
         started = time.perf_counter()
         try:
@@ -194,7 +209,9 @@ class WorkerRuntime:
                     async for item in items:
                         yield item
             else:
-                async for item in record.lane.stream(fn, *args):
+                # Not an async generator function: a plain iterator's.
+                plain = cast("Callable[..., Iterator[T]]", fn)
+                async for item in record.lane.stream(plain, *args):
                     yield item
         finally:
             self.total_inference_s += time.perf_counter() - started

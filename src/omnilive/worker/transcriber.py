@@ -9,11 +9,15 @@ import asyncio
 import logging
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from omnilive.config import Settings
 from omnilive.engine_settings import TranscriptionSettings
+
+if TYPE_CHECKING:  # the cascade's packages: imported when it first loads
+    from omnilive.engines.cascade.asr import WhisperASR
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +26,7 @@ class SideTranscriber:
     def __init__(self, settings: TranscriptionSettings, data_dir: Path) -> None:
         self._settings = settings
         self._data_dir = data_dir
-        self._asr = None  # a WhisperASR once loaded
+        self._asr: WhisperASR | None = None  # once loaded
         self._loading = threading.Lock()
 
     @classmethod
@@ -33,7 +37,7 @@ class SideTranscriber:
             else None
         )
 
-    def _loaded(self):  # -> WhisperASR
+    def _loaded(self) -> WhisperASR:
         with self._loading:
             if self._asr is None:
                 # The cascade's packages (faster-whisper, the packaged model) bring it.

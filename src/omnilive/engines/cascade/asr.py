@@ -48,6 +48,9 @@ class Transcript:
     seconds: float  # audio length
     cost_ms: float
     window_s: float  # encoder window used (30 s on the fallback path)
+    # Whisper's mean log-probability per token of the text (None where it
+    # was not kept: silence, the fallback path): how sure it was of the words.
+    logprob: float | None = None
 
 
 def collapse_repeats(tokens: list[int], min_period: int = 3) -> list[int]:
@@ -149,11 +152,11 @@ class WhisperASR:
             return Transcript("", seconds, 0.0, 0.0)
         lang = self._language(language)
         with self._lock:
-            text, window = self._windowed(samples, lang)
+            text, window, logprob = self._windowed(samples, lang)
             if text is None:
                 text, window = self._full_window(samples, lang), FULL_WINDOW_FRAMES
         cost = (time.perf_counter() - started) * 1000
-        return Transcript(text, seconds, cost, window / FRAMES_PER_SECOND)
+        return Transcript(text, seconds, cost, window / FRAMES_PER_SECOND, logprob)
 
     def _loaded(self):  # -> faster_whisper.WhisperModel
         if self._whisper is None:
@@ -178,8 +181,9 @@ class WhisperASR:
             )
         return self._tokenizers[language]
 
-    def _windowed(self, samples: np.ndarray, language: str) -> tuple[str | None, int]:
-        """Greedy decoding on a window sized to the speech; None if it ran away."""
+    def _windowed(self, samples: np.ndarray, language: str) -> tuple[str | None, int, float | None]:
+        """Greedy decoding on a window sized to the speech (its text, None if
+        it ran away; the window; the text's mean log-probability per token)."""
         import ctranslate2
 
         whisper = self._loaded()
@@ -201,13 +205,14 @@ class WhisperASR:
         )
         # Whisper's own silence rule: the no-speech token is likely AND the
         # text is unlikely (a confident transcript of quiet speech is kept).
-        if result.no_speech_prob > NO_SPEECH_THRESHOLD and result.scores[0] < LOGPROB_THRESHOLD:
-            return "", frames
+        logprob = float(result.scores[0])
+        if result.no_speech_prob > NO_SPEECH_THRESHOLD and logprob < LOGPROB_THRESHOLD:
+            return "", frames, None
         tokens = [t for t in result.sequences_ids[0] if t < tokenizer.eot]
         tokens = collapse_repeats(tokens)
         if len(tokens) >= budget or ends_in_loop(tokens):
-            return None, frames
-        return drop_echo(tokenizer.decode(tokens).strip()), frames
+            return None, frames, None
+        return drop_echo(tokenizer.decode(tokens).strip()), frames, logprob
 
     def _full_window(self, samples: np.ndarray, language: str) -> str:
         segments, _ = self._loaded().transcribe(

@@ -35,8 +35,9 @@ class Fit:
 class Conversation:
     """System prompt plus alternating user / assistant turns."""
 
-    def __init__(self, system: str) -> None:
+    def __init__(self, system: str, keep: int = 0) -> None:
         self.system = system
+        self.keep = keep  # the most earlier turns a prompt holds (0: what fits)
         self.turns: list[Message] = []
         self._saved: list[Message] = []
 
@@ -47,9 +48,12 @@ class Conversation:
         """The fewest oldest turns to drop so the prompt with ``extra`` fits ``budget``.
 
         Turns go from the front until the history starts at a user turn again,
-        so an answer is never kept without its question.
+        so an answer is never kept without its question; beyond ``keep``
+        turns the oldest go whatever the budget.
         """
-        dropped = 0
+        dropped = max(0, len(self.turns) - self.keep) if self.keep else 0
+        while 0 < dropped < len(self.turns) and self.turns[dropped].role != "user":
+            dropped += 1
         while True:
             messages = [Message("system", self.system), *self.turns[dropped:], *extra]
             tokens = count(messages)

@@ -22,9 +22,10 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from omnilive.audio import OUTPUT_RATE
+from omnilive.engines.appends import ContextNote, system_text
 from omnilive.engines.base import DuplexSession, EngineError
 from omnilive.engines.cascade._vad import FrameVAD
-from omnilive.engines.cascade.answer import DUPLEX_FIRST_WORDS
+from omnilive.engines.cascade.answer import DUPLEX_FIRST_WORDS, SentenceSplitter, SpokenSentence
 from omnilive.engines.cascade.conversation import ConversationView
 from omnilive.engines.cascade.llm import Message
 from omnilive.engines.cascade.reply import Piece, Reply
@@ -33,7 +34,6 @@ from omnilive.engines.cascade.stack import (
     ModelStack,
     Notices,
     log,
-    spoken_conversation,
     spoken_system_prompt,
 )
 from omnilive.engines.cascade.tts import PIPER
@@ -63,11 +63,12 @@ class CascadeDuplex(ConversationView, DuplexSession):
         self._tracker = UtteranceTracker(FrameVAD(), turn_taking, stack.turn_judging)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cascade-duplex")
         self._lock = threading.Lock()  # the history, shared with the reply thread
-        self._conversation = spoken_conversation("")
+        self._conversation = self._stack.conversation("")
         self._voice = self._unit_voice(stack.tts.resolve_voice(None).espeak)
         self._reply: Reply | None = None
         self._interrupted = False  # barge-in heard in prefill, reported by generate
         self._context_tokens = 0
+        self._to_say: list[str] = []  # commentary waiting for the reply in progress
         self.last_asr_ms = 0.0
         self.last_transcript = ""
 
@@ -80,7 +81,7 @@ class CascadeDuplex(ConversationView, DuplexSession):
         voice = options.tts_voice or options.llm_voice
         self._voice = self._unit_voice(self._stack.voice(voice, self._notices).espeak)
         with self._lock:
-            self._conversation = spoken_conversation(system_prompt)
+            self._conversation = self._stack.conversation(system_prompt)
             fit = self._conversation.fit(self._stack.llm.count, self._budget())
         self._context_tokens = fit.tokens
         return fit.tokens
@@ -97,8 +98,9 @@ class CascadeDuplex(ConversationView, DuplexSession):
             if self._tracker.voiced_ms >= BARGE_IN_MS or heard.finished is not None:
                 self._stop_reply()
                 self._interrupted = True
-        elif reply is not None and heard.started:
-            # The user went on before we spoke: answer everything they said.
+        elif reply is not None and heard.started and reply.utterance.size:
+            # The user went on before we spoke: answer everything they said
+            # (commentary, which answers no utterance, is said all the same).
             self._stop_reply()
             if self._tracker.in_speech:
                 self._tracker.prepend(reply.utterance)
@@ -149,6 +151,25 @@ class CascadeDuplex(ConversationView, DuplexSession):
             self._voice = self._unit_voice(self._stack.voice(tts_voice, notices).espeak)
         return notices.items
 
+    def append(self, note: ContextNote) -> int:
+        """Instructions and thinking join the conversation as system
+        messages (every reply's prompt is rendered from it afresh).
+        Commentary is said verbatim, as a reply of its own (SmolLM2 would
+        garble a result it was asked to relay): a reply still thinking gives
+        way to it, one already speaking finishes first."""
+        if note.speakable:
+            reply = self._reply
+            if reply is not None and not reply.started:
+                self._stop_reply()
+            self._to_say.append(note.text.strip())
+            if self._reply is None:
+                self._say_next()
+            return 0
+        with self._lock:
+            self._conversation.add("system", system_text(note))
+            self._context_tokens = self._stack.llm.count(self._conversation.messages())
+        return self._stack.llm.count([Message("system", system_text(note))])
+
     def close(self) -> None:
         self._stop_reply()
         self._executor.shutdown(wait=True, cancel_futures=True)
@@ -162,6 +183,27 @@ class CascadeDuplex(ConversationView, DuplexSession):
         reply = Reply(utterance)
         reply.future = self._executor.submit(self._prepare_reply, reply)
         self._reply = reply
+
+    def _say_next(self) -> None:
+        """Start saying the oldest commentary waiting, if any."""
+        if not self._to_say:
+            return
+        reply = Reply(np.zeros(0, dtype=np.float32))
+        reply.future = self._executor.submit(self._prepare_said, reply, self._to_say.pop(0))
+        self._reply = reply
+
+    def _prepare_said(self, reply: Reply, text: str) -> None:
+        """Runs on the session's thread: ``text`` spoken sentence by sentence."""
+        try:
+            splitter = SentenceSplitter(DUPLEX_FIRST_WORDS)
+            for sentence in [*splitter.feed(text + " "), splitter.flush()]:
+                if reply.cancel.is_set():
+                    return
+                if sentence.strip():
+                    audio, tts_ms = self._stack.tts.timed(sentence, self._voice)
+                    reply.push(SpokenSentence(sentence, audio, 0, 0.0, tts_ms))
+        finally:
+            reply.finish()
 
     def _prepare_reply(self, reply: Reply) -> None:
         """Runs on the session's thread: transcribe, then speak sentence by sentence."""
@@ -234,6 +276,8 @@ class CascadeDuplex(ConversationView, DuplexSession):
             with self._lock:
                 self._conversation.add("assistant", said)
                 self._context_tokens = self._stack.llm.count(self._conversation.messages())
+        if self._reply is None:
+            self._say_next()
 
     def _stop_reply(self) -> None:
         """Drop the current reply: stop its thread's work, keep what was already said."""

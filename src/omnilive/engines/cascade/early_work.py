@@ -67,6 +67,7 @@ class TurnStats:
     first_sentence_audio_ms: float | None = None
     judged_tokens: int | None = None  # new to the LLM at the pause (the rest read ahead)
     judge_ms: float | None = None  # evaluating them (with the answer's opener)
+    words_end_p: float | None = None  # the LLM's chance the words heard ended the turn
     # From the moment the pause was heard (hear): until the early answer's
     # work began (it waits for a transcript in flight), and until its first
     # audio was ready.
@@ -84,6 +85,7 @@ class TurnStats:
             transcribed_early=reused,
             judged_tokens=early.judged_tokens,
             judge_ms=early.judge_ms,
+            words_end_p=early.end_p,
             early_queue_ms=_ms_between(early.asked, early.started),
             early_audio_ms=_ms_between(early.asked, early.ready),
         )
@@ -94,7 +96,7 @@ class TurnStats:
         for name in _OPTIONAL_FIGURES:
             value = getattr(self, name)
             if value is not None:
-                timings[name] = round(float(value), 1)
+                timings[name] = round(float(value), 3 if name == "words_end_p" else 1)
         if first_sentence is not None:
             timings["llm_first_sentence_ms"] = round(first_sentence.llm_ms, 1)
             timings["tts_first_sentence_ms"] = round(first_sentence.tts_ms, 1)
@@ -107,6 +109,7 @@ _OPTIONAL_FIGURES = (
     "first_sentence_audio_ms",
     "judged_tokens",
     "judge_ms",
+    "words_end_p",
     "early_queue_ms",
     "early_audio_ms",
 )

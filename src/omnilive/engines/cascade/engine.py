@@ -72,6 +72,7 @@ class CascadeEngine(Engine):
             llm=self._language_model(files.llm_gguf),
             tts=Speech(EspeakTTS(self._settings.voice), self._piper()),
             turn_judging=self._turn_judging(),
+            history_messages=self._settings.llm.history_messages,
         )
         # Each stage reports its own fraction, like the join before it.
         progress("load models", 0.0)

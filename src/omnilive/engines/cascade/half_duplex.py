@@ -41,7 +41,6 @@ from omnilive.engines.cascade.stack import (
     ModelStack,
     Notices,
     log,
-    spoken_conversation,
     text_of,
 )
 from omnilive.engines.messages import (
@@ -86,7 +85,7 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
         self._notices = Notices()
         self._options = HalfDuplexOptions()
         self._voice = stack.tts.resolve_voice(None).espeak
-        self._conversation = spoken_conversation("")
+        self._conversation = self._stack.conversation("")
         # The background thread reads the history while the runner's thread
         # may commit or roll it back.
         self._lock = threading.Lock()
@@ -124,7 +123,7 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
         self._options = options
         self._voice = self._stack.voice(options.voice, self._notices).espeak
         with self._lock:
-            self._conversation = spoken_conversation(text_of(system))
+            self._conversation = self._stack.conversation(text_of(system))
             fit = self._conversation.fit(self._stack.llm.count, self._budget())
         self.context_tokens = fit.tokens
         return fit.tokens
@@ -253,7 +252,7 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
             if m.role != "system" and (m.text or m.tool_calls)  # untranscribed speech: nothing
         ]
         with self._lock:
-            self._conversation = spoken_conversation(system)
+            self._conversation = self._stack.conversation(system)
             self._conversation.turns = turns
         self._turn = None
 
@@ -368,6 +367,7 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
             early.end_p = self._stack.llm.end_probability(fit.messages, prompt)
             early.judge_ms = (time.perf_counter() - judging) * 1000
             early.judged_tokens = self._stack.llm.last_judged
+            log.debug("words at the pause %r: %.3f", transcript.text, early.end_p)
         early.judged.set()
         if early.cancel.is_set():
             return

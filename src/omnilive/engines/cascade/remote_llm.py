@@ -9,6 +9,13 @@ text as the server streams it, and each tool call, whole, once its
 arguments are complete. Tools go to the server natively (``tools``,
 ``tool_choice``); a call it streams that cannot be read is an
 :class:`EngineError`, which the session reports, never a silent drop.
+
+A stream is finished only when the server says so (a ``finish_reason``, or
+``[DONE]``): one that ends without it broke (llama-cpp-python's server
+answers 200, then fails, when it cannot stream what it was asked), and the
+answer fails rather than passing for an empty one. Servers that cannot
+stream an answer whose tool choice is ``auto`` are asked for it whole
+(``cascade.llm.stream_auto_tools = false``).
 """
 
 from __future__ import annotations
@@ -50,18 +57,35 @@ class RemoteChat:
     supports_tools = True
 
     def __init__(
-        self, url: str, model: str, api_key: str | None, n_ctx: int, timeout_s: float
+        self,
+        url: str,
+        model: str,
+        api_key: str | None,
+        n_ctx: int,
+        timeout_s: float,
+        stream_auto_tools: bool = True,
+        temperature: float | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.model = model
         self.n_ctx = n_ctx
+        self.stream_auto_tools = stream_auto_tools
+        self.temperature = temperature  # the server's own, over the session's
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.Client(headers=headers, timeout=timeout_s)
 
     @classmethod
     def from_settings(cls, settings: Any) -> RemoteChat:
         key = os.environ.get(settings.api_key_env) if settings.api_key_env else None
-        return cls(settings.url, settings.model, key, settings.n_ctx, settings.timeout_s)
+        return cls(
+            settings.url,
+            settings.model,
+            key,
+            settings.n_ctx,
+            settings.timeout_s,
+            settings.stream_auto_tools,
+            settings.temperature,
+        )
 
     def load(self) -> None:
         """The server must answer, and serve the model named (or any, if none is)."""
@@ -94,24 +118,32 @@ class RemoteChat:
             "model": self.model,
             "messages": [m.as_dict() for m in prompt.messages],
             "max_tokens": max_tokens,
-            "temperature": 0.0 if options.greedy else options.temperature,
+            "temperature": self._temperature(options),
             "top_p": options.top_p,
             "stream": True,
         }
         if prompt.tools.offered:
             body["tools"] = [_tool(f) for f in prompt.tools.functions]
             body["tool_choice"] = tool_choice(prompt.tools)
+            if prompt.tools.choice == "auto" and not self.stream_auto_tools:
+                yield from self._whole(body)
+                return
         calls: dict[int, dict[str, str]] = {}
+        finished = False
         try:
             with self._client.stream("POST", f"{self.url}/chat/completions", json=body) as answer:
-                if answer.status_code != 200:
-                    answer.read()
-                    raise EngineError(
-                        f"language model server: {answer.status_code} {answer.text[:300]}"
-                    )
+                _check_status(answer)
                 for line in answer.iter_lines():
-                    delta = _delta(line)
-                    if delta is None:
+                    event = _event(line)
+                    if event is None:
+                        continue
+                    if event is _DONE:
+                        finished = True
+                        break
+                    choice = _choice(event)
+                    finished = finished or bool(choice.get("finish_reason"))
+                    delta = choice.get("delta")
+                    if not isinstance(delta, dict):
                         continue
                     if delta.get("content"):
                         yield delta["content"]
@@ -119,7 +151,35 @@ class RemoteChat:
                         _gather(calls, call)
         except httpx.HTTPError as exc:
             raise EngineError(f"language model server: {exc}") from None
+        if not finished:
+            raise EngineError(_UNFINISHED + _hint(prompt.tools))
         for index in sorted(calls):
+            yield _finished(calls[index])
+
+    def _temperature(self, options: GenerationOptions) -> float:
+        if self.temperature is not None:
+            return self.temperature
+        return 0.0 if options.greedy else options.temperature
+
+    def _whole(self, body: dict[str, Any]) -> Iterator[str | ToolCall]:
+        """The answer asked for in one piece: its text, then its calls."""
+        try:
+            answer = self._client.post(
+                f"{self.url}/chat/completions", json={**body, "stream": False}
+            )
+            _check_status(answer)
+            message = _choice(answer.json()).get("message")
+        except httpx.HTTPError as exc:
+            raise EngineError(f"language model server: {exc}") from None
+        except ValueError:
+            raise EngineError(f"language model server: not JSON: {answer.text[:200]}") from None
+        if not isinstance(message, dict):
+            raise EngineError(f"language model server: no message in {answer.text[:200]}")
+        if message.get("content"):
+            yield message["content"]
+        for index, call in enumerate(message.get("tool_calls") or []):
+            calls: dict[int, dict[str, str]] = {}
+            _gather(calls, {**call, "index": index})
             yield _finished(calls[index])
 
 
@@ -129,19 +189,53 @@ def _tool(function: dict[str, Any]) -> dict[str, Any]:
     return {"type": "function", "function": spec}
 
 
-def _delta(line: str) -> dict[str, Any] | None:
-    """The ``delta`` of one server-sent event line (None for others)."""
+_DONE: dict[str, Any] = {}  # the stream's own end, ``data: [DONE]``
+_UNFINISHED = "the language model server ended its answer without finishing it"
+
+
+def _hint(tools: Tools) -> str:
+    if tools.offered and tools.choice == "auto":
+        return (
+            " (a server that cannot stream an answer with tool_choice auto, as "
+            "llama-cpp-python's chatml-function-calling, needs cascade.llm.stream_auto_tools "
+            "= false)"
+        )
+    return ""
+
+
+def _check_status(answer: httpx.Response) -> None:
+    if answer.status_code != 200:
+        answer.read()
+        raise EngineError(f"language model server: {answer.status_code} {answer.text[:300]}")
+
+
+def _event(line: str) -> dict[str, Any] | None:
+    """One server-sent event line as its JSON object (:data:`_DONE` for the
+    end, None for lines that are no data); an ``error`` the server streams
+    instead of an answer is an :class:`EngineError` with its message."""
     if not line.startswith("data:"):
         return None
     data = line[5:].strip()
     if data == "[DONE]":
-        return None
+        return _DONE
     try:
-        choices = json.loads(data).get("choices") or []
-    except (ValueError, AttributeError):
-        raise EngineError(f"language model server sent an unreadable event: {data[:200]}") from None
-    delta = choices[0].get("delta") if choices and isinstance(choices[0], dict) else None
-    return delta if isinstance(delta, dict) else None
+        event = json.loads(data)
+    except ValueError:
+        event = None
+    if not isinstance(event, dict):
+        raise EngineError(f"language model server sent an unreadable event: {data[:200]}")
+    if event.get("error"):
+        error = event["error"]
+        message = error.get("message") if isinstance(error, dict) else error
+        raise EngineError(f"language model server: {str(message)[:300]}")
+    return event
+
+
+def _choice(event: Any) -> dict[str, Any]:
+    """The first choice of a completion (or of one chunk of it); {} if none."""
+    choices = event.get("choices") if isinstance(event, dict) else None
+    first = choices[0] if isinstance(choices, list) and choices else None
+    return first if isinstance(first, dict) else {}
 
 
 def _gather(calls: dict[int, dict[str, str]], piece: dict[str, Any]) -> None:

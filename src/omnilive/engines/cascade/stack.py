@@ -28,9 +28,10 @@ def spoken_system_prompt(text: str) -> str:
     return f"{text.strip() or DEFAULT_SYSTEM_PROMPT}\n{SPOKEN_STYLE}"
 
 
-def spoken_conversation(system_prompt: str) -> Conversation:
-    """A voice session's conversation before its first turn."""
-    return Conversation(spoken_system_prompt(system_prompt))
+def spoken_conversation(system_prompt: str, keep: int = 0) -> Conversation:
+    """A voice session's conversation before its first turn, keeping at
+    most ``keep`` earlier messages in a prompt (0: what the context takes)."""
+    return Conversation(spoken_system_prompt(system_prompt), keep)
 
 
 def text_of(parts: list[Part] | tuple[Part, ...]) -> str:
@@ -65,6 +66,11 @@ class ModelStack:
     llm: LlamaChat | RemoteChat
     tts: Speech
     turn_judging: TurnJudging | None = None  # the duplex loop's end-of-turn model, if on
+    history_messages: int = 0  # cascade.llm.history_messages: 0 keeps what fits
+
+    def conversation(self, system_prompt: str) -> Conversation:
+        """A voice session's conversation, keeping this stack's share of history."""
+        return spoken_conversation(system_prompt, self.history_messages)
 
     def voice(self, voice: Voice | None, notices: Notices) -> SpokenVoice:
         spoken = self.tts.resolve_voice(voice)

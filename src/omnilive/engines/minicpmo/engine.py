@@ -27,6 +27,7 @@ from omnilive.engines.base import (
 from omnilive.engines.messages import (
     ChatMessage,
     ChatOptions,
+    ContextWindow,
     DuplexOptions,
     GenerationOptions,
     Modality,
@@ -102,6 +103,7 @@ class MiniCPMoEngine(Engine):
             voice_cloning=settings.audio_output,
             context_length=CONTEXT_LENGTH if settings.slots == 1 else settings.context_length,
             slots=1,  # until load() knows how many fit
+            context_window=ContextWindow.of(settings.duplex_window),
         )
 
     # --- lifecycle ---------------------------------------------------------------
@@ -219,7 +221,7 @@ class MiniCPMoEngine(Engine):
 
     def _duplex(self, force_listen_units: int | None = None) -> DuplexSession:
         if self._slots is not None:
-            from omnilive.engines.minicpmo.sessions.views import SlotDuplexSession
+            from omnilive.engines.minicpmo.sessions.duplex_view import SlotDuplexSession
 
             voice, settings = self._default_voice, self._settings
             return SlotDuplexSession(self._slots, voice, settings, force_listen_units)

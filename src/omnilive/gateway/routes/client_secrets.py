@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from omnilive.gateway.auth import Gatekeeper, principal_of
+from omnilive.gateway.credentials import EPHEMERAL_PREFIX
 from omnilive.gateway.http_body import read_json, validated
 from omnilive.ids import mint
 from omnilive.protocol.openai_realtime import DEFAULT_MODEL, SessionConfig, session_object
@@ -69,4 +70,5 @@ async def realtime_client_secret(request: Request) -> JSONResponse:
         principal_of(request), min(asked, settings.max_token_ttl_s)
     )
     session = session_object(mint("sess_", 12), wanted.session, DEFAULT_MODEL)
-    return JSONResponse({"value": token, "expires_at": int(expires_at), "session": session})
+    value = EPHEMERAL_PREFIX + token  # what OpenAI's browser SDKs require of a client key
+    return JSONResponse({"value": value, "expires_at": int(expires_at), "session": session})

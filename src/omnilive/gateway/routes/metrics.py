@@ -1,6 +1,6 @@
 """``GET /metrics``: Prometheus text format; ``GET /api/admin/live``: the last
-minutes per worker, for the admin page's charts (both admin only, see
-``gateway/access.py``)."""
+minutes per worker and each session's context, for the admin page's charts
+(both admin only, see ``gateway/access.py``)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ async def metrics(request: Request) -> Response:
 @router.get("/api/admin/live")
 async def live(request: Request) -> dict[str, Any]:
     """Samples of the last minutes: per worker its slots in use, unit latency
-    p50 / p95 and dropped chunks, and the queue's length and oldest wait."""
+    p50 / p95 and dropped chunks, and the queue's length and oldest wait; and
+    each duplex session's context now (``contexts``)."""
     registry: GatewayMetrics = request.app.state.metrics
     return registry.live.to_json()

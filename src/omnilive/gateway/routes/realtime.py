@@ -65,7 +65,7 @@ async def realtime_ws(ws: WebSocket, mode: str | None = None, model: str | None 
     if mode == "chat":
         await RealtimeChatConnection(gateway, ws).run()
     else:
-        await RealtimeConnection(gateway, ws, mode).run()  # type: ignore[arg-type]
+        await RealtimeConnection(gateway, ws, mode).run()  # type: ignore[arg-type]  # not chat: video or audio
 
 
 def speaks_openai(ws: WebSocket, mode: str | None, model: str | None) -> bool:

@@ -20,11 +20,10 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException
-from starlette.types import Message
 
 from omnilive.audio import INPUT_RATE, AudioDecodeError, decode_b64, pcm_to_b64
 from omnilive.gateway.catalogs import catalogs_of
-from omnilive.gateway.http_body import is_json_type, read_capped
+from omnilive.gateway.http_body import is_json_type, read_capped, with_body
 from omnilive.gateway.http_errors import HttpRefusal, error_response
 from omnilive.gateway.state import gateway_of
 from omnilive.protocol.common import (
@@ -84,20 +83,6 @@ async def voice_audio(voice_id: str, request: Request) -> dict[str, Any] | JSONR
     return _audio_body(samples)
 
 
-def _replaying(request: Request, body: bytes) -> Request:
-    """The same request with its (already read) body, for the form parser."""
-    delivered = False
-
-    async def receive() -> Message:
-        nonlocal delivered
-        if delivered:
-            return {"type": "http.disconnect"}
-        delivered = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    return Request(request.scope, receive)
-
-
 class VoiceUpload(BaseModel):
     """The reference's JSON upload: an audio file of any common format, base64."""
 
@@ -119,7 +104,7 @@ async def _json_upload(body: bytes) -> tuple[bytes, str | None]:
 
 async def _multipart_upload(request: Request, body: bytes, cap: int) -> tuple[bytes, str | None]:
     try:
-        async with _replaying(request, body).form(max_files=1, max_fields=4) as form:
+        async with with_body(request, body).form(max_files=1, max_fields=4) as form:
             upload, name = form.get("file"), form.get("name")
             if not isinstance(upload, UploadFile):
                 raise _BadUpload(

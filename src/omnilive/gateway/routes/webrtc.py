@@ -28,12 +28,15 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from omnilive.gateway.auth import principal_of
-from omnilive.gateway.http_errors import error_body
-from omnilive.gateway.resume import LAST_SEQ_PARAM, SEQ_PARAM, TOKEN_PARAM
+from omnilive.gateway.http_body import read_capped, with_body
+from omnilive.gateway.http_errors import HttpRefusal, error_body
+from omnilive.gateway.resume import LAST_SEQ_PARAM, SEQ_PARAM, TOKEN_PARAM, kept_token
+from omnilive.gateway.resume_link import asks_claimable_resume
 from omnilive.gateway.webrtc.dialects import Dialect, MediaDialect
 from omnilive.gateway.webrtc.offer import MAX_OFFER_BYTES, Offer, OfferError, parse_offer
-from omnilive.ids import mint
-from omnilive.protocol.openai_realtime import DEFAULT_MODEL
+from omnilive.ids import is_safe_id, mint
+from omnilive.protocol.common import ErrorCode, ProtocolError
+from omnilive.protocol.openai_realtime import DEFAULT_MODEL, EXTENSIONS_PARAM
 
 if TYPE_CHECKING:
     from omnilive.gateway.webrtc.calls import Calls
@@ -54,7 +57,7 @@ class CallRefused(Exception):
 
 
 def calls_of(request: Request) -> Calls:
-    calls = request.app.state.webrtc
+    calls: Calls | None = request.app.state.webrtc
     if calls is None:  # aiortc or PyAV cannot be imported here (the log said so)
         raise CallRefused(
             503, "webrtc_unavailable", "WebRTC is not installed on this server; use the WebSocket"
@@ -76,14 +79,14 @@ async def webrtc_config(request: Request) -> dict[str, Any]:
 @router.post("/v1/realtime/calls")
 async def realtime_call(request: Request, model: str | None = None) -> Response:
     try:
-        offer = await _offer(request)
+        offer = await _offer(request, "realtime")
         model = (model or (offer.session or {}).get("model") or DEFAULT_MODEL)[:128]
         first = []
         if offer.session:
             session = {k: v for k, v in offer.session.items() if k != "model"}
             first.append(json.dumps({"type": "session.update", "session": session}))
         # Escaped: a model name cannot add a mode=.
-        query = urlencode({"model": model, **_resuming(request)})
+        query = urlencode({"model": model, **_resuming(request), **_extensions(request)})
         return await _open(
             request, offer, MediaDialect(Dialect.OPENAI), "/v1/realtime", query, first
         )
@@ -110,7 +113,7 @@ async def hang_up(request: Request, call_id: str) -> Response:
 async def half_duplex_call(request: Request, session_id: str) -> Response:
     query = urlencode(_resuming(request))
     half_duplex = MediaDialect(Dialect.HALF_DUPLEX)
-    return await _own_mode(request, half_duplex, f"/ws/half_duplex/{session_id}", query)
+    return await _own_mode(request, half_duplex, "half_duplex", session_id, query)
 
 
 @router.post("/api/webrtc/duplex/{session_id}")
@@ -125,43 +128,69 @@ async def duplex_call(
     query = urlencode({**({"mode": mode} if mode else {}), **_resuming(request)})
     dialect = MediaDialect(Dialect.DUPLEX)
     dialect.take_slices(max_slice_nums)
-    return await _own_mode(request, dialect, f"/ws/duplex/{session_id}", query)
+    return await _own_mode(request, dialect, "duplex", session_id, query)
+
+
+def _extensions(request: Request) -> dict[str, str]:
+    """omnilive's own events for a GA call that asks for them, as on the WebSocket."""
+    wanted = request.query_params.get(EXTENSIONS_PARAM)
+    return {EXTENSIONS_PARAM: wanted[:8]} if wanted is not None else {}
 
 
 def _resuming(request: Request) -> dict[str, str]:
     """The resume parameters of a call's offer (docs/resume.md), passed on to
     its session's route: a call whose connection was lost continues its
-    session from a new offer, as a dropped WebSocket does from a new socket."""
-    return {k: v[:256] for k, v in request.query_params.items() if k in RESUME_PARAMS}
+    session from a new offer, as a dropped WebSocket does from a new socket.
+    The token is put back where the auth middleware took it from: the
+    session's scope then asks to resume as a WebSocket's does, and is not
+    counted as a new session of its key."""
+    asked = {**request.query_params, **kept_token(request.scope)}
+    return {k: v[:256] for k, v in asked.items() if k in RESUME_PARAMS}
 
 
-async def _own_mode(request: Request, dialect: MediaDialect, path: str, query: str) -> Response:
+async def _own_mode(
+    request: Request, dialect: MediaDialect, route: str, session_id: str, query: str
+) -> Response:
     try:
-        offer = await _offer(request)
-        return await _open(request, offer, dialect, path, query)
+        offer = await _offer(request, route, session_id)
+        return await _open(request, offer, dialect, f"/ws/{route}/{session_id}", query)
     except CallRefused as refused:
         return JSONResponse(error_body(refused.message, refused.code), status_code=refused.status)
 
 
-async def _offer(request: Request) -> Offer:
+async def _offer(request: Request, route: str, session_id: str | None = None) -> Offer:
+    """The call's offer, once the session it asks for could begin: what its
+    route would refuse at once is refused here, before any answer (a session
+    refused after the answer had no open channel to say why on)."""
     if not request.app.state.gateway.settings.webrtc.enabled:
         raise CallRefused(503, "webrtc_disabled", "WebRTC is switched off; use the WebSocket")
     calls_of(request)  # installed, or refused before the offer is read
+    _check_session(request, route, session_id)
     content_type = request.headers.get("content-type", "")
-    form: dict[str, str] | None = None
     try:
+        body = await read_capped(request, MAX_OFFER_BYTES)
         if content_type.startswith("multipart/form-data"):
-            async with request.form(max_files=0, max_fields=4, max_part_size=MAX_OFFER_BYTES) as f:
-                form = {k: v for k, v in f.items() if isinstance(v, str)}
+            async with with_body(request, body).form(max_files=0, max_fields=4) as fields:
+                form = {k: v for k, v in fields.items() if isinstance(v, str)}
             return parse_offer(b"", content_type, form)
-        body = b""
-        async for part in request.stream():
-            body += part
-            if len(body) > MAX_OFFER_BYTES:
-                break
         return parse_offer(body, content_type)
+    except HttpRefusal as refusal:  # over the cap, declared or sent
+        raise CallRefused(refusal.status, refusal.code, refusal.message) from None
     except OfferError as exc:
         raise CallRefused(exc.status, exc.code, exc.message) from None
+
+
+def _check_session(request: Request, route: str, session_id: str | None) -> None:
+    """A resume that would be refused, or a session id the route refuses."""
+    gateway = request.app.state.gateway
+    asked = {**request.query_params, **kept_token(request.scope)}
+    try:
+        resuming = asks_claimable_resume(gateway, asked, principal_of(request).key_id, route)
+    except ProtocolError as exc:
+        raise CallRefused(409, exc.code, exc.message) from None
+    if not resuming and session_id is not None and not is_safe_id(session_id):
+        message = "session id must be 1-128 of A-Z a-z 0-9 _ -"
+        raise CallRefused(400, ErrorCode.INVALID_REQUEST, message)
 
 
 async def _open(
@@ -185,15 +214,19 @@ async def _open(
     try:
         calls.add(call, caller.key_id)
     except TooManyCalls as exc:
-        await call.pc.close()
+        await call.abandon()
         raise CallRefused(503, "too_many_peer_connections", str(exc)) from None
+    started = False
     try:
         answer = await call.answer(offer)
+        refused = await calls.start(call, request.app)
+        started = True  # the call's task owns it now, and frees its place
     except OfferError as exc:
-        calls.discard(call_id)
-        await call.pc.close()
         raise CallRefused(exc.status, exc.code, exc.message) from None
-    refused = await calls.start(call, request.app)
+    finally:
+        if not started:  # refused, or the client left: its place is free again
+            calls.discard(call_id)
+            await call.abandon()
     if isinstance(refused, Refused):
         raise CallRefused(_REFUSAL_STATUS.get(refused.reason, 503), refused.reason or "refused",
                           f"the session was refused: {refused.reason or refused.code}")  # fmt: skip

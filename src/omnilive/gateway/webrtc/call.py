@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from aiortc import (
     RTCConfiguration,
@@ -34,7 +34,13 @@ from aiortc import (
 )
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from omnilive.gateway.webrtc.dialects import OUTPUT_AUDIO_RATE, Dialect, Fragments, MediaDialect
+from omnilive.gateway.webrtc.dialects import (
+    OUTPUT_AUDIO_RATE,
+    Dialect,
+    Fragments,
+    MediaDialect,
+    client_json,
+)
 from omnilive.gateway.webrtc.media import (
     AnswerAudio,
     AnswerTrack,
@@ -50,6 +56,9 @@ from omnilive.gateway.webrtc.offer import (
 )
 from omnilive.session_settings import WebRTCSettings
 from omnilive.wsutil import PeerGone, race
+
+if TYPE_CHECKING:
+    from av import AudioFrame
 
 log = logging.getLogger(__name__)
 ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
@@ -130,11 +139,23 @@ class Call:
     # -- signalling ---------------------------------------------------------
 
     async def answer(self, offer: Offer) -> str:
-        """The SDP answer to ``offer``, its ICE candidates gathered."""
+        """The SDP answer to ``offer``, its ICE candidates gathered; an offer
+        aiortc cannot take is an :class:`OfferError` (``invalid_sdp``)."""
         try:
-            await self.pc.setRemoteDescription(RTCSessionDescription(offer.sdp, "offer"))
-        except (ValueError, TypeError, KeyError, IndexError) as exc:
-            raise OfferError(OfferErrorCode.INVALID_SDP, f"unusable offer: {exc}") from None
+            return await self._answer(offer)
+        except OfferError:
+            raise
+        except Exception as exc:
+            # aiortc's parser trusts the offer: a line it did not expect
+            # surfaces as whatever its code hit (an AssertionError on a cut
+            # candidate, an AttributeError on a c= line it cannot read). Any
+            # of them here means this client's offer cannot be answered.
+            log.info("call %s: unusable offer: %r", self.call_id, exc)
+            detail = str(exc) or type(exc).__name__
+            raise OfferError(OfferErrorCode.INVALID_SDP, f"unusable offer: {detail}") from None
+
+    async def _answer(self, offer: Offer) -> str:
+        await self.pc.setRemoteDescription(RTCSessionDescription(offer.sdp, "offer"))
         audio = [t for t in self.pc.getTransceivers() if t.kind == "audio"]
         if not audio:
             raise OfferError(OfferErrorCode.NO_AUDIO, "the offer has no audio to answer")
@@ -147,6 +168,19 @@ class Call:
                 transceiver.direction = "recvonly"  # the camera comes in; nothing goes out
         await self.pc.setLocalDescription(await self.pc.createAnswer())
         return with_max_message_size(self.pc.localDescription.sdp, self.max_message_bytes)
+
+    async def abandon(self) -> None:
+        """Close the peer connection of a call that will not run (refused,
+        or its offer unusable); it may be half made."""
+        self.close()
+        self.track.stop()
+        try:
+            await self.pc.close()
+        except Exception as exc:
+            # aiortc closes each transport it made, and one an offer left
+            # half made (no DTLS transport for a section) raises; there is
+            # nothing more to free.
+            log.info("call %s: closing its peer connection: %r", self.call_id, exc)
 
     # -- the session's ASGI face ----------------------------------------------
 
@@ -326,7 +360,7 @@ class Call:
         batch_samples = 0
         while not self.closed.is_set():
             try:
-                frame = await track.recv()
+                frame = cast("AudioFrame", await track.recv())  # an audio track's frames
             except MediaStreamError:
                 return
             batch.append(frame)
@@ -360,8 +394,5 @@ class Call:
 
 
 def _is_clear(text: str) -> bool:
-    try:
-        message = json.loads(text)
-    except ValueError:
-        return False
+    message = client_json(text)
     return isinstance(message, dict) and message.get("type") == "output_audio_buffer.clear"

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from omnilive.audio import INPUT_RATE, OUTPUT_RATE
+from omnilive.protocol.common import ProtocolError, load_json
 
 
 class Dialect(StrEnum):
@@ -112,9 +113,8 @@ class MediaDialect:
         """A data-channel message on its way to the session; None drops it.
         Audio messages are the track's alone: one sent on the channel would
         be heard twice."""
-        try:
-            message = json.loads(text)
-        except ValueError:
+        message = client_json(text)
+        if message is None:
             return text  # the session answers it with its protocol's error
         if isinstance(message, dict) and message.get("type") == "prepare":
             self.take_slices(message.get("max_slice_nums"))
@@ -163,6 +163,17 @@ class MediaDialect:
             self.paused = True
         elif kind == "resumed":
             self.paused = False
+
+
+def client_json(text: str) -> Any:
+    """A data-channel message decoded by the one client-JSON decoder, None
+    when it refuses it (the session then answers with its protocol's error).
+    Python's own decoder raised RecursionError on deep JSON, inside aiortc's
+    message handler, which tore the call down with no error event."""
+    try:
+        return load_json(text)
+    except ProtocolError:
+        return None
 
 
 def _b64(raw: bytes) -> str:

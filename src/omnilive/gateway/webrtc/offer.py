@@ -4,11 +4,12 @@ before any peer connection is made, every refusal a documented code."""
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
+
+from omnilive.protocol.common import ProtocolError, load_json
 
 MAX_OFFER_BYTES = 64 * 1024  # a browser's offer with audio, video and data is ~5 kB
 
@@ -61,7 +62,39 @@ def check_sdp(sdp: str) -> Offer:
     if "application" not in media:
         message = "the offer has no data channel (m=application); create one before the offer"
         raise OfferError(OfferErrorCode.NO_DATA_CHANNEL, message)
+    for number, section in enumerate(_sections(lines)):
+        _check_section(number, section)
     return Offer(sdp="\r\n".join(lines) + "\r\n", media=media)
+
+
+def _sections(lines: list[str]) -> list[list[str]]:
+    """The offer's media sections, each from its ``m=`` line on."""
+    sections: list[list[str]] = []
+    for line in lines:
+        if line.startswith("m="):
+            sections.append([])
+        if sections:
+            sections[-1].append(line)
+    return sections
+
+
+_DIRECTIONS = ("a=sendrecv", "a=sendonly", "a=recvonly", "a=inactive")
+
+
+def _check_section(number: int, section: list[str]) -> None:
+    """What every media section of a browser's offer has and aiortc relies
+    on without checking: a well-formed ``m=`` line, a ``mid`` (its
+    transports are looked up by it), and for audio and video a direction."""
+    fields = section[0][2:].split(" ")
+    kind = fields[0]
+    where = f"media section {number} ({kind})"
+    if len(fields) < 4 or not fields[1].isdigit():
+        raise OfferError(OfferErrorCode.INVALID_SDP, f"{where}: a malformed m= line")
+    if not any(line.startswith("a=mid:") and len(line) > 6 for line in section):
+        raise OfferError(OfferErrorCode.INVALID_SDP, f"{where} has no a=mid")
+    if kind in ("audio", "video") and not any(line in _DIRECTIONS for line in section):
+        message = f"{where} has no direction (a=sendrecv, a=sendonly, a=recvonly, a=inactive)"
+        raise OfferError(OfferErrorCode.INVALID_SDP, message)
 
 
 def parse_offer(body: bytes, content_type: str, form: dict[str, str] | None = None) -> Offer:
@@ -75,9 +108,9 @@ def parse_offer(body: bytes, content_type: str, form: dict[str, str] | None = No
         offer = check_sdp(_text(form["sdp"].encode()))
         session = None
         if form.get("session"):
-            try:
-                session = json.loads(form["session"])
-            except ValueError:
+            try:  # the one decoder of client JSON: its depth rule holds here too
+                session = load_json(form["session"])
+            except ProtocolError:
                 session = None
             if not isinstance(session, dict):
                 message = "the form's session field must be a JSON object"

@@ -188,7 +188,7 @@ class ChatMachine:
                 self._move(event, ChatState.DONE, ChatState.FINISHING)
                 return self._record("done")
             case GenerationFailed(error):
-                allowed = (ChatState.PREFILLING, ChatState.GENERATING)
+                allowed: tuple[ChatState, ...] = (ChatState.PREFILLING, ChatState.GENERATING)
                 return self._fail(event, f"inference failed: {error}", error, allowed)
             case UnexpectedError(error):
                 allowed = (ChatState.RECEIVED, ChatState.PREFILLING, ChatState.GENERATING)

@@ -20,11 +20,19 @@ UNBOUNDED_TOKENS = 4096  # max_output_tokens "inf"
 
 
 class ConversationMachine(SessionMachine):
-    """The session's phases (prepared at once: the gateway configured it);
-    no inactivity deadline: the gateway bounds the session's life."""
+    """The session's phases (prepared at once: the gateway configured it).
+    A client that sends no event at all within ``first_message_s`` of being
+    served ends ``idle``, as on the other routes: it would hold its slot for
+    the session's whole life. Once it has spoken, only the gateway's time
+    limit bounds the session."""
+
+    heard_from_client = False
+
+    def client_event(self) -> None:
+        self.heard_from_client = True
 
     def deadline(self) -> tuple[float, str]:
-        if self.phase in (Phase.WAITING_PREPARE, Phase.PREPARING):
+        if self.phase in (Phase.WAITING_PREPARE, Phase.PREPARING) or not self.heard_from_client:
             return super().deadline()
         return math.inf, "timeout"
 

@@ -10,10 +10,14 @@ prepared wait for it (``hold``) instead of being refused.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
-from omnilive.protocol.common import ErrorCode, ProtocolError
+from omnilive.engines.messages import ContextWindow, WindowMode
+from omnilive.protocol.common import ContextWindowOption, ErrorCode, ProtocolError
 from omnilive.worker.machines.session import Ended, Phase, SessionMachine
+
+MAX_FAILED_UNITS = 3  # failed units in a row that end a session
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,9 @@ class DuplexMachine(SessionMachine):
         self.last_audio = now
         self.pause_deadline: float | None = None
         self.context_limit: int | None = None
+        self.largest_unit = 0  # positions the largest unit so far added
+        self._last_length = 0
+        self.failed_units = 0  # in a row
 
     def prepared(self, now: float) -> list:
         held = super().prepared(now)
@@ -61,11 +68,30 @@ class DuplexMachine(SessionMachine):
     def update(self) -> None:
         self.require_prepared("update")
 
-    def unit_done(self, kv_cache_length: int) -> Ended | None:
-        """A unit's result went out: the session ends if the context is full."""
+    def unit_done(self, kv_cache_length: int, capacity: int | None = None) -> Ended | None:
+        """A unit's result went out: the session ends ``context_full`` when
+        its context is at its limit (the Realtime API's), or when the
+        context cannot take two more units of the largest kind seen so far
+        (a fixed context, or a window the next unit would outgrow: never a
+        unit that fails, and fails again)."""
+        if self._last_length:  # the first unit's growth counts the system prompt too
+            self.largest_unit = max(self.largest_unit, kv_cache_length - self._last_length)
+        self._last_length = kv_cache_length
         if self.context_limit is not None and kv_cache_length >= self.context_limit:
             return self.end(Ended("context_full"))
+        if capacity is not None and kv_cache_length + 2 * self.largest_unit > capacity:
+            return self.end(Ended("context_full"))
         return None
+
+    def unit_failed(self) -> bool:
+        """A unit failed: whether the session goes on (it ends after
+        ``MAX_FAILED_UNITS`` in a row: an engine that keeps failing would
+        fail every second until the client left)."""
+        self.failed_units += 1
+        return self.failed_units < MAX_FAILED_UNITS
+
+    def unit_succeeded(self) -> None:
+        self.failed_units = 0
 
     def deadline(self) -> tuple[float, str]:
         if self.phase is Phase.PAUSED and self.pause_deadline is not None:
@@ -73,3 +99,22 @@ class DuplexMachine(SessionMachine):
         if self.phase in (Phase.WAITING_PREPARE, Phase.PREPARING):
             return super().deadline()
         return self.last_audio + self.limits.idle_s, "idle"
+
+
+def window_for(
+    default: ContextWindow | None, given: ContextWindowOption | None
+) -> ContextWindow | None:
+    """The sliding context a session asked for: the fields it names over the
+    engine's default (None: the engine's, or none where it has no window);
+    an impossible one is the client's error."""
+    if given is None:
+        return default
+    fields = given.model_dump(exclude_none=True)
+    if "mode" in fields:
+        fields["mode"] = WindowMode(fields["mode"])
+    window = dataclasses.replace(default or ContextWindow(), **fields)
+    if window.mode is WindowMode.BASIC and window.low_tokens >= window.high_tokens:
+        raise ProtocolError(
+            ErrorCode.INVALID_REQUEST, "context_window: low_tokens must be below high_tokens"
+        )
+    return window

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
@@ -109,7 +109,7 @@ class _ChatRun:
                 await self._do(machine.handle(rules.ClientGone()))
             raise
 
-    async def _events(self) -> AsyncIterator[rules.Event]:
+    async def _events(self) -> AsyncGenerator[rules.Event, None]:
         """What the decode and the engine's steps produce, as the machine's
         events. Their failures are events too, so what raises out of here is
         cancellation alone."""

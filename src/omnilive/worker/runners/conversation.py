@@ -31,6 +31,7 @@ from omnilive.protocol.openai_realtime import (
     AudioClear,
     AudioCommit,
     ItemCreate,
+    ItemTruncate,
     OpenAIError,
     OutputAudioClear,
     ResponseCancel,
@@ -53,8 +54,10 @@ from omnilive.worker.presenter_openai import (
     committed,
     edit,
     item_id,
+    set_transcript,
     speech_item,
     speech_started,
+    transcript_of,
     transcription,
 )
 from omnilive.worker.runners.hearing import EarlyHearing, judged_end, with_turn_checks
@@ -93,6 +96,7 @@ class ConversationRunner(Responses, StreamingRunner):
         self._input_tokens = 0  # what the engine heard since the last response (usage)
         self._spoken_ms: dict[str, float] = {}  # assistant item → its audio's length
         self._history_refused = False  # the engine keeps its own context (told once)
+        self._settle_queued = False  # a _settle_history waits in the engine's queue
         # What client events ask of the engine, in their order, off the reader:
         # a step may wait behind an answer (one lane), the reader never does.
         self._ops: asyncio.Queue[tuple[Op, str | None]] = asyncio.Queue(MAX_PENDING_OPS)
@@ -101,14 +105,19 @@ class ConversationRunner(Responses, StreamingRunner):
     # --- the session's tasks --------------------------------------------------------
 
     def _main_tasks(self) -> dict[str, Work]:
-        return {"reader": self._read, "engine": self._run_ops}
+        return {"reader": self._read, "engine": self._run_ops, "watchdog": self._watchdog}
 
     async def _wind_down(self) -> None:
         await self._cancel_response("client_cancelled")
         await self.hearing.stop()
 
     async def _goodbye(self, ended: Ended) -> None:
-        """The GA dialect has no goodbye event: the socket closes."""
+        """The GA dialect has no goodbye event: the socket closes, after an
+        ``error`` that says why when the server ended it."""
+        if ended.reason == "idle":
+            wait = self.settings.limits.first_message_timeout_s
+            message = f"the client sent no event within {wait:g} s"
+            await self.send(error_event("session_expired", message))
 
     async def _error(self, exc: OpenAIError) -> None:
         await self.send(error_event(exc.code, exc.message, exc.param, exc.event_id))
@@ -122,11 +131,12 @@ class ConversationRunner(Responses, StreamingRunner):
             if data.get("type") == "internal.openai":
                 await self._start(data)
                 continue
+            self.machine.client_event()
             try:
                 event = parse_client_event(data)
                 await self._handle(event)
                 if not isinstance(event, AudioAppend):
-                    await self._later(self._settle_history, event.event_id)
+                    await self._settle_later(event.event_id)
             except OpenAIError as exc:
                 await self._error(exc)
         self.machine.disconnected()
@@ -154,6 +164,8 @@ class ConversationRunner(Responses, StreamingRunner):
         in any update, and the rest stands."""
         self.session_id = data.get("session_id") or self.session_id
         self.model = data.get("model") or self.model
+        if data.get("updated"):  # the client's session.update, sent while it queued
+            self.machine.client_event()
         wanted = SessionConfig.model_validate(data.get("session") or {})
         self.machine.prepare()
         system = [TextPart(rules.instructions(wanted))]
@@ -174,7 +186,7 @@ class ConversationRunner(Responses, StreamingRunner):
             await self.send(server_event("input_audio_buffer.cleared"))
         elif isinstance(event, ItemCreate):
             await self._create_item(event)
-        elif (answer := edit(event, self.conversation, self._spoken_ms)) is not None:
+        elif (answer := await self._edit(event)) is not None:
             await self.send(answer)
         elif isinstance(event, ResponseCreate):
             params, event_id = event.response, event.event_id
@@ -184,6 +196,15 @@ class ConversationRunner(Responses, StreamingRunner):
         elif isinstance(event, OutputAudioClear):
             message = "output_audio_buffer.clear is for WebRTC connections; this one is a WebSocket"
             raise OpenAIError("unsupported", message, "type", event.event_id)
+
+    async def _edit(self, event: Any) -> dict[str, Any] | None:
+        """A retrieve, delete or truncate done, as its answer (None for other
+        events). A truncate of the answer the client is hearing stops that
+        answer first, as ``response.cancel`` would (the Agents SDKs'
+        ``interrupt()`` may send only the truncate)."""
+        if isinstance(event, ItemTruncate) and self._answering_into(event.item_id):
+            await self._cancel_response("client_cancelled")
+        return edit(event, self.conversation, self._spoken_ms)
 
     # --- the session's configuration ----------------------------------------------------
 
@@ -303,7 +324,7 @@ class ConversationRunner(Responses, StreamingRunner):
         await self.send(speech_started(at_ms, self._speech_item))
         if detection is not None and detection.interrupt_response:
             await self._cancel_response("turn_detected")
-        await self._later(self._settle_history)
+        await self._settle_later()
 
     async def _commit(self, client_event_id: str | None) -> None:
         """Commit the buffer; with turn detection on, end the speech it hears now."""
@@ -331,13 +352,14 @@ class ConversationRunner(Responses, StreamingRunner):
         for event in committed(item, self.conversation.add(item)):
             await self.send(event)
         detection = self.config.audio.input.turn_detection
-        answer = detection is None or detection.create_response
+        # Turn detection off: the client commits and then asks for the answer itself.
+        answer = detection is not None and detection.create_response
         await self._later(lambda: self._heard(item, speech, answer))
 
     async def _heard(self, item: dict[str, Any], speech: np.ndarray, answer: bool) -> None:
         await self._hear_item(item, speech)
         await self.send(server_event("conversation.item.done", item=item))
-        await self._send_transcript(item["id"], item["content"][0]["transcript"])
+        await self._send_transcript(item["id"], transcript_of(item))
         if answer:
             await self._create_response(ResponseParams(), None)
 
@@ -356,7 +378,7 @@ class ConversationRunner(Responses, StreamingRunner):
             await self._sync_history()
         self._input_tokens += await self.runtime.step(self.record, self.session.prefill, speech)
         self._prefilled = True
-        item["content"][0]["transcript"] = await self._transcript(speech)
+        set_transcript(item, await self._transcript(speech))
 
     async def _transcript(self, speech: np.ndarray) -> str | None:
         """What the engine heard, or the side Whisper's transcript when the
@@ -402,11 +424,22 @@ class ConversationRunner(Responses, StreamingRunner):
             message = f"audio: {exc}"
             raise OpenAIError("invalid_value", message, "item.content", client_event_id) from None
 
+    async def _settle_later(self, client_event_id: str | None = None) -> None:
+        """Queue one settling of the history; one already queued sees every
+        edit made before it runs (a burst of items is one rewrite of the
+        engine's context, not one per item)."""
+        if not self._settle_queued:
+            self._settle_queued = True
+            await self._later(self._settle_history, client_event_id)
+
     async def _settle_history(self) -> None:
         """Bring the engine up to date now, unless an answer is running (its
         end does, or the next answer): speech that follows an edit then gets
-        the engine's early work, which a later replacement would discard."""
-        if self.conversation.dirty and not self._answering:
+        the engine's early work, which a later replacement would discard.
+        Settling early is only that: work queued behind it (a burst of
+        edits) settles the history itself, or lets the answer do it."""
+        self._settle_queued = False
+        if self.conversation.dirty and not self._answering and self._ops.empty():
             await self._sync_history()
 
     async def _sync_history(self) -> None:

@@ -29,6 +29,7 @@ from omnilive.protocol.duplex import Prepare, Update
 from omnilive.protocol.openai_realtime import (
     AudioAppend,
     AudioClear,
+    ItemTruncate,
     OpenAIError,
     ResponseCancel,
     SessionConfig,
@@ -45,6 +46,7 @@ from omnilive.worker.presenter_openai import (
     committed,
     edit,
     item_id,
+    set_transcript,
     speech_item,
     speech_started,
     transcription,
@@ -65,6 +67,9 @@ _NOT_IN_DUPLEX = {
 
 class OpenAIDuplexRunner(DuplexRunner):
     """One GA-dialect session on the duplex unit loop."""
+
+    presenter: OpenAIDuplexPresenter  # the base's, in this dialect (see _init_state)
+    assembler: UnitAssembler
 
     def _init_state(self) -> None:
         super()._init_state()
@@ -107,6 +112,7 @@ class OpenAIDuplexRunner(DuplexRunner):
         self.session_id = data.get("session_id") or self.session_id
         self.model = data.get("model") or self.model
         self.config = SessionConfig.model_validate(data.get("session") or {})
+        self.presenter.extensions = bool(data.get("extensions"))
         prepare = Prepare(
             type="prepare",
             system_prompt=rules.instructions(self.config),
@@ -136,10 +142,19 @@ class OpenAIDuplexRunner(DuplexRunner):
             await self._interrupt("client_cancelled")
         elif isinstance(event, AudioClear):
             await self.send(server_event("input_audio_buffer.cleared"))
-        elif (answer := edit(event, self.conversation, self.presenter.spoken_ms)) is not None:
+        elif (answer := await self._edit(event)) is not None:
             await self.send(answer)
         else:
             raise OpenAIError("unsupported", _NOT_IN_DUPLEX[event.type], "type", event.event_id)
+
+    async def _edit(self, event: Any) -> dict[str, Any] | None:
+        """A retrieve, delete or truncate done, as its answer (None for other
+        events); a truncate of the response the client is hearing ends that
+        response first, as ``response.cancel`` does."""
+        running = self.presenter.response
+        if isinstance(event, ItemTruncate) and running and running.is_output(event.item_id):
+            await self._interrupt("client_cancelled")
+        return edit(event, self.conversation, self.presenter.spoken_ms)
 
     async def _session_update(self, event: SessionUpdate) -> None:
         before, self.config = self.config, event.session
@@ -154,8 +169,9 @@ class OpenAIDuplexRunner(DuplexRunner):
 
     async def _new_vad(self) -> None:
         config = rules.vad_config(self.config)
-        model = await asyncio.to_thread(SileroModel) if config is not None else None
-        self.vad = StreamingVad(model, config) if config is not None else None
+        self.vad = None
+        if config is not None:
+            self.vad = StreamingVad(await asyncio.to_thread(SileroModel), config)
 
     # --- input audio ------------------------------------------------------------------
 
@@ -199,7 +215,7 @@ class OpenAIDuplexRunner(DuplexRunner):
         """The item's transcript, off the reader: the side Whisper's, if any."""
         transcriber = self.runtime.transcriber
         text = await transcriber.transcribe(speech) if transcriber is not None else None
-        item["content"][0]["transcript"] = text
+        set_transcript(item, text)
         await self.send(server_event("conversation.item.done", item=item))
         if self.config.audio.input.transcription is not None:
             for event in transcription(

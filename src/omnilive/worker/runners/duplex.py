@@ -15,11 +15,17 @@ import time
 from typing import Any
 
 import numpy as np
+from pydantic import ValidationError
 
 from omnilive.audio import AudioDecodeError, decode_b64, pcm_from_b64, voice_from_b64
 from omnilive.engines.base import DuplexSession, EngineError
-from omnilive.engines.messages import DuplexOptions, UnitInput, Voice
-from omnilive.protocol.common import ErrorCode, ProtocolError, decode_client_message
+from omnilive.engines.messages import DuplexOptions, UnitInput, Voice, WindowMode
+from omnilive.protocol.common import (
+    ContextWindowOption,
+    ErrorCode,
+    ProtocolError,
+    decode_client_message,
+)
 from omnilive.protocol.duplex import (
     WORKER_TYPES,
     AudioChunk,
@@ -37,7 +43,7 @@ from omnilive.recording.duplex import DuplexRecorder
 from omnilive.recording.files import new_recording_id
 from omnilive.worker.chunk_buffer import ChunkBuffer, PendingChunk
 from omnilive.worker.decode import DecodeError, check_image, load_stored_voice
-from omnilive.worker.machines.duplex import DuplexMachine, Limits
+from omnilive.worker.machines.duplex import DuplexMachine, Limits, window_for
 from omnilive.worker.machines.session import Ended, Phase
 from omnilive.worker.presenter_v2 import RealtimeV2Presenter
 from omnilive.worker.presenters import (
@@ -109,7 +115,9 @@ class DuplexRunner(StreamingRunner):
         if ended.tell_client:
             self.outbox.flush()  # results not yet sent are stale now
             elapsed = time.monotonic() - self.machine.started
-            await self.send(self.presenter.ended(ended.reason, elapsed, ended.detail))
+            goodbye = self.presenter.ended(ended.reason, elapsed, ended.detail)
+            if goodbye is not None:
+                await self.send(goodbye)
 
     # --- reading -------------------------------------------------------------
 
@@ -168,12 +176,16 @@ class DuplexRunner(StreamingRunner):
         self.record.kind = self.mode
         llm_ref, tts_ref = await self._voices(message)
         tts_ref = tts_ref if tts_ref is not None else llm_ref
+        given = message.context_window or _config_window(message.config)
         options = DuplexOptions(
             llm_voice=Voice(reference=llm_ref) if llm_ref is not None else None,
             tts_voice=Voice(reference=tts_ref) if tts_ref is not None else None,
             max_slice_nums=message.max_slice_nums,
             vision=self.mode == "omni_duplex",
+            window=window_for(self.runtime.engine.capabilities.context_window, given),
         )
+        if options.window is not None and options.window.mode is not WindowMode.OFF:
+            self.machine.context_limit = None  # it slides: a limit is for a fixed context
         self.deferred_finalize = message.deferred_finalize
         self.max_slice_nums = message.max_slice_nums
         try:
@@ -204,7 +216,9 @@ class DuplexRunner(StreamingRunner):
         }
         recording_id = self.recorder.recording_id if self.recorder else None
         session_id = self.record.session_id
-        await self.send(self.presenter.prepared(session_id, prompt_length, recording_id, extra))
+        ready = self.presenter.prepared(session_id, prompt_length, recording_id, extra)
+        if ready is not None:
+            await self.send(ready)
         return True
 
     def _realtime(self, options: RealtimeOptions) -> None:
@@ -341,6 +355,7 @@ class DuplexRunner(StreamingRunner):
         while True:
             chunk = await self.buffer.pop()
             await self._finalized.wait()  # finalize of unit k before prefill of unit k+1
+            await self._between_units()
             started = time.perf_counter()
             try:
                 max_slices = chunk.max_slice_nums or self.max_slice_nums
@@ -357,9 +372,12 @@ class DuplexRunner(StreamingRunner):
                         record, self.session.generate, chunk.force_listen
                     )
             except EngineError as exc:
+                if not self.machine.unit_failed():
+                    raise  # the session ends with its error, logged once
                 log.warning("unit %d of %s failed: %s", chunk.index, self.record.session_id, exc)
                 await self.send_error(ErrorCode.INFERENCE_ERROR, f"unit failed: {exc}")
                 continue
+            self.machine.unit_succeeded()
             generated = time.perf_counter()
             self.record.kv_cache_length = unit.kv_cache_length
             timing = UnitTiming(
@@ -395,11 +413,16 @@ class DuplexRunner(StreamingRunner):
                 await self._finalize()
             for message in messages:
                 await self.send(message)
-            if self.machine.unit_done(unit.kv_cache_length) is not None:
+            if self.machine.unit_done(unit.kv_cache_length, unit.context_capacity) is not None:
                 return
             if self.deferred_finalize:
                 self._finalized.clear()
                 self._finalize_task = self.spawn("finalize", self._finalize())
+
+    async def _between_units(self) -> None:
+        """What a dialect writes into the context between two units (the
+        Live API's appends): after one unit's finalize, before the next's prefill."""
+        return None
 
     async def _finalize(self) -> None:
         try:
@@ -409,12 +432,15 @@ class DuplexRunner(StreamingRunner):
         finally:
             self._finalized.set()
 
-    # --- timeouts ----------------------------------------------------------------------
 
-    async def _watchdog(self) -> None:
-        """Ends the session at the machine's deadlines: a paused session when
-        its pause expires (releasing the worker), one not prepared in time, and
-        an active one that has sent no audio for ``idle_timeout_s``."""
-        while self.machine.tick(time.monotonic()) is None:
-            at, _ = self.machine.deadline()
-            await asyncio.sleep(min(max(at - time.monotonic(), 0.0), 0.25))
+def _config_window(config: dict[str, Any]) -> ContextWindowOption | None:
+    """``config.context_window`` (the Realtime API's clients pass their
+    config through), typed; a bad one is the client's error."""
+    given = config.get("context_window")
+    if given is None:
+        return None
+    try:
+        return ContextWindowOption.model_validate(given)
+    except ValidationError as exc:
+        message = f"config.context_window: {exc.errors()[0]['msg']}"
+        raise ProtocolError(ErrorCode.INVALID_REQUEST, message) from None

@@ -452,12 +452,3 @@ class HalfDuplexRunner(StreamingRunner):
         turn.cancel()
         await asyncio.wait([turn])  # how it ended is the group's to read
         await self.runtime.step(self.record, self.session.rollback)
-
-    # --- inactivity ------------------------------------------------------------------
-
-    async def _watchdog(self) -> None:
-        """Ends the session at the machine's deadline: not prepared in time,
-        or ``timeout_s`` without audio (answering counts as activity)."""
-        while self.machine.tick(time.monotonic()) is None:
-            at, _ = self.machine.deadline()
-            await asyncio.sleep(min(max(at - time.monotonic(), 0.0), 0.5))

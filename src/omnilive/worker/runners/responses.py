@@ -22,7 +22,12 @@ from omnilive.protocol.openai_realtime import (
     SessionConfig,
     error_event,
 )
-from omnilive.worker.conversation_items import Conversation, client_item, messages_of
+from omnilive.worker.conversation_items import (
+    Conversation,
+    client_item,
+    conversation_full,
+    messages_of,
+)
 from omnilive.worker.machines import conversation as rules
 from omnilive.worker.outbox import Outbox
 from omnilive.worker.presenter_openai import ResponsePresenter, item_id, usage
@@ -61,19 +66,26 @@ class Responses:
     def _answering(self) -> bool:
         return self._response is not None and not self._response.done()
 
+    def _answering_into(self, item_id: str) -> bool:
+        """Whether the running response is making the item ``item_id``."""
+        return (
+            self._answering and self._presenter is not None and self._presenter.is_output(item_id)
+        )
+
     async def _create_response(self, params: ResponseParams, client_event_id: str | None) -> None:
         if self._answering:
             message = "the conversation already has an active response"
             code = "conversation_already_has_active_response"
             raise OpenAIError(code, message, None, client_event_id)
+        if params.conversation != "none" and self.conversation.full:
+            raise conversation_full(client_event_id)  # its answer would have no room
         context = self._own_context(params, client_event_id)
         modalities = params.output_modalities or self.config.output_modalities
         in_conversation = params.conversation != "none"
         presenter = ResponsePresenter(
             "audio" in modalities,
             self.config.audio.output.format.type,
-            self.conversation.last_id if in_conversation else None,
-            conversation=params.conversation,
+            self.conversation if in_conversation else None,
             metadata=params.metadata,
         )
         self._presenter = presenter
@@ -103,6 +115,7 @@ class Responses:
     ) -> None:
         record, session = self.record, self.session
         out_tokens, status, reason = 0, "completed", None
+        error: dict[str, str] | None = None
         own_tools, own_options = rules.overrides(params)
         out_of_band = context is not None or params.conversation == "none"
         await self.send(presenter.created()[0])
@@ -139,10 +152,11 @@ class Responses:
             log.warning("response %s of %s failed: %s", presenter.id, self.session_id, exc)
             await self.runtime.step(record, session.rollback)
             failed = f"the response failed: {exc}"
+            error = {"type": "server_error", "code": "inference_error", "message": failed}
             await self.send(error_event("inference_error", failed, kind="server_error"))
         finally:
             log.info("response %s %s: %s", presenter.id, status, session.turn_timings)
-            await self._finish(params, presenter, status, reason, out_tokens)
+            await self._finish(params, presenter, status, reason, out_tokens, error)
             if out_of_band:  # the engine's context holds what the conversation does not
                 self.conversation.dirty = True
 
@@ -153,14 +167,15 @@ class Responses:
         status: str,
         reason: str | None,
         out_tokens: int,
+        error: dict[str, str] | None = None,
     ) -> None:
         spoken = presenter.spoken_ms
         heard, self._input_tokens = self._input_tokens, 0
-        for event in presenter.done(status, usage(heard, out_tokens, presenter.audio), reason):
+        used = usage(heard, out_tokens, presenter.audio)
+        for event in presenter.done(status, used, reason, error):
             await self.send(event)
-        if params.conversation != "none":
+        if params.conversation != "none":  # its items joined the conversation as they came
             for item in presenter.output:
-                self.conversation.add(item)
                 if item["type"] == "function_call":
                     self.conversation.dirty = True  # the engine's context has no calls
                 elif presenter.audio:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -22,6 +23,8 @@ from omnilive.worker.machines.session import Ended, SessionMachine
 from omnilive.worker.outbox import Outbox
 from omnilive.worker.runtime import SessionRecord, WorkerRuntime
 from omnilive.wsutil import FrameSource
+
+WATCHDOG_POLL_S = 0.25  # how often a deadline further away is looked at again
 
 Work = Callable[[], Coroutine[Any, Any, None]]
 
@@ -88,6 +91,13 @@ class StreamingRunner(abc.ABC):
         ended = self.machine.ended or self.machine.disconnected()
         await self._goodbye(ended)
         return ended.reason
+
+    async def _watchdog(self) -> None:
+        """Ends the session at its machine's deadlines (not prepared in time,
+        inactivity, a pause that expired): a main task where a mode has them."""
+        while self.machine.tick(time.monotonic()) is None:
+            at, _ = self.machine.deadline()
+            await asyncio.sleep(min(max(at - time.monotonic(), 0.0), WATCHDOG_POLL_S))
 
     def spawn(self, name: str, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Start a task of this session in its group. Whoever starts it may

@@ -13,8 +13,16 @@ from typing import Any
 
 import numpy as np
 
+from omnilive.engines.appends import ContextNote
 from omnilive.engines.base import DuplexSession, EngineError
-from omnilive.engines.messages import DuplexOptions, DuplexUnit, PrefillStats
+from omnilive.engines.messages import (
+    ContextWindow,
+    DuplexOptions,
+    DuplexUnit,
+    PrefillStats,
+    WindowMode,
+)
+from omnilive.engines.minicpmo.appends import note_ids
 from omnilive.engines.minicpmo.content import VoiceFile, image_of
 from omnilive.engines.minicpmo.reference.host import (
     Flavour,
@@ -58,6 +66,46 @@ def vision_stats(schema: list[Any]) -> tuple[int, int]:
     return len(images), sum(int(entry[1]) for entry in images)
 
 
+def apply_window(duplex: Any, window: ContextWindow) -> None:
+    """The model code's own sliding window on its duplex object (either
+    flavour: both keep it in their ``StreamDecoder``), before its prepare."""
+    decoder = duplex.decoder
+    config_type = type(decoder._window_config)  # the model code's DuplexWindowConfig
+    decoder.set_window_config(
+        config_type(
+            sliding_window_mode=window.mode.value,
+            basic_window_high_tokens=window.high_tokens,
+            basic_window_low_tokens=window.low_tokens,
+            context_previous_max_tokens=window.previous_max_tokens,
+            context_max_units=window.max_units,
+        )
+    )
+    decoder.set_window_enabled(window.mode is not WindowMode.OFF)
+
+
+def window_stats(duplex: Any) -> dict[str, int]:
+    """What the model code's window has done (its decoder's own counters)."""
+    decoder = getattr(duplex, "decoder", None)
+    dropped = getattr(decoder, "_total_dropped_units", None)
+    return {} if dropped is None else {"evicted_units": int(dropped)}
+
+
+def feed_between_units(duplex: Any, token_ids: list[int]) -> None:
+    """Text into the model code's duplex context between two units (after
+    a unit's finalize): registered as a unit of its own, so that its window
+    drops it as it drops a unit, then the window enforced as
+    ``finalize_unit`` does (``minicpmo/appends.py``)."""
+    decoder = duplex.decoder
+    decoder.register_unit_start()
+    decoder.feed(decoder.embed_tokens(token_ids))
+    decoder.register_unit_end(input_type="text", generated_tokens=[], is_listen=True)
+    mode = decoder._window_config.sliding_window_mode
+    if mode == "context":
+        decoder.enforce_window_with_context()
+    elif mode == "basic":
+        decoder.enforce_window()
+
+
 class MiniCPMoDuplex(DuplexSession):
     """One audio or omni duplex session on the shared model."""
 
@@ -92,6 +140,7 @@ class MiniCPMoDuplex(DuplexSession):
         if tts_voice is not None and host.settings.audio_output:
             self._voice_file = VoiceFile(tts_voice)
         prefix, suffix = system_prompt_parts(host, system_prompt, llm_voice is not None)
+        apply_window(host.duplex, options.window or ContextWindow.of(host.settings.duplex_window))
         call(
             host.duplex.prepare,
             prefix_system_prompt=prefix,
@@ -156,6 +205,7 @@ class MiniCPMoDuplex(DuplexSession):
             audio=audio,
             end_of_turn=bool(result.get("end_of_turn", False)),
             kv_cache_length=self._host.duplex_kv(),
+            evicted_units=window_stats(self._host.duplex).get("evicted_units", 0),
             n_tokens=int(result.get("n_tokens", 0)),
             n_tts_tokens=int(result.get("n_tts_tokens", 0)),
             cost_llm_ms=1000 * float(result.get("cost_llm", 0.0)),
@@ -163,6 +213,14 @@ class MiniCPMoDuplex(DuplexSession):
             cost_tts_ms=1000 * float(result.get("cost_tts", 0.0)),
             cost_token2wav_ms=1000 * float(result.get("cost_token2wav", 0.0)),
         )
+
+    def append(self, note: ContextNote) -> int:
+        if not self._prepared:
+            raise EngineError("duplex append before prepare")
+        ids = note_ids(self._host.duplex.tokenizer, note)
+        with model_errors("duplex append"):
+            feed_between_units(self._host.duplex, ids)
+        return len(ids)
 
     def finalize(self) -> None:
         # The checkpoint's older code closes the unit inside streaming_generate;

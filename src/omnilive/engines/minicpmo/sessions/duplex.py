@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from omnilive.engines.job_queue import Job, JobQueue, Relay
+from omnilive.engines.messages import ContextWindow, WindowMode
 from omnilive.engines.minicpmo.runtime.batch import StepResult
 from omnilive.engines.minicpmo.runtime.loop import BatchLoop
 from omnilive.engines.minicpmo.runtime.programs import Pick, Program, Step
@@ -56,7 +57,12 @@ from omnilive.engines.minicpmo.sessions.encoders import (
     prepare_unit,
 )
 from omnilive.engines.minicpmo.sessions.shared import SharedModel
-from omnilive.engines.minicpmo.sessions.speech_choice import SpeechPick, Uniforms, speech_picks
+from omnilive.engines.minicpmo.sessions.speech_choice import (
+    SpeechPick,
+    Uniforms,
+    speech_condition,
+    speech_picks,
+)
 from omnilive.engines.minicpmo.sessions.unit_rules import (
     NOTHING_FED,
     SPEECH_TOKENS_PER_UNIT,
@@ -69,6 +75,7 @@ from omnilive.engines.minicpmo.sessions.unit_rules import (
     text_picks,
 )
 from omnilive.engines.minicpmo.sessions.vocoder import VoiceStream, voice_together
+from omnilive.engines.minicpmo.sessions.window import SlidingContext
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -91,6 +98,7 @@ class SlotDuplex:
         seed: int | None = None,
         max_speak_tokens: int = 20,
         keep_logits: bool = False,
+        window: ContextWindow | None = None,
     ) -> None:
         self.shared = shared
         self.loop = loop
@@ -114,6 +122,9 @@ class SlotDuplex:
         # Finalized units' closing tokens: counted in kv_length, fed at the
         # head of the next unit's forward.
         self.closing: list[int] = []
+        self.window = window or ContextWindow(mode=WindowMode.OFF)
+        self.context: SlidingContext | None = None  # once prepared
+        self._closed_unit: tuple[list[int], bool] = ([], True)  # spoken tokens, listened
         self.audio = AudioStream(mel=None)
         # The next position of the running turn's speech LM context (0: a new
         # turn); the context itself is the session's slot of the loop's speech cache.
@@ -153,12 +164,16 @@ class SlotDuplex:
         if ref_audio is not None:
             embeddings = self.loop.encoder_call(kept_voice_embeddings, shared, ref_audio)
             parts.append(await self._across(embeddings))
-        if suffix:
-            parts.append(shared.embed(shared.tokenizer.encode(suffix, add_special_tokens=False)))
+        suffix_ids = shared.tokenizer.encode(suffix, add_special_tokens=False) if suffix else []
+        if suffix_ids:
+            parts.append(shared.embed(suffix_ids))
         if parts:
             system = torch.cat(parts, 0)
             await self._across(self.loop.forward(self.slot, system))
             self.kv_length += int(system.shape[0])
+        theta = float(getattr(shared.model.llm.config, "rope_theta", 10000.0))
+        self.context = SlidingContext(self.window, shared.tokenizer, theta)
+        self.context.ledger.system(self.kv_length, suffix=tuple(suffix_ids))
         return self.kv_length
 
     # --- a unit -------------------------------------------------------------------------
@@ -218,7 +233,8 @@ class SlotDuplex:
         has_audio = audio is not None and len(audio) > 0
         if not frames and not has_audio:
             return None
-        lead, self.closing = [*self.closing, self.shared.vocab.unit], []
+        closing = self.context.lead(self.closing) if self.context else self.closing
+        lead, self.closing = [*closing, self.shared.vocab.unit], []
         samples = np.asarray(audio, np.float32) if has_audio else None
         return UnitRequest(lead, list(frames or []), max_slice_nums, samples, self.audio)
 
@@ -287,6 +303,8 @@ class SlotDuplex:
         :meth:`generate`), its decisions (from ``logits`` when nothing is fed)."""
         fed = dict(NOTHING_FED)
         if encoded is not None:
+            if self.context is not None:  # the window's edits, if due
+                yield from self.context.slide(self.loop.steps.cache, self.slot)
             result = yield Step(encoded.embeds)
             self.kv_length += int(encoded.embeds.shape[0]) - closing  # counted when finalized
             self.prefilled = time.perf_counter()
@@ -355,6 +373,7 @@ class SlotDuplex:
                 spoken.append((token, result.hidden))
         self.finalize_tokens = ([terminator] if terminator is not None else []) + [vocab.unit_end]
         tokens = [t for t, _ in spoken]
+        self._closed_unit = (tokens, is_listen)
         llm_ms = (time.perf_counter() - started) * 1000
         if is_listen:
             outcome = UnitOutcome(
@@ -385,6 +404,19 @@ class SlotDuplex:
             tokens, self.finalize_tokens = self.finalize_tokens, None
             self.closing += tokens
             self.kv_length += len(tokens)
+            if self.context is not None:  # the window slides (window.py)
+                self.kv_length = self.context.closed(self.kv_length, *self._closed_unit)
+
+    def append(self, token_ids: list[int]) -> int:
+        """Text between two units (after :meth:`finalize`, before the next
+        unit): fed at the head of the next unit's forward, after the last
+        unit's closing tokens, and a unit of its own for the window, as the
+        model code's path writes it (``minicpmo/appends.py``)."""
+        self.closing += token_ids
+        self.kv_length += len(token_ids)
+        if self.context is not None:
+            self.kv_length = self.context.closed(self.kv_length, [], True)
+        return len(token_ids)
 
     def _decode(self, tokens: list[int]) -> str:
         return self.shared.tokenizer.decode(tokens, skip_special_tokens=True) if tokens else ""
@@ -395,7 +427,7 @@ class SlotDuplex:
         """The unit's speech tokens into ``outcome``; whether the vocoder
         voices all it can (a turn's start, or the flavour always does)."""
         started = time.perf_counter()
-        condition = self._speech_condition(spoken)
+        condition = speech_condition(self.shared.model.tts, spoken)
         needed = self.speech_position + int(condition.shape[0]) + SPEECH_TOKENS_PER_UNIT
         if needed > self.speech_capacity:
             # A turn longer than the speech LM's context (minutes of speech):
@@ -412,20 +444,6 @@ class SlotDuplex:
         outcome.speech_tokens = tokens
         outcome.speech_ms = (time.perf_counter() - started) * 1000
         return turn_start or self.shared.rules.always_flush
-
-    def _speech_condition(self, spoken: list[tuple[int, torch.Tensor]]) -> torch.Tensor:
-        """``[n + 1, tts hidden]``: each spoken token's text embedding plus its
-        normalised projected LLM hidden state, then the audio BOS."""
-        tts = self.shared.model.tts
-        device = tts.emb_text.weight.device
-        with torch.no_grad():
-            bos = tts.emb_text(torch.tensor([tts.audio_bos_token_id], device=device))
-            if not spoken:
-                return bos
-            ids = torch.tensor([t for t, _ in spoken], device=device)
-            hidden = torch.stack([h.reshape(-1) for _, h in spoken]).to(device)
-            projected = torch.nn.functional.normalize(tts.projector_semantic(hidden), p=2, dim=-1)
-            return torch.cat([tts.emb_text(ids) + projected, bos], 0)
 
     def _speech_tokens(self, condition: torch.Tensor, least: int) -> Program[list[int]]:
         """Up to :data:`SPEECH_TOKENS_PER_UNIT` speech tokens after

@@ -80,6 +80,7 @@ from omnilive.engines.minicpmo.sessions.simplex_rules import (
     choose_answer_tokens,
 )
 from omnilive.engines.minicpmo.sessions.simplex_speech import Piece, SpeechTurn
+from omnilive.engines.minicpmo.sessions.simplex_window import Turn, TurnWindow
 from omnilive.engines.minicpmo.sessions.vocoder import VoiceStream, voice_together
 
 log = logging.getLogger(__name__)
@@ -159,6 +160,12 @@ class SlotSimplex:
         self.voice: VoiceStream | None = None
         self.fed: list[int] = []  # the answer's text tokens fed so far
         self.stop_requested = False  # set from any thread: see interrupt()
+        theta = float(getattr(shared.model.llm.config, "rope_theta", 10000.0))
+        self.window = TurnWindow(loop, slot, theta)
+        # The positions a message leaves free for the answer after it: the
+        # oldest turns leave to make them (the view sets it from the answer's
+        # max_new_tokens).
+        self.answer_room = TEXT_CHUNK
 
     # --- a message ----------------------------------------------------------------------
 
@@ -182,6 +189,10 @@ class SlotSimplex:
         marks = [_placeholder(c) for c in content]
         text = ("" if omni_mode else "\n").join(marks)
         user = role == "user"
+        if user and (self.first or self.new_user_msg):
+            closing = "" if self.first else self.closing()
+            closing_tokens = len(self.shared.tokenizer.encode(closing, add_special_tokens=False))
+            self.window.opened(Turn(self.kv_length, closing_tokens, self.turn_state()))
         if not user:
             self.new_user_msg = True
         if self.first:
@@ -237,6 +248,7 @@ class SlotSimplex:
         cache = self.loop.steps.cache
         await self.loop.call(cache.crop, self.slot, length, slot=self.slot)
         self.kv_length = length
+        self.window.cropped(length)
         for name, value in state.items():
             setattr(self, name, value)
 
@@ -256,10 +268,15 @@ class SlotSimplex:
             raise EngineError(f"this message could not be encoded: {embeds.error}")
         self.first = False
         capacity = self.loop.steps.cache.capacity
+        room = max(TEXT_CHUNK, min(self.answer_room, capacity // 2))
+        over = self.kv_length + int(embeds.shape[0]) + room - capacity
+        if over > 0:
+            self.kv_length -= await self.window.make_room(over, self.kv_length)
         if self.kv_length + int(embeds.shape[0]) + TEXT_CHUNK > capacity:
             raise EngineError(
-                f"this conversation would pass its context of {capacity} positions "
-                "(minicpmo.context_length): start a new session"
+                f"this message needs {int(embeds.shape[0])} positions: with the system "
+                f"prompt and the last turn it would pass the context of {capacity} "
+                "(minicpmo.context_length)"
             )
         await self.loop.forward(self.slot, embeds)
         self.kv_length += int(embeds.shape[0])

@@ -172,6 +172,7 @@ class SlotChat(_SlotSimplexView, ChatSession):
         session = await self._open()
         reference = self._voice_of(options.voice, options.tts_enabled)
         self._generation = options.generation
+        session.answer_room = options.generation.max_new_tokens
 
         async def messages_in() -> int:
             length = 0
@@ -220,6 +221,8 @@ class SlotHalfDuplex(_SlotSimplexView, HalfDuplexSession):
     async def prepare(self, system: list[Part], options: HalfDuplexOptions) -> int:
         content = content_of(system)
         session = await self._open()
+        session.window.listener = self._slid
+        session.answer_room = options.generation.max_new_tokens
         self._options = options
         self._instructions = "\n".join(c for c in content if isinstance(c, str))
         self._system_media = [c for c in content if not isinstance(c, str)]
@@ -313,6 +316,7 @@ class SlotHalfDuplex(_SlotSimplexView, HalfDuplexSession):
     async def set_options(self, options: HalfDuplexOptions) -> None:
         session = self._require()
         self._options = options
+        session.answer_room = options.generation.max_new_tokens
         reference = self._voice_of(options.voice, options.tts_enabled)
         if reference is not None:
             with model_errors("prefill"):
@@ -342,9 +346,30 @@ class SlotHalfDuplex(_SlotSimplexView, HalfDuplexSession):
         self._ledger = entries[:same]
         for entry in entries[same:]:
             entry.start, entry.state = session.kv_length, session.turn_state()
+            dropped = session.window.dropped_positions
             await self._write(session, entry)
+            entry.start -= session.window.dropped_positions - dropped  # the oldest turns left
             self._ledger.append(entry)
         return session.kv_length
+
+    def _slid(self, start: int, kept: int, length: int) -> None:
+        """The slot's oldest turns left (:mod:`simplex_window`): the ledger's
+        entries from ``start`` up to the one at ``kept`` go, that one takes
+        the place of the first gone, the later ones move ``length`` down (a
+        snapshot's with them)."""
+        ledger = self._ledger
+        first = next(i for i, entry in enumerate(ledger) if entry.start >= start)
+        keep = next((i for i, entry in enumerate(ledger) if entry.start >= kept), len(ledger))
+        gone = ledger[first:keep]
+        if keep < len(ledger):
+            ledger[keep].start, ledger[keep].state = ledger[first].start, ledger[first].state
+            for entry in ledger[keep + 1 :]:
+                entry.start -= length
+        del ledger[first:keep]
+        mark, self._mark = self._mark, None
+        if mark is not None and mark.kv_length >= kept:  # a mark among the gone is no more
+            held = [e for e in mark.ledger if all(e is not g for g in gone)]
+            self._mark = _Mark(mark.kv_length - length, mark.state, held)
 
     async def _write(self, session: SlotSimplex, entry: Entry) -> None:
         if entry.kind == "system":  # the tools after the rest, as the chat template has them

@@ -284,3 +284,18 @@ if AVAILABLE:
         drawn = tl.sum(tl.where(inside, cumulative <= at, 0).to(tl.int32), 0)
         drawn = tl.minimum(drawn, size - 1)
         tl.store(TOKENS + row, tl.where(tl.load(t + 3) > 0, best, drawn))
+
+
+def speech_condition(tts: Any, spoken: list[tuple[int, torch.Tensor]]) -> torch.Tensor:
+    """What a unit's speech tokens are chosen after: ``[n + 1, tts hidden]``,
+    each spoken token's text embedding plus its normalised projected LLM
+    hidden state, then the audio BOS (``tts``: the model's speech LM)."""
+    device = tts.emb_text.weight.device
+    with torch.no_grad():
+        bos = tts.emb_text(torch.tensor([tts.audio_bos_token_id], device=device))
+        if not spoken:
+            return bos
+        ids = torch.tensor([t for t, _ in spoken], device=device)
+        hidden = torch.stack([h.reshape(-1) for _, h in spoken]).to(device)
+        projected = torch.nn.functional.normalize(tts.projector_semantic(hidden), p=2, dim=-1)
+        return torch.cat([tts.emb_text(ids) + projected, bos], 0)

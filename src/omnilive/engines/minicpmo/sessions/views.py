@@ -1,8 +1,9 @@
 """Many sessions on one loaded MiniCPM-o: the engine's views when ``slots > 1``.
 
-Duplex sessions (audio and omni) are :class:`SlotDuplex` sessions, each in a
-slot of one :class:`BatchLoop`: their LLM and speech-LM steps run batched with
-every other live session's on the loop's thread; their encoder and vocoder
+Duplex sessions (audio and omni, their view in ``duplex_view.py``) are
+:class:`SlotDuplex` sessions, each in a slot of one :class:`BatchLoop`: their
+LLM and speech-LM steps run batched with every other live session's on the
+loop's thread; their encoder and vocoder
 calls run one at a time on the loop's side lane (a second thread and CUDA
 stream), beside the batches. The views' steps are coroutines: the worker
 awaits them on its own event loop (no thread of its own per session, no
@@ -30,10 +31,8 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from omnilive.engine_settings import MiniCPMoSettings
 from omnilive.engines.base import (
     ChatSession,
-    DuplexSession,
     EngineError,
     EngineUnavailable,
     HalfDuplexSession,
@@ -41,29 +40,19 @@ from omnilive.engines.base import (
 from omnilive.engines.messages import (
     ChatMessage,
     ChatOptions,
-    DuplexOptions,
-    DuplexUnit,
     HalfDuplexOptions,
     Part,
-    PrefillStats,
     TextAudioChunk,
-    UnitInput,
 )
-from omnilive.engines.minicpmo.reference.duplex import system_prompt_parts
-from omnilive.engines.minicpmo.reference.host import Flavour, ModelHost, model_errors
-from omnilive.engines.minicpmo.runtime.batch import SlotError
+from omnilive.engines.minicpmo.reference.host import Flavour, ModelHost
 from omnilive.engines.minicpmo.runtime.lanes import LaneCall
 from omnilive.engines.minicpmo.runtime.loop import BatchLoop
 from omnilive.engines.minicpmo.runtime.tensors import clone_tensors
 from omnilive.engines.minicpmo.sessions import chunk_speech_choice, speech_choice
-from omnilive.engines.minicpmo.sessions.duplex import SlotDuplex
 from omnilive.engines.minicpmo.sessions.shared import SharedModel
 from omnilive.engines.minicpmo.sessions.simplex import speech_supported
 from omnilive.engines.minicpmo.sessions.simplex_speech import warm_answer_voices
 from omnilive.engines.minicpmo.sessions.unit_rules import (
-    SpeechSampling,
-    TextSampling,
-    UnitOutcome,
     UnitRules,
 )
 
@@ -226,179 +215,6 @@ class SlotEngine:
 
 
 # --- duplex ---------------------------------------------------------------------------------
-
-
-class SlotDuplexSession(DuplexSession):
-    """One audio or omni duplex session in a slot of the shared batch loop."""
-
-    def __init__(
-        self,
-        model: SlotEngine,
-        default_voice: np.ndarray | None,
-        settings: MiniCPMoSettings,
-        force_listen_units: int | None = None,
-    ) -> None:
-        self._model = model
-        self._default_voice = default_voice
-        self._settings = settings
-        self._force_listen_units = (
-            settings.force_listen_units if force_listen_units is None else force_listen_units
-        )
-        self._session: SlotDuplex | None = None
-        self._units = 0
-        self._unit_start = 0
-        self.handoffs = UnitHandoffs()
-
-    async def prepare(self, system_prompt: str, options: DuplexOptions) -> int:
-        self._leave()  # a second prepare starts over in a fresh slot
-        try:
-            slot = await self._model.batch.acquire()
-        except SlotError:
-            raise EngineError(
-                f"every session slot of this GPU is live ({self._model.batch.steps.cache.slots})"
-            ) from None
-        self._session = SlotDuplex(
-            self._model.shared,
-            self._model.batch,
-            slot,
-            text=TextSampling(),  # its defaults are the reference's duplex sampling
-            speech=SpeechSampling(),
-            max_speak_tokens=self._settings.max_speak_tokens_per_unit,
-        )
-        llm_voice = options.llm_voice.reference if options.llm_voice else None
-        tts_voice = options.tts_voice.reference if options.tts_voice else None
-        llm_voice = llm_voice if llm_voice is not None else self._default_voice
-        tts_voice = tts_voice if tts_voice is not None else llm_voice
-        if not self._settings.audio_output:
-            tts_voice = None
-        prefix, suffix = system_prompt_parts(self._model.host, system_prompt, llm_voice is not None)
-        self._units = 0
-        with model_errors("duplex prepare"):
-            return await self._session.prepare(prefix, suffix, llm_voice, tts_voice)
-
-    def _require(self) -> SlotDuplex:
-        if self._session is None:
-            raise EngineError("duplex step before prepare")
-        return self._session
-
-    whole_units = True
-
-    async def unit(self, given: UnitInput) -> tuple[PrefillStats, DuplexUnit]:
-        """A unit as one request of the engine's threads (:meth:`SlotDuplex.unit`)."""
-        session = self._require()
-        start, started = session.handoffs, time.perf_counter()
-        forced = self._forced(given.force_listen)
-        audio = np.asarray(given.audio, np.float32)
-        with model_errors("duplex unit"):  # frames decoded off the loop, with the unit
-            fed, outcome = await session.unit(
-                audio, given.frames, given.max_slice_nums or 1, forced
-            )
-        self.handoffs.add(outcome.is_listen, session.handoffs - start)
-        prefilled = max(session.prefilled, started)  # earlier: this unit fed nothing
-        return self._stats(fed, (prefilled - started) * 1000), self._unit(outcome)
-
-    async def prefill(
-        self, audio: np.ndarray, frames: list[bytes], max_slice_nums: int | None = None
-    ) -> PrefillStats:
-        session = self._require()
-        self._unit_start = session.handoffs
-        started = time.perf_counter()
-        with model_errors("duplex prefill"):  # frames decoded off the loop, with the unit
-            fed = await session.prefill(np.asarray(audio, np.float32), frames, max_slice_nums or 1)
-        return self._stats(fed, (time.perf_counter() - started) * 1000)
-
-    async def generate(self, force_listen: bool = False) -> DuplexUnit:
-        session = self._require()
-        forced = self._forced(force_listen)
-        with model_errors("duplex generate"):
-            outcome = await session.generate(forced)
-        self.handoffs.add(outcome.is_listen, session.handoffs - self._unit_start)
-        return self._unit(outcome)
-
-    def _forced(self, force_listen: bool) -> bool:
-        forced = force_listen or self._units < self._force_listen_units
-        self._units += 1
-        return forced
-
-    @staticmethod
-    def _stats(fed: dict[str, int], cost_ms: float) -> PrefillStats:
-        return PrefillStats(
-            vision_slices=fed["slices"],
-            vision_tokens=fed["vision"],
-            audio_tokens=fed["audio"],
-            cost_ms=cost_ms,
-        )
-
-    @staticmethod
-    def _unit(outcome: UnitOutcome) -> DuplexUnit:
-        return DuplexUnit(
-            is_listen=outcome.is_listen,
-            text=outcome.text,
-            audio=outcome.audio,
-            end_of_turn=outcome.end_of_turn,
-            kv_cache_length=outcome.kv_length,
-            n_tokens=len(outcome.decided),
-            n_tts_tokens=len(outcome.speech_tokens),
-            cost_llm_ms=outcome.llm_ms,
-            cost_tts_ms=outcome.speech_ms,
-            cost_token2wav_ms=outcome.vocoder_ms,
-        )
-
-    async def finalize(self) -> None:
-        session = self._require()
-        with model_errors("duplex finalize"):
-            await session.finalize()
-
-    def close(self) -> None:
-        """Give the slot back without waiting (from any thread: the worker
-        runs a session's close as its last step)."""
-        self._leave()
-
-    def _leave(self) -> None:
-        """Give the slot back (emptied) and drop the voice file."""
-        session, self._session = self._session, None
-        if session is not None:
-            batch = self._model.batch
-            try:
-                batch.release_nowait(session.slot)
-            except RuntimeError:  # the loop is closed: the slot goes with it
-                log.info("minicpmo: slot %d left with its closed loop", session.slot)
-            log.info(
-                "slot %d released; %s; batch sizes %s, speech %s; busy %s; lane graphs %s",
-                session.slot,
-                self.handoffs,
-                dict(batch.batch_sizes),
-                dict(batch.speech_batch_sizes),
-                batch.busy(),
-                self._model.shared.lane_graphs(),
-            )
-
-
-@dataclass
-class UnitHandoffs:
-    """Thread hand-offs of a session's units, speaking and listening apart."""
-
-    speak: int = 0
-    speak_units: int = 0
-    listen: int = 0
-    listen_units: int = 0
-
-    def add(self, is_listen: bool, handoffs: int) -> None:
-        if is_listen:
-            self.listen, self.listen_units = self.listen + handoffs, self.listen_units + 1
-        else:
-            self.speak, self.speak_units = self.speak + handoffs, self.speak_units + 1
-
-    def __str__(self) -> str:
-        speak = self.speak / max(1, self.speak_units)
-        listen = self.listen / max(1, self.listen_units)
-        return (
-            f"thread hand-offs per speaking unit {speak:.1f} ({self.speak_units} units), "
-            f"per listening unit {listen:.1f} ({self.listen_units} units)"
-        )
-
-
-# --- simplex views on the seat --------------------------------------------------------------
 
 
 class _Seated:

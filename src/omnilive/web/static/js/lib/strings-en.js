@@ -245,6 +245,11 @@ export default {
   'admin.live.slots': 'Slots in use (of {slots})',
   'admin.live.latency': 'Unit latency p50 / p95',
   'admin.live.dropped': 'Dropped chunks',
+  'admin.contexts': 'Context per session',
+  'admin.col.context': 'Used / capacity',
+  'admin.col.fill': 'Fill',
+  'admin.col.evicted': 'Units let go',
+  'admin.no_contexts': 'No duplex session is running.',
 
   'viewer.title': 'Session',
   'viewer.download': 'Download (zip)',

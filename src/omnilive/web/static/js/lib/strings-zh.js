@@ -239,6 +239,11 @@ export default {
   'admin.live.slots': '使用中的槽位（共 {slots}）',
   'admin.live.latency': '单元延迟 p50 / p95',
   'admin.live.dropped': '丢弃的块',
+  'admin.contexts': '各会话的上下文',
+  'admin.col.context': '已用 / 容量',
+  'admin.col.fill': '占用',
+  'admin.col.evicted': '已移出的单元',
+  'admin.no_contexts': '没有正在进行的双工会话。',
 
   'viewer.title': '会话',
   'viewer.download': '下载（zip）',

@@ -1,6 +1,6 @@
 // Admin: the last minutes as small live charts (per worker its slots in use,
-// unit latency and dropped chunks; the queue's length and wait), workers and
-// their states, the queue (with cancel) and running sessions, modes on/off,
+// unit latency and dropped chunks; the queue's length and wait), each duplex
+// session's context (how full, how many units let go), workers and their states, the queue (with cancel) and running sessions, modes on/off,
 // and the wait-estimate settings. Refreshed every two seconds while the tab
 // is visible.
 
@@ -150,6 +150,36 @@ function drawLive() {
   });
   root.replaceChildren(queue, ...workers);
   root.dataset.samples = String(samples.length);
+  // The ring holds five minutes: past them its length stays, its newest moves.
+  root.dataset.newest = String(samples.at(-1)?.t ?? 0);
+}
+
+// Each duplex session's context as its last unit left it (GET /api/admin/live's
+// contexts): a long call shows its window filling and letting units go.
+function drawContexts() {
+  const rows = (last.live?.contexts ?? []).map((c) =>
+    el(
+      'tr',
+      { 'data-session': c.session_id },
+      el('td', {}, el('code', {}, c.session_id)),
+      el('td', {}, c.worker_id),
+      el('td', {}, `${c.kv_cache_length} / ${c.context_capacity ?? '—'}`),
+      el(
+        'td',
+        {},
+        c.fill === null
+          ? '—'
+          : [el('meter', { min: 0, max: 1, value: c.fill }), ` ${Math.round(c.fill * 100)} %`],
+      ),
+      el('td', {}, String(c.evicted_units)),
+    ),
+  );
+  table(
+    $('#contexts'),
+    ['admin.col.session', 'admin.col.worker', 'admin.col.context', 'admin.col.fill', 'admin.col.evicted'],
+    rows,
+    'admin.no_contexts',
+  );
 }
 
 async function cancel(ticket) {
@@ -319,6 +349,7 @@ async function refresh() {
     Object.assign(last, { status, workers: workers.workers, queue: queueBody, live });
     drawSummary();
     drawLive();
+    drawContexts();
     drawWorkers();
     drawQueue();
     $('#summary').dataset.updated = when(Date.now() / 1000);
@@ -346,6 +377,7 @@ async function main() {
   onLangChange(() => {
     drawSummary();
     drawLive();
+    drawContexts();
     drawWorkers();
     drawQueue();
     drawApps();

@@ -1,0 +1,1 @@
+"""A Live session's delegations: the judge, the backend, the flow between them."""
