@@ -36,14 +36,18 @@ VOICE_SESSION = {
 }
 
 
-def stream_speech(connection, speech: np.ndarray, pause_s: float = 0.02):
+def stream_speech(
+    connection, speech: np.ndarray, pause_s: float = 0.02, stop: asyncio.Event | None = None
+):
     """The speech as 100 ms pieces of audio/pcm, ``pause_s`` apart (0.1: as a
-    microphone sends them)."""
+    microphone sends them), stopping early once ``stop`` is set."""
     encoded = pcm24(speech)
     step = 6400  # 100 ms of 24 kHz 16-bit audio, base64
 
     async def send() -> None:
         for start in range(0, len(encoded), step):
+            if stop is not None and stop.is_set():
+                return
             await connection.input_audio_buffer.append(audio=encoded[start : start + step])
             await asyncio.sleep(pause_s)
 
@@ -190,16 +194,22 @@ async def test_semantic_vad_judges_the_turn_by_meaning(cascade: Server):
         "type": "realtime",
         "audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "low"}}},
     }
-    question = "What is the weather in Paris?"  # the model finds it finished (p ~ 0.98)
+    # Whisper hears it whole however it is padded (12 of 12 paddings; "the
+    # weather in Paris" became "the winner" in 2, CPU by CPU, and the words'
+    # judge then rightly waits), and the language model finds it finished (p 0.68).
+    question = "What is your name?"
     speech = np.concatenate([silence(0.6), speak(question)])
+
+    turn_ended = asyncio.Event()
 
     async def microphone(connection) -> None:
         await stream_speech(connection, speech, pause_s=0.1)
-        # The silence at a third of real time: the judgement takes wall-clock
-        # time (Whisper, then the language model), which a loaded 2-core
-        # machine stretches past the rule's 1.2 s of audio; the turn's end is
+        # The silence at a tenth of real time until the turn ends: the
+        # judgement takes wall-clock time (Whisper, then the language model),
+        # which a loaded 2-core machine stretched past the rule's 1.2 s of
+        # audio even at a third of real time (CI, 1.4 s); the turn's end is
         # measured in audio time either way.
-        await stream_speech(connection, silence(2.0), pause_s=0.3)
+        await stream_speech(connection, silence(2.0), pause_s=1.0, stop=turn_ended)
 
     async with connect(cascade) as connection:
         await until(connection, "session.created")
@@ -208,6 +218,7 @@ async def test_semantic_vad_judges_the_turn_by_meaning(cascade: Server):
         assert updated.session.audio.input.turn_detection.type == "semantic_vad"
         sender = asyncio.create_task(microphone(connection))
         stopped, _ = await until(connection, "input_audio_buffer.speech_stopped", timeout=60)
+        turn_ended.set()
         done, _ = await until(connection, "response.done", timeout=120)
         await sender
     spoken_ms = (0.6 + speak(question).size / 16_000) * 1000
