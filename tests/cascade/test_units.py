@@ -191,6 +191,26 @@ def test_rollback_restores_the_snapshot() -> None:
     assert conversation.turns == [Message("user", "kept")]
 
 
+def test_an_answer_that_repeats_an_earlier_one_lets_the_history_go() -> None:
+    """A small model that copies one earlier answer copies it for every
+    question after: the repeat ends the history, so the next is answered afresh."""
+    conversation = Conversation("s")
+    moon = "The moon is a mysterious and beautiful celestial body, full of secrets."
+    conversation.add("user", "Tell me about the moon.")
+    conversation.add("assistant", moon)
+    conversation.add("user", "Yes?")
+    conversation.add("assistant", "Yes, of course.")  # short answers may come twice
+    conversation.add("user", "And again?")
+    conversation.add("assistant", "Yes, of course.")
+    assert len(conversation.turns) == 6
+    conversation.add("user", "What is the largest animal?")
+    conversation.add("assistant", moon.upper().replace(",", "") + " It is.")  # the same words
+    assert conversation.turns == []
+    conversation.add("user", "What is the largest animal?")
+    conversation.add("assistant", moon)  # nothing earlier to repeat now
+    assert len(conversation.turns) == 2
+
+
 def sentence(text: str, seconds: float) -> SpokenSentence:
     audio = np.full(round(seconds * 24_000), 0.1, dtype=np.float32)
     return SpokenSentence(text, audio, n_tokens=3, llm_ms=1.0, tts_ms=1.0)

@@ -5,10 +5,18 @@ the answer, whole exchanges are dropped from the oldest on. Fitting is
 computed without changing anything, so speculative work (an answer started
 before the user finished) can be discarded, and applied when the turn is
 committed.
+
+A small model that once repeats an earlier answer word for word copies it
+for every question after (the packaged 135M model did from about the 18th
+spoken turn: benchmarks/cascade_long_call), so an answer that opens as an
+earlier one did lets the history go, and the next question is answered
+afresh.
 """
 
 from __future__ import annotations
 
+import logging
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,7 +28,17 @@ from omnilive.engines.cascade.llm import Message
 if TYPE_CHECKING:
     from omnilive.engines.cascade.stack import Notices
 
+log = logging.getLogger(__name__)
 Counter = Callable[[list[Message]], int]
+# An answer whose first ECHO_WORDS words are an earlier answer's is a repeat
+# (shorter answers are not judged: "Yes, of course." may well come twice).
+ECHO_WORDS = 8
+_WORD = re.compile(r"[\w']+")
+
+
+def _opening(text: str) -> tuple[str, ...] | None:
+    words = _WORD.findall(text.lower())
+    return tuple(words[:ECHO_WORDS]) if len(words) >= ECHO_WORDS else None
 
 
 @dataclass(frozen=True)
@@ -74,6 +92,13 @@ class Conversation:
         self.turns.extend(extra)
 
     def add(self, role: str, text: str) -> None:
+        opening = _opening(text) if role == "assistant" else None
+        if opening is not None and any(
+            _opening(turn.content) == opening for turn in self.turns if turn.role == "assistant"
+        ):
+            log.info("the answer repeats an earlier one: the conversation's history is let go")
+            self.turns.clear()
+            return
         self.turns.append(Message(role, text))
 
     def snapshot(self) -> None:
