@@ -97,11 +97,11 @@ class Capabilities:
     def from_dict(cls, data: dict[str, object]) -> Capabilities:
         return cls(
             # JSON from the wire, its shape checked by the worker that sent it.
-            input_modalities=frozenset(Modality(m) for m in data["input_modalities"]),  # type: ignore[attr-defined]
+            input_modalities=frozenset(Modality(m) for m in data["input_modalities"]),  # type: ignore[attr-defined]  # a list of str in to_dict's JSON
             audio_output=bool(data["audio_output"]),
             voice_cloning=bool(data["voice_cloning"]),
-            context_length=int(data["context_length"]),  # type: ignore[call-overload]
-            slots=int(data.get("slots", 1)),  # type: ignore[call-overload]
+            context_length=int(data["context_length"]),  # type: ignore[call-overload]  # an int in to_dict's JSON
+            slots=int(data.get("slots", 1)),  # type: ignore[call-overload]  # an int in to_dict's JSON
             context_window=_window_of(data.get("context_window")),
         )
 

@@ -20,7 +20,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -141,7 +141,7 @@ class ClientChannel:
         self._switch.set()
         return self._arrival
 
-    async def frames(self) -> AsyncIterator[str | bytes]:
+    async def frames(self) -> AsyncGenerator[str | bytes, None]:
         """Every frame the client sends, across resumes; ends when the client
         is gone for good: it left and no resume came within the grace period
         (or the session was not resumable)."""

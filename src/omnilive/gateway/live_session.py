@@ -56,7 +56,7 @@ class LiveConnection(RealtimeIO):
         try:
             async with asyncio.timeout(wait_s):
                 frames = self._channel().frames()
-                async with contextlib.aclosing(frames):  # type: ignore[type-var]
+                async with contextlib.aclosing(frames):
                     async for raw in frames:
                         await self.apply(self.client_frame(raw))
                         if self.machine.started:

@@ -54,7 +54,7 @@ def iter_zip(directory: Path, prefix: str | None = None) -> Iterator[bytes]:
     pipe = _Pipe()
     prefix = prefix or directory.name
     # A write-only pipe: zipfile needs only its write(), flush() and tell().
-    with zipfile.ZipFile(pipe, "w", compression=zipfile.ZIP_STORED) as archive:  # type: ignore[call-overload]
+    with zipfile.ZipFile(pipe, "w", compression=zipfile.ZIP_STORED) as archive:  # type: ignore[call-overload]  # _Pipe has no close(); zipfile never calls it
         for relative, path in session_files(directory):
             try:
                 source = open(path, "rb")  # noqa: SIM115 - closed below

@@ -184,7 +184,7 @@ class AnswerStream:
                 if audio is not None:
                     yield TextAudioChunk(audio=audio)
         finally:
-            tokens.close()  # type: ignore[attr-defined]
+            tokens.close()  # type: ignore[attr-defined]  # stream() is a generator: it has close()
 
     def _speak(
         self, sentence: str, n_tokens: int, since: float, started: float, more: bool = False

@@ -73,7 +73,7 @@ def _without_extra_buffer_types(llama_class: type) -> type:
     ``cpu.py``). ``Llama`` builds its model parameters inside ``__init__`` and
     takes no argument for this one, so it is set as the parameters are stored."""
 
-    class LlamaWithoutExtraBufferTypes(llama_class):  # type: ignore[misc, valid-type]
+    class LlamaWithoutExtraBufferTypes(llama_class):
         def __setattr__(self, name: str, value: Any) -> None:
             if name == "model_params":
                 value.use_extra_bufts = False
@@ -341,7 +341,7 @@ class LlamaChat:
         """Close the live llama.cpp generator; the caller holds the lock."""
         if self._current is not None:
             current, self._current = self._current, None
-            self._run(current.close)  # type: ignore[attr-defined]
+            self._run(current.close)  # type: ignore[attr-defined]  # llama.cpp's streamed completion is a generator
 
 
 def _common_prefix(cached: np.ndarray, prompt: list[int]) -> int:

@@ -50,6 +50,7 @@ from omnilive.protocol.openai_live import (
     parse_client_event,
 )
 from omnilive.protocol.openai_live_events import (
+    AppendKind,
     appended,
     error_event,
     muted,
@@ -230,8 +231,8 @@ class LiveRunner(DuplexRunner):
                     await self._error(error, "server_error")
                 continue
             if pending.event_id is not None:
-                kind = pending.note.kind.value
-                await self.send(appended(kind, pending.at_ms, self.now_ms, pending.event_id))  # type: ignore[arg-type]
+                kind: AppendKind = pending.note.kind.value
+                await self.send(appended(kind, pending.at_ms, self.now_ms, pending.event_id))
 
     # --- input audio ------------------------------------------------------------------
 

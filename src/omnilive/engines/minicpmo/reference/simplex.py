@@ -47,7 +47,7 @@ class SimplexContext:
             self.audio = False
         if self.audio:
             with model_errors("voice set-up"):
-                self.host.set_voice(reference)  # type: ignore[arg-type]
+                self.host.set_voice(reference)  # type: ignore[arg-type]  # not None: audio is off without a voice
         self.use_tts_template = self.audio
 
     def prefill(

@@ -403,7 +403,7 @@ class BatchedSteps:
         if in_order:
             out[: padded.shape[0], : padded.shape[1]] = padded
         else:
-            out[list(index), : padded.shape[1]] = padded  # type: ignore[arg-type]
+            out[list(index), : padded.shape[1]] = padded  # type: ignore[arg-type]  # not None: in_order when index is None
         return out
 
     def _look_up(self, ids: list[torch.Tensor]) -> Sequence[torch.Tensor]:

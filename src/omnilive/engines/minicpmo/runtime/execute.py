@@ -84,7 +84,7 @@ class Executor:
         ready = []
         for job in batch:
             try:  # one session's bad request must not fail the others' step
-                steps.cache.check([job.slot], [job.count])  # type: ignore[list-item]
+                steps.cache.check([job.slot], [job.count])  # type: ignore[list-item]  # a batch row always has a slot
             except Exception as exc:  # handed to that session alone
                 job.fail(exc)
             else:
@@ -105,7 +105,7 @@ class Executor:
         (self.speech_batch_sizes if speech else self.batch_sizes)[len(rows)] += 1
         try:
             requests = [(job.slot, job.inputs) for job in rows]
-            results = graphs.step(requests) if graphs is not None else steps.step(requests)  # type: ignore[arg-type]
+            results = graphs.step(requests) if graphs is not None else steps.step(requests)  # type: ignore[arg-type]  # a batch row has a slot and inputs
             if steps.device.type == "cuda":
                 # Handed back once the stream has produced them: no session
                 # blocks its event loop reading them.
@@ -174,7 +174,7 @@ class Driver:
             job.error = Stopped(f"the program of slot {job.slot} was stopped")
             return True
         try:
-            step = program.send(result)  # type: ignore[arg-type]
+            step = program.send(result)  # type: ignore[arg-type]  # None starts it: a generator's first send
         except StopIteration as stop:
             job.result = stop.value
             return True

@@ -205,7 +205,7 @@ class FusedDecoder:
         batch = plan.write.shape[0]
         keys, values = (rows_view(buffer, plan) for buffer in caches)
         query = q.view(batch, length, hq, d).transpose(1, 2)
-        out, _ = slot_attention(None, query, keys, values, plan.mask, scaling=self.scale)  # type: ignore[arg-type]
+        out, _ = slot_attention(None, query, keys, values, plan.mask, scaling=self.scale)  # type: ignore[arg-type]  # module is unread with a [B, 1, L, S] mask
         return out.reshape(batch * length, hq, d)
 
     def _activate(self, layer: _Layer, gate_up: torch.Tensor) -> torch.Tensor:

@@ -125,7 +125,7 @@ class SideLane:
         with streamed or contextlib.nullcontext():
             while (group := self.jobs.take()) is not None:
                 if group:
-                    self._run_group(group)  # type: ignore[arg-type]
+                    self._run_group(group)
 
     def _run_group(self, group: list[LaneCall]) -> None:
         first = group[0]

@@ -403,7 +403,7 @@ class BatchLoop:
             self.running = plan.waiting
             return plan.taken, plan
 
-        return self.jobs.take(choose, ready=lambda pending: bool(pending or self.running))  # type: ignore[return-value]
+        return self.jobs.take(choose, ready=lambda pending: bool(pending or self.running))  # type: ignore[return-value]  # given choose, take returns its plan
 
     def keep_running(self, jobs: Sequence[ProgramRun]) -> None:
         with self.jobs.lock:
@@ -422,7 +422,7 @@ def run_ticks(loop: BatchLoop) -> None:
             if default is not None:
                 # What sessions queued on the default stream (their inputs,
                 # e.g. a unit's embeddings joined) comes before this tick's work.
-                loop.stream.wait_stream(default)  # type: ignore[union-attr]
+                loop.stream.wait_stream(default)  # type: ignore[union-attr]  # not None: default is set only with a stream
             done = run_tick(loop, plan)
             if done:
                 started = time.perf_counter()

@@ -454,7 +454,7 @@ class SlotDuplex:
         nor fed."""
         tts = self.shared.model.tts
         eos = int(tts.config.num_audio_tokens) - 1
-        cache = self.loop.speech.cache  # type: ignore[union-attr]
+        cache = self.loop.speech.cache  # type: ignore[union-attr]  # slot_loop sets it for a model with a tts
         if cache.lengths[self.slot] != self.speech_position:  # a new turn: from position 0
             cache.crop(self.slot, self.speech_position)  # a program owns its slot's caches
         inputs = condition

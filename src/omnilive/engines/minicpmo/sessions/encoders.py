@@ -189,10 +189,10 @@ def encode_units(
     embeds: dict[int, torch.Tensor] = {}
     if framed:
         frames = [batch[index].frames for index in framed]
-        pieces = dict(zip(framed, vision_pieces(shared, frames), strict=True))  # type: ignore[arg-type]
+        pieces = dict(zip(framed, vision_pieces(shared, frames), strict=True))  # type: ignore[arg-type]  # framed: only units with frames
     if voiced:
         audio = [batch[index].audio for index in voiced]
-        made = audio_embeddings_together(shared, audio)  # type: ignore[arg-type]
+        made = audio_embeddings_together(shared, audio)  # type: ignore[arg-type]  # voiced: only units with audio
         embeds = dict(zip(voiced, made, strict=True))
     return [(pieces.get(index, []), embeds.get(index)) for index in range(len(batch))]
 

@@ -341,7 +341,7 @@ def keep_frequencies(embedder: Any) -> None:
             embedding = torch.cat([embedding, torch.zeros_like(embedding[:, :1])], dim=-1)
         return embedding
 
-    timestep_embedding.kept = True  # type: ignore[attr-defined]
+    timestep_embedding.kept = True  # type: ignore[attr-defined]  # a marker attribute on the function object
     embedder.timestep_embedding = timestep_embedding
 
 
@@ -382,6 +382,6 @@ def graph_model_code_flow(token2wav: Any, graphs: bool | None = None) -> bool:
         att_cache_buffer[:blocks, :, :, : new_att.shape[3]] = new_att
         return out
 
-    blocks_forward_chunk.graphed = True  # type: ignore[attr-defined]
+    blocks_forward_chunk.graphed = True  # type: ignore[attr-defined]  # a marker attribute on the function object
     estimator.blocks_forward_chunk = blocks_forward_chunk
     return True

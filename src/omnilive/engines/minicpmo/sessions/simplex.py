@@ -462,13 +462,13 @@ def _text_picks(steps: list[tuple[StepResult, _TextChoice]]) -> list[int]:
     """The next text token of every answer whose step of this tick named
     this pick, chosen together (:func:`choose_answer_tokens`)."""
     rows = [
-        AnswerRow(result.logits, window, sampling, session.vocab, suppress, session.generator)  # type: ignore[arg-type]
+        AnswerRow(result.logits, window, sampling, session.vocab, suppress, session.generator)  # type: ignore[arg-type]  # LLM steps have a head: logits set
         for result, (session, window, sampling, suppress) in steps
     ]
     tokens, scores = choose_answer_tokens(rows)
     for k, (result, (session, *_)) in enumerate(steps):
         if session.keep_trace:
-            session.trace.logits.append(result.logits.detach().float().cpu())  # type: ignore[union-attr]
+            session.trace.logits.append(result.logits.detach().float().cpu())  # type: ignore[union-attr]  # LLM steps have a head: logits set
         if session.follow is not None:
             tokens[k] = session.follow("text", tokens[k], scores[k])
         if session.keep_trace:

@@ -76,7 +76,7 @@ class SpeechTurn:
         with torch.no_grad():
             self.audio_bos = tts.emb_text(torch.tensor([bos], device=device))
             self.text_eos = tts.emb_text(torch.tensor([eos], device=device))
-        cache = session.loop.speech.cache  # type: ignore[union-attr]
+        cache = session.loop.speech.cache
         cache.crop(session.slot, 0)  # a program owns its slot's caches
         self.cache = cache
 
@@ -146,7 +146,7 @@ def speech_picks(steps: list[tuple[StepResult, SpeechChoice]]) -> list[int]:
     this pick, chosen together on the logits' device
     (:func:`choose_chunk_speech_tokens`)."""
     rows = [
-        SpeechRow(result.logits, previous, session.speech_sampling, session.speech_generator)  # type: ignore[arg-type]
+        SpeechRow(result.logits, previous, session.speech_sampling, session.speech_generator)  # type: ignore[arg-type]  # speech LM steps have a head: logits set
         for result, (session, previous) in steps
     ]
     tokens, _ = choose_chunk_speech_tokens(rows)

@@ -173,7 +173,7 @@ def choose_speech_token(
 def speech_picks(steps: list[tuple[StepResult, SpeechPick]]) -> list[int]:
     """The pick (see :mod:`~omnilive.engines.minicpmo.runtime.programs`) of
     the duplex sessions' speech tokens: every session's of a tick at once."""
-    return choose_speech_tokens([(result.logits, pick) for result, pick in steps])  # type: ignore[misc]
+    return choose_speech_tokens([(result.logits, pick) for result, pick in steps])  # type: ignore[misc]  # speech LM steps have a head: logits set
 
 
 class KernelChoice:

@@ -256,7 +256,7 @@ class _Seated:
         done = object()
         try:
             while (item := await self._run(next, iterator, done)) is not done:
-                yield item  # type: ignore[misc]
+                yield item
         finally:
             close = getattr(iterator, "close", None)
             if close is not None:

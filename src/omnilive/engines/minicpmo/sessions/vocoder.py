@@ -154,7 +154,7 @@ def voice_together(runner: ChunkRunner, pushes: list[Push]) -> list[np.ndarray |
 
     def advance(index: int, samples: np.ndarray | None) -> None:
         try:
-            asks[index] = programs[index].send(samples)  # type: ignore[arg-type]
+            asks[index] = programs[index].send(samples)  # type: ignore[arg-type]  # None starts it: a generator's first send
         except StopIteration as done:
             audio[index] = done.value
 

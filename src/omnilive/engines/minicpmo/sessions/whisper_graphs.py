@@ -118,7 +118,7 @@ def _capture_chain(
         return (hidden, *projected(layers[0], hidden))
 
     hidden, *qkv = stretch(first)
-    chain.projections.append(tuple(qkv))  # type: ignore[arg-type]
+    chain.projections.append(tuple(qkv))
     for index in range(1, len(layers) + 1):
         attended = torch.zeros_like(qkv[0])  # [rows, heads, width, head_dim]
         chain.attended.append(attended)
@@ -133,7 +133,7 @@ def _capture_chain(
 
         hidden, *qkv = stretch(rest)
         if index < len(layers):
-            chain.projections.append(tuple(qkv))  # type: ignore[arg-type]
+            chain.projections.append(tuple(qkv))
     chain.embeds = hidden
     return chain
 
