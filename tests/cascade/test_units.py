@@ -27,6 +27,8 @@ from omnilive.engines.cascade.llm import Message
 from omnilive.engines.cascade.models import JOIN_STAGE, ProgressBar
 from omnilive.engines.cascade.reply import Reply
 from omnilive.engines.cascade.tts import parse_voices, speakable
+from omnilive.engines.messages import HistoryTruncation
+from omnilive.engines.truncation import ContextFullError, tokens_to_drop
 
 
 def split(pieces: list[str], first_words: int = FIRST_MAX_WORDS) -> list[str]:
@@ -189,6 +191,57 @@ def test_rollback_restores_the_snapshot() -> None:
     conversation.add("assistant", "lost")
     conversation.rollback()
     assert conversation.turns == [Message("user", "kept")]
+
+
+def ten_exchanges(keep: int = 0) -> Conversation:
+    conversation = Conversation("be brief", keep=keep)
+    for i in range(10):
+        conversation.add("user", f"question number {i}")  # 4 words, 4 + 1 tokens
+        conversation.add("assistant", f"answer {i}")  # 3 tokens
+    return conversation
+
+
+def test_truncation_disabled_keeps_every_turn_or_refuses() -> None:
+    """The Realtime API's ``truncation: "disabled"``: no turn leaves, not
+    even past the kept-history cap, and a prompt past the budget is refused."""
+    conversation = ten_exchanges(keep=4)
+    new = Message("user", "last one")
+    disabled = HistoryTruncation(enabled=False)
+    fit = conversation.fit(count_words, 10_000, new, truncation=disabled)
+    assert fit.dropped == 0 and len(fit.messages) == 22
+    with pytest.raises(ContextFullError, match="truncation is disabled"):
+        conversation.fit(count_words, 40, new, truncation=disabled)
+    assert conversation.fit(count_words, 40, new).dropped > 0  # auto lets them go
+
+
+def test_a_retention_ratio_drops_to_its_share_of_the_limit() -> None:
+    """Past ``post_instructions`` (here 40 of the history's tokens), turns
+    leave until the history is at most ``retention_ratio`` (0.5) of it."""
+    conversation = ten_exchanges()
+    new = Message("user", "last one")
+    system = count_words([Message("system", "be brief")])
+    rule = HistoryTruncation(limit_tokens=40, retention_ratio=0.5)
+    fit = conversation.fit(count_words, 10_000, new, truncation=rule)
+    assert count_words(fit.messages) - system <= 20
+    assert fit.messages[1].role == "user" and fit.messages[-1] == new
+    limited = conversation.fit(
+        count_words, 10_000, new, truncation=HistoryTruncation(limit_tokens=40)
+    )
+    assert 20 < count_words(limited.messages) - system <= 40  # no ratio: only what must go
+    short = Conversation("be brief")
+    short.add("user", "hi")
+    assert short.fit(count_words, 10_000, new, truncation=rule).dropped == 0  # under the limit
+
+
+def test_tokens_to_drop_reads_the_limit_under_the_contexts_room() -> None:
+    assert tokens_to_drop(HistoryTruncation(), 90, 20, 100) == 10
+    assert tokens_to_drop(HistoryTruncation(limit_tokens=500), 90, 20, 100) == 10
+    assert (
+        tokens_to_drop(HistoryTruncation(limit_tokens=50, retention_ratio=0.2), 40, 20, 100) == 50
+    )
+    assert tokens_to_drop(HistoryTruncation(enabled=False), 40, 20, 100) == 0
+    with pytest.raises(ContextFullError):
+        tokens_to_drop(HistoryTruncation(enabled=False), 90, 20, 100)
 
 
 def test_an_answer_that_repeats_an_earlier_one_lets_the_history_go() -> None:

@@ -224,3 +224,32 @@ async def test_semantic_vad_judges_the_turn_by_meaning(cascade: Server):
     spoken_ms = (0.6 + speak(question).size / 16_000) * 1000
     assert stopped.audio_end_ms - spoken_ms < 1200  # judged before the silence rule
     assert done.response.status == "completed"
+
+
+async def test_truncation_disabled_refuses_an_answer_past_the_context(cascade: Server):
+    """``truncation: "disabled"``: a conversation past the cascade's context
+    (2048 tokens) is not cut; the answer fails with context_length_exceeded
+    and the session goes on; with "auto" the oldest items leave and it answers."""
+    words = " ".join(["tea"] * 400)  # a few hundred tokens an item
+    session = {"type": "realtime", "output_modalities": ["text"], "truncation": "disabled"}
+    async with connect(cascade) as connection:
+        await until(connection, "session.created")
+        await connection.session.update(session=session)
+        updated, _ = await until(connection, "session.updated")
+        assert updated.session.truncation == "disabled"
+        for index in range(8):
+            text = {"type": "input_text", "text": f"Note {index}: {words}."}
+            item = {"type": "message", "role": "user", "content": [text]}
+            await connection.conversation.item.create(item=item)
+            await until(connection, "conversation.item.done")
+        await connection.response.create()
+        done, seen = await until(connection, "response.done", timeout=120)
+        assert done.response.status == "failed"
+        assert done.response.status_details.error.code == "context_length_exceeded"
+        assert any(e.type == "error" and e.error.code == "context_length_exceeded" for e in seen)
+        await connection.session.update(session={"type": "realtime", "truncation": "auto"})
+        await until(connection, "session.updated")
+        await connection.response.create()
+        done, _ = await until(connection, "response.done", timeout=120)
+        assert done.response.status == "completed"
+        assert done.response.output[0].content[0].text.strip()

@@ -6,8 +6,17 @@ answers on, its ledger (what a client's edits cut back to) still true."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from omnilive.engines.messages import ChatMessage, ChatOptions, GenerationOptions, TextPart
+from omnilive.engines.messages import (
+    ChatMessage,
+    ChatOptions,
+    GenerationOptions,
+    HalfDuplexOptions,
+    HistoryTruncation,
+    TextPart,
+)
+from omnilive.engines.truncation import ContextFullError
 from tests.minicpmo.test_slot_conversation import force, opened, tokens
 from tests.minicpmo.test_slot_engine import engine, tiny  # noqa: F401 - the fixtures
 
@@ -98,3 +107,49 @@ async def test_a_chat_longer_than_the_context_is_answered_from_its_last_turns(en
         assert sum(chunk.n_tokens for chunk in chunks) > 0
     finally:
         chat.close()
+
+
+async def heard_turns(view, count: int) -> list[tuple[int, int]]:
+    """``count`` turns; after each message's prefill, the history's length
+    (what follows the system prompt) and the turns let go so far."""
+    session, seen = view._session, []
+    system = session.kv_length
+    for index in range(count):
+        force(view, f"Answer {index}.")
+        await view.snapshot()
+        speech = np.random.default_rng(index).normal(0, 0.05, int(16_000 * SPEECH_S))
+        await view.prefill(speech.astype(np.float32))
+        seen.append((session.kv_length - system, session.window.dropped_turns))
+        assert "".join([chunk.text async for chunk in view.generate()]) == f"Answer {index}."
+    return seen
+
+
+async def test_truncation_disabled_lets_no_turn_go_and_refuses_the_one_past_the_context(engine):
+    """The Realtime API's ``truncation: "disabled"``: the history never slides;
+    the message that would pass the context is refused, the session kept."""
+    async with opened(engine) as view:
+        stay = HalfDuplexOptions(tts_enabled=False, truncation=HistoryTruncation(enabled=False))
+        await view.set_options(stay)
+        session = view._session
+        capacity = session.loop.steps.cache.capacity
+        with pytest.raises(ContextFullError, match="truncation is disabled"):
+            await heard_turns(view, 200)
+        assert session.window.dropped_turns == 0
+        assert session.kv_length > capacity // 2  # it filled up to the refusal
+        await view.rollback()
+        assert session.kv_length == session.loop.steps.cache.lengths[session.slot]
+
+
+async def test_a_retention_ratio_lets_the_history_go_to_its_share_of_the_limit(engine):
+    """``retention_ratio`` 0.5 of ``post_instructions`` 400: the history
+    stays under 400, and each slide takes it to at most 200 with the new
+    message, so it slides every few turns, not at each."""
+    async with opened(engine) as view:
+        rule = HistoryTruncation(limit_tokens=400, retention_ratio=0.5)
+        await view.set_options(HalfDuplexOptions(tts_enabled=False, truncation=rule))
+        seen = await heard_turns(view, 14)
+    assert all(history <= 400 for history, _ in seen)
+    slides = [(h, d) for (h, d), (_, before) in zip(seen[1:], seen, strict=False) if d > before]
+    assert len(slides) >= 2
+    assert all(history <= 200 for history, _ in slides)
+    assert seen[-1][1] < len(seen) - 2  # whole runs of turns between the slides

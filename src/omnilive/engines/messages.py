@@ -122,12 +122,33 @@ class ChatOptions:
 
 
 @dataclass(frozen=True)
+class HistoryTruncation:
+    """How a conversation makes room when its history (what follows the
+    instructions) passes its limit: the OpenAI Realtime API's
+    ``session.truncation``. The oldest whole turns leave first; the
+    instructions and the newest message stay.
+
+    ``enabled`` False ("disabled"): nothing ever leaves, and a message or an
+    answer that does not fit fails (:mod:`omnilive.engines.truncation`). ``limit_tokens``
+    (``token_limits.post_instructions``): the history's own limit, under the
+    one the context sets (None: the context's, less the answer's room).
+    ``retention_ratio``: once past the limit, turns leave until the history
+    is at most that share of it, so that a long conversation slides now and
+    then rather than at every turn (None: only as much as the message needs)."""
+
+    enabled: bool = True
+    limit_tokens: int | None = None
+    retention_ratio: float | None = None
+
+
+@dataclass(frozen=True)
 class HalfDuplexOptions:
     generation: GenerationOptions = field(
         default_factory=lambda: GenerationOptions(max_new_tokens=256, length_penalty=1.1)
     )
     tts_enabled: bool = True
     voice: Voice | None = None
+    truncation: HistoryTruncation = field(default_factory=HistoryTruncation)
 
 
 class WindowMode(StrEnum):

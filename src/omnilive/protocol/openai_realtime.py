@@ -109,6 +109,26 @@ Modalities = Annotated[list[Modality], Field(min_length=1, max_length=2)]
 MaxOutputTokens = Annotated[int, Field(ge=1, le=4096)] | Literal["inf"]
 
 
+class TokenLimits(BaseModel):
+    model_config = _MODEL
+    post_instructions: int | None = Field(None, ge=1)
+
+
+class RetentionRatio(BaseModel):
+    """Truncation that lets the history go down to ``retention_ratio`` of its
+    limit (``token_limits.post_instructions``, else the context's) once past it."""
+
+    model_config = _MODEL
+    type: Literal["retention_ratio"]
+    retention_ratio: float = Field(ge=0.0, le=1.0)
+    token_limits: TokenLimits | None = None
+
+
+# When the conversation outgrows the context: "auto", the oldest turns leave as
+# the engine needs; "disabled", none do and the answer fails instead.
+Truncation = Literal["auto", "disabled"] | RetentionRatio
+
+
 class SessionConfig(BaseModel):
     """The session as the client configures it; the fields a ``session.update``
     names replace the session's, the others stay."""
@@ -125,6 +145,7 @@ class SessionConfig(BaseModel):
     # The beta API's sampling temperature, which clients written for it still
     # send; omnilive honours it (0: greedy, the same answer every time).
     temperature: float | None = Field(None, ge=0.0, le=2.0)
+    truncation: Truncation = "auto"
 
     def updated(self, change: SessionConfig) -> SessionConfig:
         """This session with the fields ``change`` was given replaced; the
@@ -311,7 +332,7 @@ ERROR_CODES = frozenset(
         # an event the session cannot follow (worker): the session goes on
         "item_not_found", "item_already_exists", "conversation_full", "unsupported",
         "input_audio_buffer_commit_empty", "conversation_already_has_active_response",
-        "response_cancel_not_active", "inference_error",
+        "response_cancel_not_active", "inference_error", "context_length_exceeded",
         # the session ends
         "session_expired", "server_shutdown", "context_full", "server_error", "app_disabled",
     }
@@ -412,7 +433,6 @@ def session_object(session_id: str, config: SessionConfig, model: str) -> dict[s
         "model": model,
         "expires_at": 0,
         "tracing": None,
-        "truncation": "auto",
         "prompt": None,
     }
 

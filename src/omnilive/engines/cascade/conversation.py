@@ -24,11 +24,14 @@ from typing import TYPE_CHECKING
 
 from omnilive.engines.base import EngineError
 from omnilive.engines.cascade.llm import Message
+from omnilive.engines.messages import HistoryTruncation
+from omnilive.engines.truncation import tokens_to_drop
 
 if TYPE_CHECKING:
     from omnilive.engines.cascade.stack import Notices
 
 log = logging.getLogger(__name__)
+AUTO = HistoryTruncation()
 Counter = Callable[[list[Message]], int]
 # An answer whose first ECHO_WORDS words are an earlier answer's is a repeat
 # (shorter answers are not judged: "Yes, of course." may well come twice).
@@ -62,29 +65,49 @@ class Conversation:
     def messages(self, *extra: Message) -> list[Message]:
         return [Message("system", self.system), *self.turns, *extra]
 
-    def fit(self, count: Counter, budget: int, *extra: Message) -> Fit:
-        """The fewest oldest turns to drop so the prompt with ``extra`` fits ``budget``.
+    def fit(
+        self,
+        count: Counter,
+        budget: int,
+        *extra: Message,
+        truncation: HistoryTruncation = AUTO,
+    ) -> Fit:
+        """The fewest oldest turns to drop so the prompt with ``extra`` fits
+        ``budget``, as ``truncation`` says (a client's limit and retention
+        ratio; disabled: none leave, and a prompt past the budget is
+        :class:`ContextFullError`).
 
         Turns go from the front until the history starts at a user turn again,
         so an answer is never kept without its question; beyond ``keep``
-        turns the oldest go whatever the budget.
+        turns the oldest go whatever the budget, unless truncation is disabled.
         """
-        dropped = max(0, len(self.turns) - self.keep) if self.keep else 0
-        while 0 < dropped < len(self.turns) and self.turns[dropped].role != "user":
-            dropped += 1
+        keep = self.keep if truncation.enabled else 0
+        dropped = self._from_a_question(max(0, len(self.turns) - keep) if keep else 0)
+        system = count([Message("system", self.system)])
+        tokens = count(self._prompt(dropped, extra))
+        target = tokens - tokens_to_drop(truncation, tokens - system, 0, budget - system)
         while True:
-            messages = [Message("system", self.system), *self.turns[dropped:], *extra]
+            messages = self._prompt(dropped, extra)
             tokens = count(messages)
-            if tokens <= budget:
+            if tokens <= target:
                 return Fit(dropped, messages, tokens)
             if dropped >= len(self.turns):
+                if tokens <= budget:  # past a retention target, within the context
+                    return Fit(dropped, messages, tokens)
                 raise EngineError(
                     f"the prompt needs {tokens} tokens even without history; "
                     f"the context leaves {budget} for it"
                 )
+            dropped = self._from_a_question(dropped + 1)
+
+    def _prompt(self, dropped: int, extra: tuple[Message, ...]) -> list[Message]:
+        return [Message("system", self.system), *self.turns[dropped:], *extra]
+
+    def _from_a_question(self, dropped: int) -> int:
+        """``dropped`` turns, or more: up to the next user turn (0 stays 0)."""
+        while 0 < dropped < len(self.turns) and self.turns[dropped].role != "user":
             dropped += 1
-            while dropped < len(self.turns) and self.turns[dropped].role != "user":
-                dropped += 1
+        return dropped
 
     def commit(self, fit: Fit, *extra: Message) -> None:
         """Apply a :meth:`fit` and append the turns it was computed with."""

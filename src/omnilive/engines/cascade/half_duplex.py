@@ -22,6 +22,7 @@ the early work, which is discarded without touching the history.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -124,7 +125,9 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
         self._voice = self._stack.voice(options.voice, self._notices).espeak
         with self._lock:
             self._conversation = self._stack.conversation(text_of(system))
-            fit = self._conversation.fit(self._stack.llm.count, self._budget())
+            fit = self._conversation.fit(
+                self._stack.llm.count, self._budget(), truncation=self._options.truncation
+            )
         self.context_tokens = fit.tokens
         return fit.tokens
 
@@ -260,7 +263,12 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
         self._cancel_early(wait=True)
         extra = [Message("system", instructions)] if instructions else []
         with self._lock:
-            fit = self._conversation.fit(self._stack.llm.count, self._budget(), *extra)
+            fit = self._conversation.fit(
+                self._stack.llm.count,
+                self._budget(),
+                *extra,
+                truncation=self._options.truncation,
+            )
             self._conversation.commit(fit)  # drops what no longer fits; adds nothing
         self._turn = _Turn(fit, None, [])
 
@@ -278,7 +286,7 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
     def set_options(self, options: HalfDuplexOptions) -> None:
         self._cancel_early(wait=True)
         voice = self._options.voice if options.voice is None else options.voice
-        self._options = HalfDuplexOptions(options.generation, options.tts_enabled, voice)
+        self._options = dataclasses.replace(options, voice=voice)
 
     def rollback(self) -> None:
         self._cancel_early(wait=True)
@@ -321,7 +329,9 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
     def _fit(self, transcript: Transcript) -> Fit:
         """The prompt for this turn; the caller holds the lock."""
         user = Message("user", transcript.text or INAUDIBLE)
-        return self._conversation.fit(self._stack.llm.count, self._budget(), user)
+        return self._conversation.fit(
+            self._stack.llm.count, self._budget(), user, truncation=self._options.truncation
+        )
 
     def _start_early(
         self,

@@ -8,8 +8,20 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from omnilive.engines.messages import GenerationOptions, HalfDuplexOptions, Tools
-from omnilive.protocol.openai_realtime import ResponseParams, SemanticVad, SessionConfig
+from omnilive.engines.base import CapabilityError, EngineError
+from omnilive.engines.messages import (
+    GenerationOptions,
+    HalfDuplexOptions,
+    HistoryTruncation,
+    Tools,
+)
+from omnilive.engines.truncation import ContextFullError
+from omnilive.protocol.openai_realtime import (
+    ResponseParams,
+    SemanticVad,
+    SessionConfig,
+    Truncation,
+)
 from omnilive.vad import VadConfig
 from omnilive.worker.machines.session import Phase, SessionMachine
 
@@ -68,7 +80,22 @@ def options(config: SessionConfig, params: ResponseParams | None = None) -> Half
         generation = dataclasses.replace(
             generation, temperature=temperature, do_sample=temperature > 0
         )
-    return HalfDuplexOptions(generation=generation, tts_enabled="audio" in modalities)
+    return HalfDuplexOptions(
+        generation=generation,
+        tts_enabled="audio" in modalities,
+        truncation=truncation(config.truncation),
+    )
+
+
+def truncation(asked: Truncation) -> HistoryTruncation:
+    """The engine's rule for a session's ``truncation``."""
+    if asked == "auto":
+        return HistoryTruncation()
+    if asked == "disabled":
+        return HistoryTruncation(enabled=False)
+    limits = asked.token_limits
+    limit = limits.post_instructions if limits is not None else None
+    return HistoryTruncation(limit_tokens=limit, retention_ratio=asked.retention_ratio)
 
 
 def tools(config: SessionConfig, params: ResponseParams | None = None) -> Tools:
@@ -84,3 +111,13 @@ def overrides(params: ResponseParams) -> tuple[bool, bool]:
     changes_tools = params.tools is not None or params.tool_choice is not None
     changes_options = params.output_modalities or params.max_output_tokens
     return changes_tools, bool(changes_options) or params.temperature is not None
+
+
+def engine_error_code(exc: EngineError) -> str:
+    """The ``error.code`` of an engine's failure: a capability it lacks, a
+    conversation with no room that may not truncate, or any other."""
+    if isinstance(exc, CapabilityError):
+        return "unsupported"
+    if isinstance(exc, ContextFullError):
+        return "context_length_exceeded"
+    return "inference_error"

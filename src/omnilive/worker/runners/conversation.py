@@ -155,7 +155,7 @@ class ConversationRunner(Responses, StreamingRunner):
             except OpenAIError as exc:
                 await self._error(exc)
             except EngineError as exc:  # a capability the engine lacks, a failed step
-                code = "unsupported" if isinstance(exc, CapabilityError) else "inference_error"
+                code = rules.engine_error_code(exc)
                 await self._error(OpenAIError(code, str(exc), None, client_event_id))
 
     async def _start(self, data: dict[str, Any]) -> None:
@@ -235,7 +235,7 @@ class ConversationRunner(Responses, StreamingRunner):
     ) -> None:
         """An update's engine part; what the engine refuses (tools, options)
         is an error and keeps its former value, the rest stands."""
-        option_fields = ("output_modalities", "max_output_tokens", "temperature")
+        option_fields = ("output_modalities", "max_output_tokens", "temperature", "truncation")
         kept = {name: getattr(before, name) for name in option_fields}
         if any(getattr(self.config, name) != kept[name] for name in option_fields):
             options = rules.options(self.config)

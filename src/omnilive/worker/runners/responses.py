@@ -152,8 +152,10 @@ class Responses:
             log.warning("response %s of %s failed: %s", presenter.id, self.session_id, exc)
             await self.runtime.step(record, session.rollback)
             failed = f"the response failed: {exc}"
-            error = {"type": "server_error", "code": "inference_error", "message": failed}
-            await self.send(error_event("inference_error", failed, kind="server_error"))
+            code = rules.engine_error_code(exc)
+            kind = "server_error" if code == "inference_error" else "invalid_request_error"
+            error = {"type": kind, "code": code, "message": failed}
+            await self.send(error_event(code, failed, kind=kind))
         finally:
             log.info("response %s %s: %s", presenter.id, status, session.turn_timings)
             await self._finish(params, presenter, status, reason, out_tokens, error)

@@ -59,7 +59,7 @@ import numpy as np
 import torch
 
 from omnilive.engines.base import EngineError
-from omnilive.engines.messages import TextAudioChunk
+from omnilive.engines.messages import HistoryTruncation, TextAudioChunk
 from omnilive.engines.minicpmo.runtime.batch import StepResult
 from omnilive.engines.minicpmo.runtime.loop import BatchLoop
 from omnilive.engines.minicpmo.runtime.programs import Pick, Program, Step
@@ -82,6 +82,7 @@ from omnilive.engines.minicpmo.sessions.simplex_rules import (
 from omnilive.engines.minicpmo.sessions.simplex_speech import Piece, SpeechTurn
 from omnilive.engines.minicpmo.sessions.simplex_window import Turn, TurnWindow
 from omnilive.engines.minicpmo.sessions.vocoder import VoiceStream, voice_together
+from omnilive.engines.truncation import tokens_to_drop
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +167,8 @@ class SlotSimplex:
         # oldest turns leave to make them (the view sets it from the answer's
         # max_new_tokens).
         self.answer_room = TEXT_CHUNK
+        # Which of them may leave, and when (the Realtime API's truncation).
+        self.truncation = HistoryTruncation()
 
     # --- a message ----------------------------------------------------------------------
 
@@ -269,7 +272,13 @@ class SlotSimplex:
         self.first = False
         capacity = self.loop.steps.cache.capacity
         room = max(TEXT_CHUNK, min(self.answer_room, capacity // 2))
-        over = self.kv_length + int(embeds.shape[0]) + room - capacity
+        incoming = int(embeds.shape[0])
+        if self.window.turns:  # a conversation's message, after the system prompt
+            system = self.window.turns[0].start
+            history = self.kv_length - system
+            over = tokens_to_drop(self.truncation, history, incoming, capacity - room - system)
+        else:
+            over = self.kv_length + incoming + room - capacity
         if over > 0:
             self.kv_length -= await self.window.make_room(over, self.kv_length)
         if self.kv_length + int(embeds.shape[0]) + TEXT_CHUNK > capacity:

@@ -223,6 +223,7 @@ class SlotHalfDuplex(_SlotSimplexView, HalfDuplexSession):
         session = await self._open()
         session.window.listener = self._slid
         session.answer_room = options.generation.max_new_tokens
+        session.truncation = options.truncation
         self._options = options
         self._instructions = "\n".join(c for c in content if isinstance(c, str))
         self._system_media = [c for c in content if not isinstance(c, str)]
@@ -317,6 +318,7 @@ class SlotHalfDuplex(_SlotSimplexView, HalfDuplexSession):
         session = self._require()
         self._options = options
         session.answer_room = options.generation.max_new_tokens
+        session.truncation = options.truncation
         reference = self._voice_of(options.voice, options.tts_enabled)
         if reference is not None:
             with model_errors("prefill"):
