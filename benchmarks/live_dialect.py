@@ -28,13 +28,16 @@ delegations are judged.
 Prints the figures and saves them under benchmarks/results/.
 
     python -m benchmarks.live_dialect [--questions 4] [--no-transcripts] [--skip-latency]
-        [--skip-delegation]
+        [--skip-delegation] [--engine cascade|scripted]
 
 Saved as ``live_dialect_cascade.json``: ``…_no_transcripts`` without the side
 Whisper (which also leaves out the delegation part: the judge reads
 transcripts), ``…_latency`` or ``…_delegation`` where the other part is skipped.
-A run's 1 s units make one pair's difference a unit's either way: the figures
-and what they showed are in docs/benchmarks/notes.md.
+A run's 1 s units make one pair's difference a unit's either way on the
+cascade; on the scripted engine (``--engine scripted``, saved as
+``live_dialect_scripted…``) both routes speak in the same unit, so a pair's
+difference is what the Live route adds. The figures and what they showed are
+in docs/benchmarks/notes.md.
 """
 
 from __future__ import annotations
@@ -173,25 +176,26 @@ def summary(values: list[float]) -> dict[str, Any]:
 
 
 async def live_first_audio(server: Server, turn: np.ndarray) -> float:
-    """Seconds from the speech's end to the first audio after it (NaN: none in time)."""
-    client = AsyncOpenAI(base_url=f"{server.http}/v1", api_key="x")
-    async with client.live.connect() as connection:
-        await connection.session.start(
-            session={"model": "gpt-live-1", "instructions": LATENCY_PROMPT}
-        )
-        async for event in connection:
-            if event.type == "session.started":
-                break
-            if event.type == "error":
-                raise RuntimeError(f"session.start refused: {event}")
+    """Seconds from the speech's end to the first audio after it (NaN: none
+    in time). A plain WebSocket client, as the duplex route's is: the
+    ``openai`` SDK's parsing of every event into its types is the client's
+    cost, not the dialect's (its own test drives the SDK)."""
+    async with connect(f"{server.ws}/v1/live/sessions", max_size=None) as ws:
+        session = {"model": "gpt-live-1", "instructions": LATENCY_PROMPT}
+        await ws.send(json.dumps({"type": "session.start", "session": session}))
+        while (message := json.loads(await ws.recv())).get("type") != "session.started":
+            if message.get("type") == "error":
+                raise RuntimeError(f"session.start refused: {message}")
 
         async def send(piece: np.ndarray) -> None:
-            await connection.session.input_audio.append(audio=pcm24(piece))
+            append = {"type": "session.input_audio.append", "audio": pcm24(piece)}
+            await ws.send(json.dumps(append))
+
+        def answer(raw: Any) -> bool:
+            return json.loads(raw).get("type") == "session.output_audio.delta"
 
         player, ended = start_playing(send, turn)
-        return await first_answer_after(
-            player, ended, connection, lambda event: event.type == "session.output_audio.delta"
-        )
+        return await first_answer_after(player, ended, ws, answer)
 
 
 async def duplex_first_audio(server: Server, turn: np.ndarray) -> float:
@@ -398,7 +402,7 @@ async def delegation(server: Server, llm_url: str) -> dict[str, Any]:
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
-    figures: dict[str, Any] = {"machine": this_machine(), "engine": "cascade"}
+    figures: dict[str, Any] = {"machine": this_machine(), "engine": args.engine}
     figures["load_average_before"] = [round(x, 2) for x in os.getloadavg()]
     with tempfile.TemporaryDirectory() as folder:
         tmp = Path(folder)
@@ -409,7 +413,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             "OMNILIVE_LIVE__BACKEND__URL": llm_url,
             "OMNILIVE_LIVE__BACKEND__STREAM_AUTO_TOOLS": "false",
         }
-        server = Server(tmp, engine="cascade", env=env).start()
+        server = Server(tmp, engine=args.engine, env=env).start()
         try:
             await server.wait_ready(timeout=240, workers=1)
             if not args.skip_latency:
@@ -435,9 +439,16 @@ def main() -> None:
     parser.add_argument("--no-transcripts", dest="transcripts", action="store_false")
     parser.add_argument("--skip-latency", action="store_true")
     parser.add_argument("--skip-delegation", action="store_true")
+    parser.add_argument(
+        "--engine",
+        default="cascade",
+        choices=["cascade", "scripted"],
+        help="scripted: the dialect's own cost alone (its units are the same on both "
+        "routes, so a pair differs by what the routes add, not by a unit)",
+    )
     args = parser.parse_args()
     figures = asyncio.run(main_async(args))
-    name = "live_dialect_cascade" + ("" if args.transcripts else "_no_transcripts")
+    name = f"live_dialect_{args.engine}" + ("" if args.transcripts else "_no_transcripts")
     if args.transcripts and (args.skip_latency or args.skip_delegation):
         name += "_delegation" if args.skip_latency else "_latency"
     path = save_result(name, figures)

@@ -41,6 +41,14 @@ def _spoken(text: str, voice: str) -> bytes:
     return spoken
 
 
+# A spoken question about the weather that Whisper hears whole on any CPU:
+# its int8 decoding heard espeak-ng's "What is the weather in Paris?" as "the
+# winner" at 2 of 12 paddings here (and other weather questions at up to 6),
+# which made a turn that needs the weather judge neither delegated nor called.
+# This one was heard right at 12 of 12.
+WEATHER_QUESTION = "How is the weather in London today?"
+
+
 def speak(text: str, voice: str = "en-us") -> np.ndarray:
     """``text`` spoken by espeak-ng, as 16 kHz float32 (trimmed of edge silence)."""
     samples = np.frombuffer(_spoken(text, voice), dtype=np.float32)

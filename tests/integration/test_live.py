@@ -21,7 +21,7 @@ from pydantic import TypeAdapter
 
 from omnilive.audio import INPUT_RATE, resample
 from tests.servers import Server
-from tests.speech import silence, speak
+from tests.speech import WEATHER_QUESTION, silence, speak
 
 pytestmark = pytest.mark.shared_server(env={"OMNILIVE_TRANSCRIPTION__WHISPER": "true"})
 SERVER_EVENT = TypeAdapter(ServerEvent)
@@ -166,7 +166,7 @@ async def test_a_client_delegation_round_trip(server: Server):
     async with connect(server) as connection:
         await start(connection, instructions=DELEGATING)
         await stream(connection, silence(1.0))
-        await stream(connection, speak("What is the weather in Paris?"))
+        await stream(connection, speak(WEATHER_QUESTION))
         await stream(connection, silence(2.0))
         created, seen = await until(connection, "session.delegation.created")
         assert created.delegation.target == "client" and created.offset_ms > 1000

@@ -21,11 +21,11 @@ from pydantic import TypeAdapter
 from tests.integration.test_live import DELEGATING, connect, start, stream, until
 from tests.llm_server import serve_llm
 from tests.servers import Server, running
-from tests.speech import silence, speak
+from tests.speech import WEATHER_QUESTION, silence, speak
 
 pytestmark = pytest.mark.cascade
 BACKEND_EVENT = TypeAdapter(ResponseStreamEvent)
-FORECAST = json.dumps({"city": "Paris", "forecast": "sunny", "celsius": 21})
+FORECAST = json.dumps({"city": "London", "forecast": "sunny", "celsius": 21})
 WEATHER = {
     "type": "function",
     "name": "get_weather",
@@ -77,7 +77,7 @@ async def test_a_responses_delegation_with_a_function_tool(cascade: Server):
             delegation={"type": "responses", "responses": responses},
         )
         await stream(connection, silence(1.0))
-        await stream(connection, speak("What is the weather in Paris?"))
+        await stream(connection, speak(WEATHER_QUESTION))
         await stream(connection, silence(2.0))
         created, _ = await until(connection, "session.delegation.created", timeout=60)
         assert created.delegation.target == "responses"
@@ -109,7 +109,7 @@ async def test_a_client_delegation_on_the_cascade(cascade: Server):
     async with connect(cascade) as connection:
         await start(connection, instructions=DELEGATING)
         await stream(connection, silence(1.0))
-        await stream(connection, speak("What is the weather in Paris?"))
+        await stream(connection, speak(WEATHER_QUESTION))
         await stream(connection, silence(2.0))
         created, seen = await until(connection, "session.delegation.created", timeout=60)
         heard = [e for e in seen if e.type == "session.input_transcript.delta"]

@@ -20,7 +20,7 @@ import pytest
 from tests.integration.test_realtime_openai import connect, pcm24, until
 from tests.llm_server import serve_llm
 from tests.servers import Server
-from tests.speech import silence, speak
+from tests.speech import WEATHER_QUESTION, silence, speak
 
 pytestmark = pytest.mark.cascade
 QUESTION = "What is the capital of France?"
@@ -136,7 +136,7 @@ async def test_a_spoken_conversation_with_a_tool_call(cascade_with_tools: Server
         "tools": [weather],
         "tool_choice": {"type": "function", "name": "get_weather"},
     }
-    speech = np.concatenate([silence(0.6), speak("What is the weather in Paris?"), silence(1.5)])
+    speech = np.concatenate([silence(0.6), speak(WEATHER_QUESTION), silence(1.5)])
     async with connect(cascade_with_tools) as connection:
         await until(connection, "session.created")
         await connection.session.update(session=session)
@@ -153,7 +153,7 @@ async def test_a_spoken_conversation_with_a_tool_call(cascade_with_tools: Server
         output = {
             "type": "function_call_output",
             "call_id": call.call_id,
-            "output": json.dumps({"city": "Paris", "forecast": "sunny", "celsius": 21}),
+            "output": json.dumps({"city": "London", "forecast": "sunny", "celsius": 21}),
         }
         await connection.conversation.item.create(item=output)
         await until(connection, "conversation.item.done")

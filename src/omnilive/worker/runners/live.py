@@ -173,7 +173,8 @@ class LiveRunner(DuplexRunner):
             self.machine.prepare_failed()
             return
         self.machine.prepared(time.monotonic())
-        self.vad = StreamingVad(await asyncio.to_thread(SileroModel), TURN_VAD)
+        if self.runtime.transcriber is not None:  # no transcript: no turn to judge
+            self.vad = StreamingVad(await asyncio.to_thread(SileroModel), TURN_VAD)
 
     async def _session_update(self, data: dict[str, Any]) -> None:
         self.config = SessionConfig.model_validate(data["session"])
@@ -246,9 +247,14 @@ class LiveRunner(DuplexRunner):
         start_ms = self.heard_ms
         self.heard_ms += samples.size / INPUT_RATE * 1000
         if self.muted:  # the model hears silence, and no turn is transcribed
-            samples = np.zeros_like(samples)
-        elif self.vad is not None:
-            for vad_event in self.vad.feed(samples):
+            self._push(np.zeros_like(samples), [], False)
+            return
+        # The model first: the turn VAD (Silero over the chunk: ~10 ms a
+        # second of audio on 2 cores) is for transcripts, which may wait, so
+        # it runs off the event loop while the unit goes to the engine.
+        self._push(samples, [], False)
+        if self.vad is not None:
+            for vad_event in await asyncio.to_thread(self.vad.feed, samples):
                 if isinstance(vad_event, SpeechStarted):
                     self._turn_start_ms = start_ms
                 elif isinstance(vad_event, SpeechEnded):
@@ -256,7 +262,6 @@ class LiveRunner(DuplexRunner):
                     task = self.spawn("turn", self._turn(vad_event.segment, *turn))
                     self._turns.add(task)
                     task.add_done_callback(self._turns.discard)
-        self._push(samples, [], False)
 
     async def _turn(self, speech: np.ndarray, start_ms: float, end_ms: float) -> None:
         """A user turn: its transcript, then the judge (off the reader)."""
