@@ -84,21 +84,21 @@ class Conversation:
         keep = self.keep if truncation.enabled else 0
         dropped = self._from_a_question(max(0, len(self.turns) - keep) if keep else 0)
         system = count([Message("system", self.system)])
-        tokens = count(self._prompt(dropped, extra))
+        messages = self._prompt(dropped, extra)
+        tokens = count(messages)
         target = tokens - tokens_to_drop(truncation, tokens - system, 0, budget - system)
-        while True:
-            messages = self._prompt(dropped, extra)
-            tokens = count(messages)
-            if tokens <= target:
-                return Fit(dropped, messages, tokens)
+        while tokens > target:
             if dropped >= len(self.turns):
                 if tokens <= budget:  # past a retention target, within the context
-                    return Fit(dropped, messages, tokens)
+                    break
                 raise EngineError(
                     f"the prompt needs {tokens} tokens even without history; "
                     f"the context leaves {budget} for it"
                 )
             dropped = self._from_a_question(dropped + 1)
+            messages = self._prompt(dropped, extra)
+            tokens = count(messages)
+        return Fit(dropped, messages, tokens)
 
     def _prompt(self, dropped: int, extra: tuple[Message, ...]) -> list[Message]:
         return [Message("system", self.system), *self.turns[dropped:], *extra]
