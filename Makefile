@@ -15,7 +15,8 @@ APT_PACKAGES := espeak-ng sox ffmpeg chromium fonts-wqy-microhei cmake build-ess
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: serve test test-fast lint docs docs-serve plots system-deps clean
+.PHONY: serve test test-fast lint docs docs-serve plots system-deps container-deps \
+  container-check clean
 
 serve: $(VENV)/.ready-serve
 	$(BIN)/omnilive serve
@@ -26,7 +27,7 @@ serve: $(VENV)/.ready-serve
 # TEST_JOBS processes whatever the cores, whole modules to a process (a
 # module's servers start once); docs/development.md says more.
 TEST_JOBS ?= 4
-test: $(VENV)/.ready-test $(NODE_CLIENTS)/node_modules/.ready
+test: $(VENV)/.ready-test $(NODE_CLIENTS)/node_modules/.ready | container-deps
 	$(BIN)/ruff check src tests benchmarks tools
 	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile
@@ -62,6 +63,26 @@ system-deps:
 	  $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
+
+# The container check (tests/container; docs/operating/containers.md): podman
+# and buildah build and start the image, debootstrap makes its Debian base
+# (no image registry is reachable where the check runs). `make test` installs
+# them too, so that the check runs there rather than skipping.
+CONTAINER_PACKAGES := podman buildah debootstrap
+container-deps:
+	@missing=""; for p in $(CONTAINER_PACKAGES); do \
+	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing container tools:$$missing"; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+# Builds the cpu image from the committed tree, starts `omnilive serve` in it
+# and talks to it (the first run makes the base image and every layer; later
+# runs reuse them).
+container-check: $(VENV)/.ready-test container-deps
+	$(BIN)/python -m pytest tests/container -v
 
 # llama-cpp-python is source-only on PyPI, and llama.cpp builds by default for
 # the CPU it is built on (-march=native, AMX included where the CPU has it).

@@ -35,7 +35,15 @@ FAST_FOLDERS = {"unit"}
 # seconds in the last run are kept in pytest's cache; before any run, the
 # folders whose modules run longest come first.
 SECONDS_KEY = "omnilive/module_seconds"
-FOLDER_ORDER = ["minicpmo", "cascade", "browser", "security", "openai_clients", "integration"]
+FOLDER_ORDER = [
+    "container",
+    "minicpmo",
+    "cascade",
+    "browser",
+    "security",
+    "openai_clients",
+    "integration",
+]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
