@@ -9,8 +9,10 @@ the instructions that speak of delegating ("delegate weather questions",
 
 - :class:`CueJudge` (``live.judge.mode = "cues"``, the default): the turn is
   delegated when it shares a content word with one of those cues (a tool's
-  name and description, a delegation line's words); no model, a
-  fraction of a millisecond, and the same answer every time.
+  name and description, a delegation line's words), each cue widened by its
+  topic's words ("weather" by "rain", "sunny") and a heard word let be
+  Whisper's sound-alike of a cue word ("train" for "rain"): ``topics.py``;
+  no model, a fraction of a millisecond, and the same answer every time.
 - :class:`ModelJudge` (``"model"``): a text model on any OpenAI-compatible
   server is asked yes or no, with the instructions and the tools.
 
@@ -30,6 +32,7 @@ from omnilive.engines.cascade.llm import Message
 from omnilive.engines.cascade.remote_llm import RemoteChat
 from omnilive.engines.messages import GenerationOptions
 from omnilive.live_settings import JudgeSettings
+from omnilive.worker.delegation.topics import families, sounds_like, widened
 
 # Words in a line of the instructions that make it a delegation line.
 _DELEGATION_MARKS = ("delegat", "hand off", "handoff", "hand over", "backend", "escalat", "look up")
@@ -103,12 +106,15 @@ class Judge(Protocol):
 class CueJudge:
     """See the module: a shared content word delegates."""
 
+    topic_families: list[frozenset[str]] = field(default_factory=lambda: families(stem))
+
     def judge_now(self, turn: str, delegable: Delegable) -> Verdict:
         heard = words(turn)
         for line in delegable.cue_lines():
-            shared = heard & words(line)
+            cues = widened(words(line), self.topic_families)
+            shared = sorted(w for w in heard if any(sounds_like(w, cue) for cue in cues))
             if shared:
-                return Verdict(True, f"shares {sorted(shared)} with {line.strip()[:80]!r}")
+                return Verdict(True, f"shares {shared} with {line.strip()[:80]!r}")
         return Verdict(False, "no cue")
 
     async def judge(self, turn: str, delegable: Delegable) -> Verdict:
