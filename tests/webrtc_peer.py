@@ -18,6 +18,7 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack, VideoStreamT
 
 from omnilive.audio import INPUT_RATE, resample
 from omnilive.gateway.webrtc.media import set_jitter_packets
+from tests.servers import Server
 
 RATE = 48_000
 PACKET = 960  # 20 ms
@@ -201,3 +202,13 @@ class Peer:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+async def until_idle(server: Server, timeout: float = 10) -> None:
+    """The call is gone and its worker's slot is free again."""
+    async with asyncio.timeout(timeout):
+        while True:
+            if not (await server.get("/api/webrtc/config"))["open"]:
+                break
+            await asyncio.sleep(0.1)
+    await server.wait_ready(timeout=timeout, workers=1)

@@ -16,7 +16,7 @@ import pytest
 
 from tests.servers import Server
 from tests.speech import silence, speak
-from tests.webrtc_peer import Peer
+from tests.webrtc_peer import Peer, until_idle
 
 pytestmark = pytest.mark.shared_server
 
@@ -32,16 +32,6 @@ GA_SESSION = {
         },
     },
 }
-
-
-async def until_idle(server: Server, timeout: float = 10) -> None:
-    """The call is gone and its worker's slot is free again."""
-    async with asyncio.timeout(timeout):
-        while True:
-            if not (await server.get("/api/webrtc/config"))["open"]:
-                break
-            await asyncio.sleep(0.1)
-    await server.wait_ready(timeout=timeout, workers=1)
 
 
 async def test_a_spoken_question_over_webrtc(server: Server):

@@ -115,3 +115,30 @@ def test_a_prepare_for_more_than_one_slice_takes_frames_at_hd_size():
     for odd in (None, "4", True, 2.5):  # the session answers these; the size stays plain
         dialect.client_event(json.dumps({**prepare, "max_slice_nums": odd}))
         assert dialect.frame_max_side == FRAME_MAX_SIDE
+
+
+def test_a_live_call_takes_audio_once_started_as_24khz_pcm16():
+    dialect = MediaDialect(Dialect.LIVE)
+    assert not dialect.takes_audio and dialect.input_rate == 24_000
+    dialect.outbound(json.dumps({"type": "session.input_audio.muted"}))
+    assert not dialect.takes_audio
+    dialect.outbound(json.dumps({"type": "session.started", "session": {}}))
+    assert dialect.takes_audio
+    message = json.loads(dialect.audio_message(np.full(2400, 0.5, np.float32)))
+    assert message["type"] == "session.input_audio.append"
+    assert np.frombuffer(base64.b64decode(message["audio"]), "<i2")[0] == 16383
+    # Sent on the channel it would be heard twice: the track's alone counts.
+    appended = {"type": "session.input_audio.append", "audio": message["audio"]}
+    assert dialect.client_event(json.dumps(appended)) is None
+
+
+def test_live_audio_out_leaves_the_channel_and_nothing_flushes_it():
+    dialect = MediaDialect(Dialect.LIVE)
+    delta = base64.b64encode((np.ones(480) * 1000).astype("<i2").tobytes()).decode()
+    out = dialect.outbound(json.dumps({"type": "session.output_audio.delta", "delta": delta}))
+    assert out.event is None and out.audio is not None and out.audio.size == 480
+    said = {"type": "session.output_transcript.delta", "delta": "hi", "start_ms": 0, "end_ms": 1}
+    text = dialect.outbound(json.dumps(said))
+    assert not text.flush and text.audio is None and json.loads(text.event or "")["delta"] == "hi"
+    heard = dialect.outbound(json.dumps({**said, "type": "session.input_transcript.delta"}))
+    assert not heard.flush  # full duplex: the model itself decides to stop for the user

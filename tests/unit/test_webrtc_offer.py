@@ -14,6 +14,7 @@ from omnilive.gateway.webrtc.offer import (
     OfferError,
     OfferErrorCode,
     check_sdp,
+    parse_live_offer,
     parse_offer,
 )
 
@@ -117,5 +118,33 @@ def test_size_and_encoding():
 def test_any_body_is_an_offer_or_a_documented_refusal(body: bytes, content_type: str):
     try:
         parse_offer(body, content_type)
+    except OfferError as exc:
+        assert exc.code in set(OfferErrorCode) and exc.status in (400, 415)
+
+
+def test_the_live_api_s_json_body():
+    body = {"session": {"model": "gpt-live-1"}, "transport": {"type": "webrtc", "sdp": OFFER}}
+    offer = parse_live_offer(json.dumps(body).encode(), "application/json; charset=utf-8")
+    assert offer.session == {"model": "gpt-live-1"} and offer.media[0] == "audio"
+    body["transport"]["sdp"] = OFFER.replace("m=audio", "m=text")
+    with pytest.raises(OfferError) as raised:
+        parse_live_offer(json.dumps(body).encode(), "application/json")
+    assert raised.value.code is OfferErrorCode.NO_AUDIO
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=9), inner),
+    max_leaves=12,
+)
+
+
+@given(
+    st.one_of(st.binary(max_size=512), JSON_VALUES.map(lambda v: json.dumps(v).encode())),
+    st.sampled_from(["application/json", "application/sdp"]),
+)
+def test_any_live_body_is_an_offer_or_a_documented_refusal(body: bytes, content_type: str):
+    try:
+        parse_live_offer(body, content_type)
     except OfferError as exc:
         assert exc.code in set(OfferErrorCode) and exc.status in (400, 415)

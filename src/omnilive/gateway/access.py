@@ -70,6 +70,8 @@ RULES: tuple[Rule, ...] = (
     # WebSocket scope of its own, classified (and counted) by the WS rules.
     _rule("POST", "/v1/realtime/calls", A.SESSION),
     _rule("POST", "/v1/realtime/calls/", A.SESSION),
+    _rule("POST", "/v1/live/sessions", A.SESSION),  # the Live API's call and its hang-up
+    _rule("POST", "/v1/live/sessions/", A.SESSION),
     _rule("GET POST", "/api/webrtc/", A.SESSION),
     # Reading a recording (its files are <audio src> and download links in pages).
     _rule("GET HEAD", "/api/sessions/", A.SESSION),

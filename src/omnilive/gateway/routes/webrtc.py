@@ -9,6 +9,8 @@
   ``POST /api/webrtc/duplex/{session_id}[?mode=]``: omnilive's own modes,
   the same way, with the protocol's JSON messages on the data channel.
 - ``GET /api/webrtc/config``: the ICE servers the pages should use.
+- ``POST /v1/live/sessions``: OpenAI's Live API over WebRTC, in
+  ``routes/live.py`` with these helpers.
 
 Refusals are JSON with a documented code: 400 ``invalid_sdp``,
 ``offer_without_audio``, ``offer_without_data_channel``; 415
@@ -21,6 +23,7 @@ make them.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any
 from urllib.parse import urlencode
 
@@ -79,7 +82,7 @@ async def webrtc_config(request: Request) -> dict[str, Any]:
 @router.post("/v1/realtime/calls")
 async def realtime_call(request: Request, model: str | None = None) -> Response:
     try:
-        offer = await _offer(request, "realtime")
+        offer = await offer_of(request, "realtime")
         model = (model or (offer.session or {}).get("model") or DEFAULT_MODEL)[:128]
         first = []
         if offer.session:
@@ -91,22 +94,30 @@ async def realtime_call(request: Request, model: str | None = None) -> Response:
             request, offer, MediaDialect(Dialect.OPENAI), "/v1/realtime", query, first
         )
     except CallRefused as refused:
-        body = {"error": {"type": "invalid_request_error", "code": refused.code,
-                          "message": refused.message, "param": None}}  # fmt: skip
-        return JSONResponse(body, status_code=refused.status)
+        return openai_refusal(refused)
 
 
 @router.post("/v1/realtime/calls/{call_id}/hangup")
 async def hang_up(request: Request, call_id: str) -> Response:
+    return hang_up_call(request, call_id)
+
+
+def hang_up_call(request: Request, call_id: str) -> Response:
+    """End the caller's open call ``call_id`` (an admin's: anyone's), or 404."""
     caller = principal_of(request)
     calls = request.app.state.webrtc
     call = calls.get(call_id, caller.key_id, caller.is_admin) if calls is not None else None
     if call is None:
-        body = {"error": {"type": "invalid_request_error", "code": "call_not_found",
-                          "message": f"no open call {call_id}", "param": None}}  # fmt: skip
-        return JSONResponse(body, status_code=404)
+        return openai_refusal(CallRefused(404, "call_not_found", f"no open call {call_id}"))
     call.close()
     return Response(status_code=200)
+
+
+def openai_refusal(refused: CallRefused) -> JSONResponse:
+    """A signalling refusal in OpenAI's shape."""
+    body = {"error": {"type": "invalid_request_error", "code": refused.code,
+                      "message": refused.message, "param": None}}  # fmt: skip
+    return JSONResponse(body, status_code=refused.status)
 
 
 @router.post("/api/webrtc/half_duplex/{session_id}")
@@ -152,16 +163,22 @@ async def _own_mode(
     request: Request, dialect: MediaDialect, route: str, session_id: str, query: str
 ) -> Response:
     try:
-        offer = await _offer(request, route, session_id)
+        offer = await offer_of(request, route, session_id)
         return await _open(request, offer, dialect, f"/ws/{route}/{session_id}", query)
     except CallRefused as refused:
         return JSONResponse(error_body(refused.message, refused.code), status_code=refused.status)
 
 
-async def _offer(request: Request, route: str, session_id: str | None = None) -> Offer:
+async def offer_of(
+    request: Request,
+    route: str,
+    session_id: str | None = None,
+    parse: Callable[[bytes, str], Offer] | None = None,
+) -> Offer:
     """The call's offer, once the session it asks for could begin: what its
     route would refuse at once is refused here, before any answer (a session
-    refused after the answer had no open channel to say why on)."""
+    refused after the answer had no open channel to say why on). ``parse``
+    reads a body of the route's own shape (its bytes and content type)."""
     if not request.app.state.gateway.settings.webrtc.enabled:
         raise CallRefused(503, "webrtc_disabled", "WebRTC is switched off; use the WebSocket")
     calls_of(request)  # installed, or refused before the offer is read
@@ -169,6 +186,8 @@ async def _offer(request: Request, route: str, session_id: str | None = None) ->
     content_type = request.headers.get("content-type", "")
     try:
         body = await read_capped(request, MAX_OFFER_BYTES)
+        if parse is not None:
+            return parse(body, content_type)
         if content_type.startswith("multipart/form-data"):
             async with with_body(request, body).form(max_files=0, max_fields=4) as fields:
                 form = {k: v for k, v in fields.items() if isinstance(v, str)}
@@ -201,6 +220,22 @@ async def _open(
     query: str,
     first_events: list[str] | None = None,
 ) -> Response:
+    call_id, answer = await open_call(request, offer, dialect, path, query, first_events)
+    location = f"/v1/realtime/calls/{call_id}"
+    headers = {"Location": location, "X-Call-Id": call_id}
+    return Response(answer, status_code=201, media_type="application/sdp", headers=headers)
+
+
+async def open_call(
+    request: Request,
+    offer: Offer,
+    dialect: MediaDialect,
+    path: str,
+    query: str,
+    first_events: list[str] | None = None,
+) -> tuple[str, str]:
+    """Answer ``offer`` with a call whose session runs on the WebSocket route
+    ``path``: the call's id and the SDP answer, once the session began."""
     from omnilive.gateway.webrtc.call import Call, Refused  # imports aiortc
     from omnilive.gateway.webrtc.calls import TooManyCalls
 
@@ -230,9 +265,7 @@ async def _open(
     if isinstance(refused, Refused):
         raise CallRefused(_REFUSAL_STATUS.get(refused.reason, 503), refused.reason or "refused",
                           f"the session was refused: {refused.reason or refused.code}")  # fmt: skip
-    location = f"/v1/realtime/calls/{call_id}"
-    headers = {"Location": location, "X-Call-Id": call_id}
-    return Response(answer, status_code=201, media_type="application/sdp", headers=headers)
+    return call_id, answer
 
 
 def _session_scope(request: Request, path: str, query: str, call_id: str) -> dict[str, Any]:

@@ -28,6 +28,7 @@ class Dialect(StrEnum):
     OPENAI = "openai"  # the Realtime API's GA dialect, /v1/realtime/calls
     HALF_DUPLEX = "half_duplex"
     DUPLEX = "duplex"  # audio or omni
+    LIVE = "live"  # OpenAI's Live API, POST /v1/live/sessions
 
 
 @dataclass
@@ -39,14 +40,21 @@ class Outbound:
     flush: bool = False  # drop the answer audio still queued (the user barged in)
 
 
-_READY_AT_START = {Dialect.OPENAI: True, Dialect.HALF_DUPLEX: False, Dialect.DUPLEX: False}
+# A Live session takes audio once its session.start is accepted (session.started).
+_READY_AT_START = {Dialect.OPENAI: True, Dialect.HALF_DUPLEX: False, Dialect.DUPLEX: False,
+                   Dialect.LIVE: False}  # fmt: skip
 # Audio per synthesized message: short for the VAD of the conversation paths,
-# one model unit (1 s) for duplex, whose every chunk is a unit.
-CHUNK_S = {Dialect.OPENAI: 0.02, Dialect.HALF_DUPLEX: 0.02, Dialect.DUPLEX: 1.0}
-# The GA dialect's audio/pcm: 24 kHz 16-bit; omnilive's own: 16 kHz float32.
-INPUT_RATES = {Dialect.OPENAI: 24_000, Dialect.HALF_DUPLEX: INPUT_RATE, Dialect.DUPLEX: INPUT_RATE}
+# one model unit (1 s) for duplex, whose every chunk is a unit; Live's runner
+# joins its audio into units itself, and its turn VAD wants short pieces.
+CHUNK_S = {Dialect.OPENAI: 0.02, Dialect.HALF_DUPLEX: 0.02, Dialect.DUPLEX: 1.0, Dialect.LIVE: 0.1}
+# OpenAI's audio/pcm: 24 kHz 16-bit (a Live call's format is that: see
+# routes/live.py); omnilive's own: 16 kHz float32.
+INPUT_RATES = {Dialect.OPENAI: 24_000, Dialect.HALF_DUPLEX: INPUT_RATE, Dialect.DUPLEX: INPUT_RATE,
+               Dialect.LIVE: 24_000}  # fmt: skip
 OPENAI_AUDIO_DELTA = "response.output_audio.delta"
-_AUDIO_TYPES = ("input_audio_buffer.append", "audio_chunk")
+LIVE_AUDIO_DELTA = "session.output_audio.delta"
+_LIVE_APPEND = "session.input_audio.append"
+_AUDIO_TYPES = ("input_audio_buffer.append", "audio_chunk", _LIVE_APPEND)
 OUTPUT_AUDIO_RATE = OUTPUT_RATE  # both dialects answer at 24 kHz
 # A camera frame's longest side, as the duplex page grabs it over the
 # WebSocket: 640 px, or 1280 px for a session that asks for more than one
@@ -97,9 +105,10 @@ class MediaDialect:
         """The protocol's audio message for ``samples`` (mono float32 at
         :attr:`input_rate`), with a camera frame for omni duplex."""
         self.audio_chunks += 1
-        if self.dialect is Dialect.OPENAI:
+        if self.dialect in (Dialect.OPENAI, Dialect.LIVE):
             pcm = (np.clip(samples, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
-            return json.dumps({"type": "input_audio_buffer.append", "audio": _b64(pcm)})
+            kind = "input_audio_buffer.append" if self.dialect is Dialect.OPENAI else _LIVE_APPEND
+            return json.dumps({"type": kind, "audio": _b64(pcm)})
         raw = np.ascontiguousarray(samples, dtype="<f4").tobytes()
         message: dict[str, Any] = {"type": "audio_chunk", "audio_base64": _b64(raw)}
         if frame_jpeg is not None:
@@ -138,6 +147,11 @@ class MediaDialect:
             if kind == OPENAI_AUDIO_DELTA:
                 return Outbound(None, _pcm16(message.get("delta")))
             return Outbound(payload, flush=kind == "input_audio_buffer.speech_started")
+        if self.dialect is Dialect.LIVE:  # full duplex: the model itself stops for the user
+            if kind == LIVE_AUDIO_DELTA:
+                return Outbound(None, _pcm16(message.get("delta")))
+            self.ready = self.ready or kind == "session.started"
+            return Outbound(payload)
         self._follow(kind, message)
         audio_field = "audio_data" if kind in ("result", "chunk") else None
         if audio_field is None or not message.get(audio_field):

@@ -1,6 +1,7 @@
 """The signalling request of a call, without I/O: its body (an SDP offer,
-raw or in OpenAI's multipart form with a ``session`` beside it) checked
-before any peer connection is made, every refusal a documented code."""
+raw or in OpenAI's multipart form with a ``session`` beside it, or the Live
+API's JSON) checked before any peer connection is made, every refusal a
+documented code."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ class OfferErrorCode(StrEnum):
     NO_AUDIO = "offer_without_audio"  # 400: nothing to talk over
     NO_DATA_CHANNEL = "offer_without_data_channel"  # 400: the events have no way through
     INVALID_SESSION = "invalid_session"  # 400: the multipart ``session`` is not a JSON object
+    INVALID_REQUEST = "invalid_request"  # 400: a Live body that is not its JSON shape
 
 
 _STATUS = {OfferErrorCode.UNSUPPORTED_MEDIA_TYPE: 415}
@@ -120,6 +122,32 @@ def parse_offer(body: bytes, content_type: str, form: dict[str, str] | None = No
         message = "send the offer as application/sdp or multipart/form-data (sdp, session)"
         raise OfferError(OfferErrorCode.UNSUPPORTED_MEDIA_TYPE, message)
     return check_sdp(_text(body))
+
+
+def parse_live_offer(body: bytes, content_type: str) -> Offer:
+    """The Live API's ``POST /v1/live/sessions`` body (``client.live.create``):
+    ``{"session": {...}, "transport": {"type": "webrtc", "sdp": "..."}}``;
+    the session is ``session.start``'s, checked by the session itself."""
+    if content_type.split(";", 1)[0].strip().lower() != "application/json":
+        message = "send the Live session as application/json (session, transport)"
+        raise OfferError(OfferErrorCode.UNSUPPORTED_MEDIA_TYPE, message)
+    try:  # the one decoder of client JSON: its depth rule holds here too
+        request = load_json(_text(body))
+    except ProtocolError:
+        request = None
+    if not isinstance(request, dict):
+        raise OfferError(OfferErrorCode.INVALID_REQUEST, "the body must be a JSON object")
+    transport = request.get("transport")
+    if not isinstance(transport, dict) or transport.get("type") != "webrtc":
+        message = 'transport must be {"type": "webrtc", "sdp": ...}'
+        raise OfferError(OfferErrorCode.INVALID_REQUEST, message)
+    if not isinstance(transport.get("sdp"), str):
+        raise OfferError(OfferErrorCode.INVALID_SDP, "transport.sdp must be the SDP offer")
+    session = request.get("session")
+    if not isinstance(session, dict):
+        raise OfferError(OfferErrorCode.INVALID_SESSION, "session must be a JSON object")
+    offer = check_sdp(transport["sdp"])
+    return Offer(offer.sdp, offer.media, session)
 
 
 def _text(body: bytes) -> str:
