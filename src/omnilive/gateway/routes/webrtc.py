@@ -90,9 +90,8 @@ async def realtime_call(request: Request, model: str | None = None) -> Response:
             first.append(json.dumps({"type": "session.update", "session": session}))
         # Escaped: a model name cannot add a mode=.
         query = urlencode({"model": model, **_resuming(request), **_extensions(request)})
-        return await _open(
-            request, offer, MediaDialect(Dialect.OPENAI), "/v1/realtime", query, first
-        )
+        dialect = MediaDialect(Dialect.OPENAI)
+        return _sdp_answer(*await open_call(request, offer, dialect, "/v1/realtime", query, first))
     except CallRefused as refused:
         return openai_refusal(refused)
 
@@ -164,7 +163,8 @@ async def _own_mode(
 ) -> Response:
     try:
         offer = await offer_of(request, route, session_id)
-        return await _open(request, offer, dialect, f"/ws/{route}/{session_id}", query)
+        path = f"/ws/{route}/{session_id}"
+        return _sdp_answer(*await open_call(request, offer, dialect, path, query))
     except CallRefused as refused:
         return JSONResponse(error_body(refused.message, refused.code), status_code=refused.status)
 
@@ -212,17 +212,9 @@ def _check_session(request: Request, route: str, session_id: str | None) -> None
         raise CallRefused(400, ErrorCode.INVALID_REQUEST, message)
 
 
-async def _open(
-    request: Request,
-    offer: Offer,
-    dialect: MediaDialect,
-    path: str,
-    query: str,
-    first_events: list[str] | None = None,
-) -> Response:
-    call_id, answer = await open_call(request, offer, dialect, path, query, first_events)
-    location = f"/v1/realtime/calls/{call_id}"
-    headers = {"Location": location, "X-Call-Id": call_id}
+def _sdp_answer(call_id: str, answer: str) -> Response:
+    """An opened call's answer in OpenAI's Realtime shape: 201, the SDP, its Location."""
+    headers = {"Location": f"/v1/realtime/calls/{call_id}", "X-Call-Id": call_id}
     return Response(answer, status_code=201, media_type="application/sdp", headers=headers)
 
 
