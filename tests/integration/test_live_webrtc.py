@@ -9,13 +9,15 @@ track (not as audio deltas on the channel), every event parses as the SDK's
 from __future__ import annotations
 
 import asyncio
+import json
+from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 from aiortc import RTCSessionDescription
-from openai import AsyncOpenAI
+from openai import AsyncOpenAI, RateLimitError
 from openai.types.live import ServerEvent
 from pydantic import TypeAdapter
 
@@ -113,3 +115,36 @@ async def test_a_refused_start_is_an_error_on_the_channel_and_the_call_goes_on(s
     finally:
         await peer.close()
     await until_idle(server)
+
+
+async def test_a_live_call_takes_the_websocket_path_credentials_and_limits(tmp_path: Path):
+    """A gateway with keys: no key is refused before any peer connection (401),
+    a key opens a call, and the key's session limit refuses a second
+    concurrent one as the WebSocket path would (429 ``too_many_sessions``)."""
+    key = "user-key-0123456789abcdef"
+    keys = [{"key": key, "max_sessions": 1}]
+    server = Server(tmp_path, env={"OMNILIVE_AUTH__KEYS": json.dumps(keys)}, api_key=key).start()
+    client = AsyncOpenAI(base_url=f"{server.http}/v1", api_key=key)
+    first, second, anonymous = Peer(), Peer(), Peer()
+    session: Any = {"model": "gpt-live-1"}
+    try:
+        await server.wait_ready(workers=1)
+        body = {"session": session, "transport": {"type": "webrtc", "sdp": await anonymous.offer()}}
+        async with httpx.AsyncClient() as http:
+            refused = await http.post(f"{server.http}/v1/live/sessions", json=body)
+        assert refused.status_code == 401, refused.text
+        opened = await client.live.create(
+            session=session, transport={"type": "webrtc", "sdp": await first.offer()}
+        )
+        await first.pc.setRemoteDescription(RTCSessionDescription(opened.transport.sdp, "answer"))
+        await first.until("session.started")
+        with pytest.raises(RateLimitError) as again:
+            await client.live.create(
+                session=session, transport={"type": "webrtc", "sdp": await second.offer()}
+            )
+        assert again.value.code == "too_many_sessions"
+    finally:
+        for peer in (first, second, anonymous):
+            await peer.close()
+        await client.close()
+        server.stop()
