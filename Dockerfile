@@ -6,7 +6,7 @@
 #
 # (docker build takes the same arguments.) Every target runs as the
 # unprivileged user omnilive, keeps its state in /data (a volume) and logs on
-# stdout; the image's command is `omnilive serve`.
+# the console; the image's command is `omnilive serve`.
 #
 # Debian's own Python (3.11) rather than a python:* image: the base is then
 # one that debootstrap can make from Debian's packages where no image
@@ -19,6 +19,7 @@ FROM ${BASE_IMAGE} AS system
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       python3 ca-certificates espeak-ng libgomp1 \
+ && apt-get clean \
  && rm -rf /var/lib/apt/lists/*
 ENV PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
@@ -41,7 +42,7 @@ RUN apt-get update \
 # holds them equal). A wheel the Makefile already built with the same key
 # (version, architecture, flags) may be lent to the build at /mnt
 # (`podman build -v ~/.cache/omnilive/wheels:/mnt:ro`); without it, as in
-# any plain `docker build`, it is built here, ~6 minutes on 2 cores.
+# any plain `docker build`, it is built here (minutes: the slow stage).
 FROM build AS llama
 ARG PIP_CONFIG_FILE
 ARG LLAMA_CPP=llama-cpp-python==0.3.36
@@ -90,7 +91,9 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     if [ -n "$EXTRA_PACKAGES" ]; then /opt/omnilive/bin/pip install $EXTRA_PACKAGES; fi
 
 # omnilive itself as a wheel, which each final image installs in a small
-# layer of its own.
+# layer of its own. (Copied, not bind-mounted with RUN --mount=from: with
+# buildah 1.28, Debian 12's, such a mount found nothing to mount when the
+# target was gateway.)
 FROM build AS package
 ARG PIP_CONFIG_FILE
 COPY pyproject.toml README.md /src/
@@ -100,8 +103,9 @@ RUN --mount=type=cache,target=/root/.cache/pip \
  && /opt/wheel-builder/bin/pip wheel --no-deps -w /dist /src
 
 # ffmpeg decodes uploaded voices and makes replays (H.264, AAC). Debian's
-# ffmpeg package brings ~600 MB of libraries (Mesa, LLVM, SDL, Vulkan) with
-# it; the static build in imageio-ffmpeg's wheel needs only the C library.
+# ffmpeg package brings Mesa, LLVM, SDL and Vulkan with it (four times the
+# system layer); the static build in imageio-ffmpeg's wheel needs only the C
+# library.
 FROM build AS ffmpeg
 ARG PIP_CONFIG_FILE
 ARG FFMPEG_PACKAGE=imageio-ffmpeg==0.8.1
@@ -148,8 +152,9 @@ print("\n".join(p["dependencies"]))' > /tmp/requirements.txt; \
 
 FROM runtime AS gateway
 COPY --from=deps-gateway /opt/omnilive /opt/omnilive
-RUN --mount=type=bind,from=package,source=/dist,target=/dist \
-    /opt/omnilive/bin/pip install --no-deps --no-index --no-cache-dir /dist/*.whl
+COPY --from=package /dist /dist
+RUN /opt/omnilive/bin/pip install --no-deps --no-index --no-cache-dir /dist/*.whl \
+ && rm -rf /dist
 USER omnilive
 CMD ["gateway"]
 
@@ -174,10 +179,12 @@ FROM runtime AS cuda
 # Triton compiles its kernels' launchers with the system's C compiler.
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends gcc libc6-dev python3-dev \
+ && apt-get clean \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=deps-cuda /opt/omnilive /opt/omnilive
-RUN --mount=type=bind,from=package,source=/dist,target=/dist \
-    /opt/omnilive/bin/pip install --no-deps --no-index --no-cache-dir /dist/*.whl
+COPY --from=package /dist /dist
+RUN /opt/omnilive/bin/pip install --no-deps --no-index --no-cache-dir /dist/*.whl \
+ && rm -rf /dist
 ENV NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     OMNILIVE_ENGINE=minicpmo \
@@ -187,6 +194,7 @@ USER omnilive
 # The default target, last: the embedded engine, starting with no download.
 FROM runtime AS cpu
 COPY --from=deps /opt/omnilive /opt/omnilive
-RUN --mount=type=bind,from=package,source=/dist,target=/dist \
-    /opt/omnilive/bin/pip install --no-deps --no-index --no-cache-dir /dist/*.whl
+COPY --from=package /dist /dist
+RUN /opt/omnilive/bin/pip install --no-deps --no-index --no-cache-dir /dist/*.whl \
+ && rm -rf /dist
 USER omnilive

@@ -57,6 +57,18 @@ SLIM_LEFTOVERS = (
     "var/cache/apt/*.bin",
     "var/log/*.log",
 )
+# The official images' apt settings: downloaded packages are deleted once
+# installed, and no translations are fetched.
+APT_CONFIG = {
+    "docker-clean": (
+        'DPkg::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb '
+        '/var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true"; };\n'
+        'APT::Update::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb '
+        '/var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true"; };\n'
+        'Dir::Cache::pkgcache ""; Dir::Cache::srcpkgcache "";\n'
+    ),
+    "docker-no-languages": 'Acquire::Languages "none";\n',
+}
 APT_SOURCES = """\
 Types: deb
 URIs: {mirror}
@@ -140,6 +152,8 @@ def make_debian_base(name: str, log: Path) -> None:
             )
         if done.returncode != 0:
             raise RuntimeError(f"debootstrap {suite} exited {done.returncode}: see {log}")
+        for setting, text in APT_CONFIG.items():
+            (root / "etc/apt/apt.conf.d" / setting).write_text(text)
         (root / "etc/apt/sources.list").unlink(missing_ok=True)
         (root / "etc/apt/sources.list.d/debian.sources").write_text(
             APT_SOURCES.format(mirror=DEBIAN_MIRROR, suite=suite)
