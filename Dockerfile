@@ -124,11 +124,13 @@ RUN useradd --system --uid 10001 --user-group --home-dir /data --shell /usr/sbin
 COPY container/healthcheck.py /opt/omnilive-health.py
 # Inside a container the gateway listens on every address: publishing the
 # port is the boundary. An open gateway (no API keys) still refuses to start
-# on it without auth.insecure, as outside.
+# on it without auth.insecure, as outside. A container's log is its output:
+# the processes log to stdout.
 ENV PATH=/opt/omnilive/bin:$PATH \
     HOME=/data \
     OMNILIVE_DATA_DIR=/data \
-    OMNILIVE_HOST=0.0.0.0
+    OMNILIVE_HOST=0.0.0.0 \
+    OMNILIVE_LOG_STREAM=stdout
 WORKDIR /data
 VOLUME /data
 EXPOSE 8006

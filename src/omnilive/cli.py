@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValidationError, OSError, tomllib.TOMLDecodeError) as exc:
         print(f"{name}: {_settings_problem(exc)}", file=sys.stderr)
         return ExitCode.USAGE
-    configure_logging(settings.log_level, args.command, settings.log_json)
+    configure_logging(settings.log_level, args.command, settings.log_json, settings.log_stream)
     supervised = args.command == "worker" and bool(environ.get(REPORT_FD_ENV))
     try:
         if args.command == "worker":

@@ -286,6 +286,11 @@ class Settings(Section):
     )
     log_level: str = Field("info", description="debug, info, warning or error.")
     log_json: bool = Field(False, description="Log JSON lines instead of text.")
+    log_stream: Literal["stderr", "stdout"] = Field(
+        "stderr",
+        description="Where the log goes: stderr, or stdout (the container images: a "
+        "container's log is its output). One-line start-up errors stay on stderr.",
+    )
     auth: AuthSettings = Field(default_factory=AuthSettings)
     eta: EtaSettings = Field(default_factory=EtaSettings)
     limits: LimitSettings = Field(default_factory=LimitSettings)

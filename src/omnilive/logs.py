@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from contextvars import ContextVar
 
@@ -50,9 +51,12 @@ class JsonLines(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False)
 
 
-def configure_logging(level: str, component: str, json_lines: bool = False) -> None:
-    """The root logger of one process (``component``: gateway, worker, ...)."""
-    handler = logging.StreamHandler()
+def configure_logging(
+    level: str, component: str, json_lines: bool = False, stream: str = "stderr"
+) -> None:
+    """The root logger of one process (``component``: gateway, worker, ...),
+    writing to ``stream`` (stderr or stdout)."""
+    handler = logging.StreamHandler(sys.stdout if stream == "stdout" else sys.stderr)
     handler.addFilter(SessionIdFilter())
     if json_lines:
         handler.setFormatter(JsonLines(component))

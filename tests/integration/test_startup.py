@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import httpx
@@ -286,3 +287,32 @@ async def test_a_gateway_without_aiortc_serves_and_refuses_webrtc_calls(tmp_path
         server.stop()
     log = server.log_path.read_text()
     assert "WebRTC is off: aiortc cannot be imported" in log and "Traceback" not in log
+
+
+def test_log_stream_stdout_puts_every_process_s_log_on_stdout(tmp_path: Path) -> None:
+    """A container's log is its output: with ``log_stream = "stdout"`` the
+    gateway's and its worker's lines go there and stderr stays empty."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OMNILIVE_")}
+    env["OMNILIVE_LOG_STREAM"] = "stdout"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "omnilive", *serve_args(tmp_path, "--engine", "scripted")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert process.stdout is not None
+    watchdog = threading.Timer(TIMEOUT_S, process.kill)  # no such line: the loop ends
+    watchdog.start()
+    seen: list[str] = []
+    for line in process.stdout:
+        seen.append(line)
+        if "[worker]" in line and "Application startup complete" in line:
+            break
+    watchdog.cancel()
+    process.terminate()
+    _, errors = process.communicate(timeout=TIMEOUT_S)
+    assert process.returncode == 0, errors
+    assert any("[serve]" in line and "worker w0 started" in line for line in seen)
+    assert errors == ""

@@ -74,7 +74,9 @@ class Registry:
 
     def __init__(self, settings_json: str) -> None:
         self.settings = Settings.model_validate_json(settings_json)
-        configure_logging(self.settings.log_level, "registry", self.settings.log_json)
+        configure_logging(
+            self.settings.log_level, "registry", self.settings.log_json, self.settings.log_stream
+        )
         self.pool = Pool(self.settings)
         self.links: dict[str, WorkerLink] = {}
         self.given_up: dict[str, GaveUp] = {}

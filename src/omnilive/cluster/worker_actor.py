@@ -54,7 +54,9 @@ class WorkerHost:
 
         ray = import_ray()
         settings = Settings.model_validate_json(settings_json)
-        configure_logging(settings.log_level, f"worker {worker_id}", settings.log_json)
+        configure_logging(
+            settings.log_level, f"worker {worker_id}", settings.log_json, settings.log_stream
+        )
         host = settings.ray.worker_host or _node_address(ray)
         sock = listen_socket(host, 0)
         sock.listen(1024)  # connections wait in the backlog until uvicorn runs
