@@ -9,7 +9,10 @@ words) in 0.1 s chunks, the turn never ended: at every check the VAD offers
 (a pause between two words as much as the end), the cascade's words
 judgement (its transcript and the language model's chance that the words
 end the message: ``words_p``, the early answer's own) and Smart Turn's
-chance that the sound is a finished turn (``audio_p``) are recorded.
+chance that the sound is a finished turn (``audio_p``) are recorded, with
+the words' two readings (``words_readings``: bare and as heard, see
+``LlamaChat.end_probability``). Each turn is judged with no conversation
+before it, unlike a session's later turns.
 
 Then each rule is replayed on those checks as the runner applies one: the
 turn ends at the first check the rule finds finished (a sound-only verdict
@@ -108,6 +111,10 @@ def engine_judge(session: Any, turn_judge: Any) -> Callable[[np.ndarray], dict[s
             if early.transcript is None or early.transcript.logprob is None
             else round(early.transcript.logprob, 3),
             "words_p": None if early.end_p is None else round(early.end_p, 4),
+            # (bare, as heard): LlamaChat.end_probability's two readings
+            "words_readings": None
+            if early.end_readings is None
+            else [None if r is None else round(r, 4) for r in early.end_readings],
             "audio_p": round(turn_judge.probability(clip), 4),
         }
 
@@ -217,8 +224,21 @@ def doubtful_words_to_the_sound(floor: float, words_threshold: float = 0.2) -> R
     return rule
 
 
+def bare_words_lead(words_threshold: float = 0.2) -> Rule:
+    """:func:`words_lead` on the bare words' reading alone (the rule before
+    the words as heard were read, issue 57)."""
+    lead = words_lead(words_threshold)
+
+    def rule(check: dict[str, Any]) -> tuple[bool, bool]:
+        readings = check.get("words_readings")
+        return lead({**check, "words_p": readings[0]} if readings else check)
+
+    return rule
+
+
 RULES: dict[str, Rule] = {
     "words_lead_0.2": words_lead(),
+    "bare_words_lead_0.2": bare_words_lead(),
     **{f"doubtful_from_{f}_to_the_sound": doubtful_words_to_the_sound(f) for f in (0.001, 0.01)},
     **{f"unsure_below_{f}": unsure_words_unheard(f) for f in (-0.5, -0.6, -0.7, -0.8, -1.0)},
 }

@@ -59,7 +59,8 @@ class EndOfTurnSettings(Section):
         gt=0,
         lt=1,
         description="Where the engine also judges the words it heard (the cascade: its "
-        "language model's chance that a sentence ends there), the turn is finished "
+        "language model's chance that the message ends there, read from the bare words "
+        "and, where the transcript closes with a question mark, after it), the turn is finished "
         "when that chance reaches this, once (the words do not change with more silence), "
         "unless the audio model vetoes it.",
     )

@@ -39,6 +39,7 @@ class EarlyWork:
     head: list[TextAudioChunk] = field(default_factory=list)  # chunks already made
     heard: EarlyWork | None = None  # an earlier transcript of the same speech to reuse
     end_p: float | None = None  # the LLM's chance the user's words end the turn
+    end_readings: tuple[float, float | None] | None = None  # its two readings (bare, heard)
     judged_tokens: int | None = None  # its pass's tokens (with the answer's opener)
     judge_ms: float | None = None  # that pass's time
     judged: threading.Event = field(default_factory=threading.Event)  # end_p is known (or never)

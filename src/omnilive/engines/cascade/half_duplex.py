@@ -375,6 +375,7 @@ class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
             # Free for the answer: the same pass evaluates its prompt.
             judging = time.perf_counter()
             early.end_p = self._stack.llm.end_probability(fit.messages, prompt)
+            early.end_readings = self._stack.llm.last_readings
             early.judge_ms = (time.perf_counter() - judging) * 1000
             early.judged_tokens = self._stack.llm.last_judged
             log.debug("words at the pause %r: %.3f", transcript.text, early.end_p)

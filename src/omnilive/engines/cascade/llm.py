@@ -55,6 +55,15 @@ SEED = 0x5EED
 # closing punctuation is taken off before it is judged.
 SENTENCE_ENDS = (".", "?", "!", "…", "...", "<|im_end|>")
 _TRAILING_PUNCTUATION = re.compile(r"[\s.?!…,;:]+$")
+# The words as Whisper wrote them, closed with a "?", are a second reading
+# (end_probability): the model's chance that the message ends after the "?".
+# It counts for 0.6 of itself, Whisper's punctuation being a guess from the
+# sound, and only where the bare words could end at all: words this unlikely
+# to stop ("how to", "the name of the") stay unfinished whatever Whisper wrote
+# after them. Fitted on two of the held-out voices of benchmarks/turn_verdicts,
+# checked on six others and live (docs/benchmarks/notes.md).
+HEARD_WEIGHT = 0.6
+BARE_FLOOR = 0.01
 SHIFT_MIN_MATCH = 16  # cached tokens that must line up after a gap to shift them
 # OpenMP's spin at a barrier before it sleeps (its default is 300,000, and
 # 1,000 once a process has more OpenMP threads than cores): on 2 cores, idle,
@@ -124,6 +133,9 @@ class LlamaChat:
         self._current: Iterator[Any] | None = None
         self.last_reused = 0  # prompt tokens the last stream found in the cache
         self.last_judged = 0  # tokens the last end_probability evaluated
+        # The last end_probability's two readings: the bare words', and the
+        # words as heard (None where that reading could not be had).
+        self.last_readings: tuple[float, float | None] = (0.0, None)
         self.build_plan: BuildPlan | None = None  # set by load()
         self._runner: ThreadPoolExecutor | None = None  # the one thread that runs the model
 
@@ -202,18 +214,30 @@ class LlamaChat:
 
     def end_probability(self, messages: list[Message], answer: list[int] | None = None) -> float:
         """How sure the model is that the user's message (the last of
-        ``messages``) is finished where its words stop: its probability that
-        the next token ends a sentence (. ? ! …) or the message. The message's
-        own closing punctuation is left out first: Whisper adds it to a
-        speaker cut off mid-sentence ("I need to buy some.") and leaves it
-        off finished questions, so the words must speak for themselves. A
-        sentence cut off at a pause ("book a table for") scores near 0.
+        ``messages``) is finished where its words stop, from two readings.
+
+        The bare words: its probability that the next token ends a sentence
+        (. ? ! …) or the message, the message's own closing punctuation left
+        out: Whisper adds it to a speaker cut off mid-sentence ("I need to buy
+        some.") and leaves it off finished questions. A sentence cut off at a
+        pause ("book a table for") scores near 0.
+
+        The words as heard, where Whisper closed them with "?": its
+        probability that the message ends right after it. Whisper hears the
+        voice rise at a question, and the model then reads a garbled one ("how
+        many legs does a spider half?") as finished where its bare words,
+        which it would rather go on ("... half of"), score low. It counts as
+        :data:`HEARD_WEIGHT` of itself where the bare words reach
+        :data:`BARE_FLOOR`; the chance is the larger reading. A "." is no
+        such evidence (Whisper writes one at most stops), and after a few
+        exchanges the model ends the message after almost any full stop ("I
+        am looking for a recipe." 0.40 as heard, 0.09 bare).
 
         Ends a stream in flight, as a new one would. The words stay in the
         cache, so the answer to the same messages evaluates only what follows
         them. Given that ``answer`` prompt (``tokens(messages)``), its rest
         (the closing punctuation and the assistant's opener) is evaluated in
-        the same pass, the words' logits read from the middle of it: the
+        the same pass, both readings' logits read from the middle of it: the
         stream of that prompt then starts sampling at once. One pass of eight
         tokens costs ~41 ms on 2 cores, against ~17 for the words' two and
         ~33 for the opener's six in a pass of their own.
@@ -224,28 +248,44 @@ class LlamaChat:
             raise EngineError("the last message is not the user's")
         words = Message("user", _TRAILING_PUNCTUATION.sub("", messages[-1].content))
         if not words.content:
+            self.last_readings = (0.0, None)
             return 0.0  # nothing said: nothing finished
-        prompt = self.tokens([*messages[:-1], words])
-        closing = [i for i, token in enumerate(prompt) if token == self._message_end]
-        prompt = prompt[: closing[-1]]  # up to the words' end
-        same = answer is not None and answer[: len(prompt)] == prompt
-        evaluated = answer if answer is not None and same else prompt
+        prompt = self._up_to_the_words(self.tokens([*messages[:-1], words]))
+        whole = answer if answer is not None else self.tokens(messages)
+        heard = self._up_to_the_words(whole)
+        # Where the words tokenize differently with their punctuation, the
+        # bare reading alone is had, in a pass of its own.
+        same = heard[: len(prompt)] == prompt
+        evaluated = (answer if answer is not None else heard) if same else prompt
+        # Without closing punctuation the two readings share one row of logits.
+        rows = sorted({len(prompt) - 1, len(heard) - 1} if same else {len(prompt) - 1})
         with self._lock:
             self._generation += 1
             self._close_current()
             # One token at least is evaluated again: its logits are the answer.
             start = min(self._reuse_cache(evaluated), len(prompt) - 1)
             self.last_judged = len(evaluated) - start
-            logits = self._run(self._evaluate, evaluated[start:], start, len(prompt) - 1 - start)
-        odds = np.exp(logits - logits.max())
-        return float(odds[self._sentence_ends].sum() / odds.sum())
+            logits = self._run(self._evaluate, evaluated[start:], start, [r - start for r in rows])
+        bare = _share(logits[0], self._sentence_ends)
+        as_heard = _share(logits[-1], [self._message_end]) if same else None
+        self.last_readings = (bare, as_heard)
+        asked = messages[-1].content.rstrip().endswith("?")
+        if as_heard is None or not asked or bare < BARE_FLOOR:
+            return bare
+        return max(bare, HEARD_WEIGHT * as_heard)
 
-    def _evaluate(self, tokens: list[int], start: int, read: int) -> np.ndarray:
+    def _up_to_the_words(self, prompt: list[int]) -> list[int]:
+        """``prompt`` up to the end of its last message's words (before the
+        token that closes that message)."""
+        closing = [i for i, token in enumerate(prompt) if token == self._message_end]
+        return prompt[: closing[-1]]
+
+    def _evaluate(self, tokens: list[int], start: int, read: list[int]) -> np.ndarray:
         """Evaluate ``tokens`` after the first ``start`` cached ones in one
-        pass, with logits for the ``read``-th of them (returned) and the last
-        (left for sampling). ``Llama.eval`` keeps only the last token's, so
-        the pass is built here; it leaves the cache as ``eval`` would.
-        Runs on the model's thread, the caller holding the lock."""
+        pass, with logits for the ``read`` ones of them (returned, a row
+        each) and the last (left for sampling). ``Llama.eval`` keeps only the
+        last token's, so the pass is built here; it leaves the cache as
+        ``eval`` would. Runs on the model's thread, the caller holding the lock."""
         import llama_cpp
 
         llm = self._llm
@@ -253,17 +293,21 @@ class LlamaChat:
             head = len(tokens) - llm.n_batch
             llm.n_tokens = start
             llm.eval(tokens[:head])
-            tokens, start, read = tokens[head:], start + head, read - head
+            tokens, start, read = tokens[head:], start + head, [r - head for r in read]
         llm._ctx.kv_cache_seq_rm(-1, start, -1)
         batch = llm._batch
         batch.set_batch(batch=tokens, n_past=start, logits_all=False)
-        batch.batch.logits[read] = True
+        for row in read:
+            batch.batch.logits[row] = True
         llm._ctx.decode(batch)
         llm.input_ids[start : start + len(tokens)] = tokens
         llm.n_tokens = start + len(tokens)
         llm._requires_eval = False  # the last token's logits are live: sample from them
-        row = llama_cpp.llama_get_logits_ith(llm.ctx, read)
-        return np.ctypeslib.as_array(row, shape=(llm.n_vocab(),)).astype(np.float64)
+        vocabulary = llm.n_vocab()
+        return np.stack([
+            np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, row), shape=(vocabulary,))
+            for row in read
+        ]).astype(np.float64)  # fmt: skip
 
     def stream(
         self, prompt: list[int], options: GenerationOptions, max_tokens: int
@@ -342,6 +386,12 @@ class LlamaChat:
         if self._current is not None:
             current, self._current = self._current, None
             self._run(current.close)  # type: ignore[attr-defined]  # llama.cpp's streamed completion is a generator
+
+
+def _share(logits: np.ndarray, tokens: list[int]) -> float:
+    """The probability of ``tokens`` (any of them) under ``logits``."""
+    odds = np.exp(logits - logits.max())
+    return float(odds[tokens].sum() / odds.sum())
 
 
 def _common_prefix(cached: np.ndarray, prompt: list[int]) -> int:
