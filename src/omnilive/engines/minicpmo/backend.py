@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from omnilive.engine_settings import MiniCPMoSettings
 from omnilive.engines.base import EngineError, EngineUnavailable, ProgressCallback
 from omnilive.engines.minicpmo.checkpoint import CheckpointInfo
+from omnilive.engines.minicpmo.remote_code import optional_imports_stood_in
 
 log = logging.getLogger(__name__)
 GIB = 2**30
@@ -109,12 +110,13 @@ class TorchBackend:
             ) from None
         progress("loading weights", 0.1)
         try:
-            model = transformers.AutoModel.from_pretrained(
-                str(checkpoint.path),
-                trust_remote_code=True,
-                torch_dtype=torch.bfloat16,
-                attn_implementation=settings.attn_implementation,
-            )
+            with optional_imports_stood_in():
+                model = transformers.AutoModel.from_pretrained(
+                    str(checkpoint.path),
+                    trust_remote_code=True,
+                    torch_dtype=torch.bfloat16,
+                    attn_implementation=settings.attn_implementation,
+                )
             progress("moving to the GPU", 0.5)
             model = model.eval().to(settings.device)
             if settings.vocoder_tf32:
