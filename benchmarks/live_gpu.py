@@ -28,14 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench_server import (
-    add_server_arguments,
-    free_port,
-    server_env,
-    start_server,
-    stop_server,
-    wait_ready,
-)
+from benchmarks import bench_server
 from benchmarks.gpu_duplex import GpuSampler
 from benchmarks.live_dialect import latency
 from benchmarks.load import save_result, this_machine
@@ -49,11 +42,15 @@ class Endpoint:
 
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
-    port = free_port()
-    env = server_env(args.model_path, args.speak_tokens, OMNILIVE_TRANSCRIPTION__WHISPER="false")
-    server, log = start_server(args, args.model_path, port, env)
+    port = bench_server.free_port()
+    env = bench_server.server_env(
+        args.model_path, args.speak_tokens, OMNILIVE_TRANSCRIPTION__WHISPER="false"
+    )
+    server, log = bench_server.start_server(args, args.model_path, port, env)
     try:
-        load_s = await wait_ready(f"http://127.0.0.1:{port}", server, args.load_timeout)
+        load_s = await bench_server.wait_ready(
+            f"http://127.0.0.1:{port}", server, args.load_timeout
+        )
         figures: dict[str, Any] = {
             "machine": this_machine(),
             "gpu": GpuSampler.query("name") or "no GPU",
@@ -67,7 +64,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         print(f"the server's log, the end:\n{args.log.read_text()[-6000:]}", file=sys.stderr)
         raise
     finally:
-        stop_server(server, log)
+        bench_server.stop_server(server, log)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-path", type=Path, required=True)
     parser.add_argument("--questions", type=int, default=8)
     parser.add_argument("--speak-tokens", type=int, default=12)
-    add_server_arguments(parser, "/tmp/live_gpu_server.log", "/tmp/live_gpu_data")
+    bench_server.add_server_arguments(parser, "/tmp/live_gpu_server.log", "/tmp/live_gpu_data")
     args = parser.parse_args(argv)
     figures = asyncio.run(bench(args))
     name = figures["gpu"].lower().replace(" ", "_")

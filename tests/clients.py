@@ -14,7 +14,7 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from omnilive.tasks import TaskSet
 from tests.servers import Server
-from tests.speech import chunks_b64
+from tests.speech import chunks_b64, silence, speak
 
 
 class Client:
@@ -73,6 +73,19 @@ async def open_client(
     client = Client(ws, session_id)
     OPENED.append(client)
     return client
+
+
+async def spoken_turn(
+    client: Client, question: str, timeout: float
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One half-duplex turn: prepared for a short answer, ``question`` spoken
+    (espeak-ng) between silences at ten times real time. Its ``turn_done``
+    and the answer's chunks that carry audio."""
+    await client.prepare("Answer in one short sentence.")
+    await client.speak(np.concatenate([silence(1.0), speak(question), silence(1.5)]), pace_s=0.1)
+    done = await client.until("turn_done", timeout=timeout)
+    chunks = [m for m in client.received if m["type"] == "chunk" and m["audio_data"]]
+    return done, chunks
 
 
 async def close_all() -> None:

@@ -69,7 +69,21 @@ def free_port() -> int:
     return free_port_run(1)
 
 
-class Server:
+class OnLocalPort:
+    """A server on 127.0.0.1 at ``port``: its HTTP and WebSocket bases."""
+
+    port: int
+
+    @property
+    def http(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+
+class Server(OnLocalPort):
     """``omnilive serve`` in a subprocess; stopped (and its workers) on exit.
 
     The gateway and its workers bind port 0 and report the ports the system
@@ -133,14 +147,6 @@ class Server:
     def worker_base(self) -> int:
         """The port of worker w0."""
         return int(urlsplit(self.ports()["workers"]["w0"]).port or 0)
-
-    @property
-    def http(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def ws(self) -> str:
-        return f"ws://127.0.0.1:{self.port}"
 
     def start(self) -> Server:
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()

@@ -300,24 +300,18 @@ class Container:
         self.image = image
         self.name = _check(["buildah", "from", "--pull-never", image]).stdout.strip()
 
+    def _argv(self, command: list[str], env: dict[str, str]) -> list[str]:
+        """``buildah run`` of ``command`` in this container on the host's network."""
+        options = [item for key, value in env.items() for item in ("--env", f"{key}={value}")]
+        network = ["--isolation", "chroot", "--network", "host"]
+        return ["buildah", "run", *network, *options, self.name, "--", *command]
+
     def run(self, command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
         """``command`` in the container on the host's network, its output in ``log``."""
-        options = [item for key, value in env.items() for item in ("--env", f"{key}={value}")]
         out = open(log, "ab")  # noqa: SIM115 - the process holds it; closed with the file
         try:
             return subprocess.Popen(
-                [
-                    "buildah",
-                    "run",
-                    "--isolation",
-                    "chroot",
-                    "--network",
-                    "host",
-                    *options,
-                    self.name,
-                    "--",
-                    *command,
-                ],
+                self._argv(command, env),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -326,24 +320,7 @@ class Container:
             out.close()
 
     def call(self, command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-        options = [item for key, value in env.items() for item in ("--env", f"{key}={value}")]
-        return subprocess.run(
-            [
-                "buildah",
-                "run",
-                "--isolation",
-                "chroot",
-                "--network",
-                "host",
-                *options,
-                self.name,
-                "--",
-                *command,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        return subprocess.run(self._argv(command, env), capture_output=True, text=True, timeout=60)
 
     def remove(self) -> None:
         subprocess.run(["buildah", "rm", self.name], capture_output=True)

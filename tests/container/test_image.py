@@ -26,10 +26,9 @@ import numpy as np
 import pytest
 
 from tests.audio_files import encoded
-from tests.clients import open_client
+from tests.clients import open_client, spoken_turn
 from tests.container import images
-from tests.servers import chat_once, free_port, user
-from tests.speech import silence, speak
+from tests.servers import OnLocalPort, chat_once, free_port, user
 
 pytestmark = [
     pytest.mark.cascade,
@@ -45,21 +44,13 @@ QUESTION = "What is the capital of France?"
 
 
 @dataclass
-class Served:
+class Served(OnLocalPort):
     """``omnilive serve`` in a container, as the test clients address a server."""
 
     port: int
     process: subprocess.Popen[bytes]
     log_path: Path
     figures: dict = field(default_factory=dict)
-
-    @property
-    def http(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def ws(self) -> str:
-        return f"ws://127.0.0.1:{self.port}"
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-6000:]
@@ -178,11 +169,8 @@ async def test_a_chat_turn_is_answered_with_speech(served: Served) -> None:
 
 async def test_a_half_duplex_turn_hears_the_question(served: Served) -> None:
     client = await open_client(served)
-    await client.prepare("Answer in one short sentence.")
-    await client.speak(np.concatenate([silence(1.0), speak(QUESTION), silence(1.5)]), pace_s=0.1)
-    done = await client.until("turn_done", timeout=90)
+    done, chunks = await spoken_turn(client, QUESTION, timeout=90)
     assert done["turn_index"] == 0 and done["text"].strip()
-    chunks = [m for m in client.received if m["type"] == "chunk" and m["audio_data"]]
     assert chunks, "the answer was spoken"
     await client.send({"type": "stop"})
     await client.until("stopped")

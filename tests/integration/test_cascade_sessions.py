@@ -14,7 +14,7 @@ import pytest
 from openbmb_realtime import AudioDelta, RealtimeClient, TextDelta
 from websockets.asyncio.client import connect
 
-from tests.clients import open_client
+from tests.clients import open_client, spoken_turn
 from tests.servers import Server, chat_once, user
 from tests.speech import chunks_b64, silence, speak
 
@@ -54,11 +54,8 @@ async def test_chat_image_is_refused_naming_the_capability(cascade: Server):
 
 async def test_half_duplex_spoken_question(cascade: Server):
     client = await open_client(cascade)
-    await client.prepare("Answer in one short sentence.")
-    await client.speak(np.concatenate([silence(1.0), speak(QUESTION), silence(1.5)]), pace_s=0.1)
-    done = await client.until("turn_done", timeout=60)
+    done, chunks = await spoken_turn(client, QUESTION, timeout=60)
     assert done["turn_index"] == 0 and done["text"].strip()
-    chunks = [m for m in client.received if m["type"] == "chunk" and m["audio_data"]]
     assert chunks and max(np.abs(audio_of(c["audio_data"])).max() for c in chunks) > 0.05
     generating = next(m for m in client.received if m["type"] == "generating")
     assert 1000 < generating["speech_duration_ms"] < 4000
