@@ -1,9 +1,11 @@
 """How many omni duplex sessions one GPU serves in real time.
 
-``python -m benchmarks.gpu_density --model-path CKPT [--counts 1,2,4,8,12,16]``
-starts ``omnilive serve --engine minicpmo`` with as many slots as the largest
-count, then for each N runs N omni duplex sessions at once through the gateway:
-each sends one second of audio and one camera frame every second at
+``python -m benchmarks.gpu_density --model-path CKPT [--counts 1,8,16,24,32,40]
+[--units 14] [--slots 40]`` (the defaults are issue 61's protocol; from a bare
+GPU machine to a result: docs/benchmarks/index.md) starts ``omnilive serve
+--engine minicpmo`` with ``--slots`` slots (the largest count unless given),
+then for each N runs N omni duplex sessions at once through the gateway, each
+for ``--units`` seconds: one second of audio and one camera frame every second at
 wall-clock pace (not waiting for results, as a browser does), their first
 chunks spread over a second (``--phases spread``: independent users; until
 a session's voice was kept, its slow prepare staggered the sessions so, by
@@ -37,8 +39,9 @@ at once in rounds, the sessions' figures and the chats' marks under that load.
 It runs twice, as the chats: ``mixed_first`` (the vocoder first meets duplex
 and chat pieces batched together) and ``mixed``.
 
-Writes ``benchmarks/results/gpu_density_<gpu>.json`` (or ``--out``); measures,
-asserts nothing about speed.
+Writes a new ``benchmarks/results/gpu_density_<gpu>_<UTC time>.json`` (or
+``--out``, an existing file only with ``--overwrite``: a committed result is
+never replaced by accident); measures, asserts nothing about speed.
 """
 
 from __future__ import annotations
@@ -48,7 +51,6 @@ import asyncio
 import contextlib
 import functools
 import json
-import re
 import time
 from pathlib import Path
 from typing import Any
@@ -64,7 +66,9 @@ from benchmarks.gpu_duplex import (
     chat_request,
     jpeg_b64,
     model_code,
+    new_result_path,
     recv_until,
+    refuse_existing,
     summary,
 )
 from benchmarks.gpu_profile import Sampler
@@ -431,11 +435,16 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model-path", type=Path, required=True)
+    # The defaults are issue 61's protocol (40 slots fit an H200's memory, not
+    # an 80 GB card's): a run with no options is comparable with its results.
     parser.add_argument(
-        "--counts", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4, 8, 12, 16]
+        "--counts",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[1, 8, 16, 24, 32, 40],
+        help="the levels: N sessions at once, in turn (N,M,...)",
     )
     parser.add_argument("--slots", type=int, help="minicpmo.slots (default: the largest count)")
-    parser.add_argument("--units", type=int, default=20)
+    parser.add_argument("--units", type=int, default=14, help="units (seconds) a session sends")
     parser.add_argument("--warmup-units", type=int, default=2, help="left out of the figures")
     parser.add_argument("--speak-tokens", type=int, default=12)
     parser.add_argument(
@@ -471,10 +480,12 @@ def main(argv: list[str] | None = None) -> int:
     bench_server.add_server_arguments(
         parser, "gpu_density_server.log", "/tmp/omnilive-density-data"
     )
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     args = parser.parse_args(argv)
     if args.out is None:
-        gpu = re.sub(r"[^a-z0-9]+", "_", (GpuSampler.query("name") or "no GPU").lower())
-        args.out = Path("benchmarks/results") / f"gpu_density_{gpu.strip('_')}.json"
+        args.out = new_result_path("gpu_density")
+    refuse_existing(parser, args.out, args.overwrite)
+    print(f"report: {args.out}", flush=True)
     report = asyncio.run(bench(args))
     print(json.dumps({k: v for k, v in report.items() if k != "runs"}, indent=2))
     return 0

@@ -12,8 +12,9 @@ Two steps, meant for a machine with an NVIDIA GPU and no network:
     WAV at microphone pace (if given), an audio duplex and an omni
     duplex session (known listen/speak mix: forced listens from the client,
     bounded speak tokens per unit), and many short sessions to check that GPU
-    memory returns to its level after each. Writes a JSON report named after
-    the GPU under ``benchmarks/results/`` (or ``--out``).
+    memory returns to its level after each. Writes a new JSON report named
+    after the GPU and the time under ``benchmarks/results/`` (or ``--out``,
+    an existing file only with ``--overwrite``).
 
 Measures; asserts nothing about speed.
 """
@@ -25,6 +26,7 @@ import asyncio
 import base64
 import io
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -45,7 +47,7 @@ from benchmarks.bench_server import (
     stop_server,
     wait_ready,
 )
-from benchmarks.gpu_checkpoint import build_checkpoint, synthetic_voice
+from benchmarks.gpu_checkpoint import CODE_FILES, build_checkpoint, synthetic_voice
 from benchmarks.microphone import RATE, Microphone, spoken_turn
 from omnilive.audio import read_wav, resample
 
@@ -388,12 +390,36 @@ def print_table(report: dict[str, Any]) -> None:
     print(f"sessions: growth {report.get('sessions', {}).get('growth_mib')} MiB")
 
 
+# --- results files --------------------------------------------------------------
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def new_result_path(stem: str, suffix: str = "") -> Path:
+    """``benchmarks/results/<stem>_<gpu><suffix>_<UTC time>.json``: a new file
+    for every run, so that a rerun never replaces a committed result (the docs
+    cite them by name)."""
+    gpu = re.sub(r"[^a-z0-9]+", "_", (GpuSampler.query("name") or "no GPU").lower()).strip("_")
+    return RESULTS / f"{stem}_{gpu}{suffix}_{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
+
+
+def refuse_existing(parser: argparse.ArgumentParser, out: Path, overwrite: bool) -> None:
+    """Stop before the server starts where the report would replace a file."""
+    if out.exists() and not overwrite:
+        parser.error(f"{out} exists: give another --out, or --overwrite to replace it")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     build = commands.add_parser("checkpoint")
-    build.add_argument("--code", type=Path, required=True)
-    build.add_argument("--out", type=Path, required=True)
+    build.add_argument(
+        "--code",
+        type=Path,
+        required=True,
+        help="the model's code: the MiniCPMO45 folder of OpenBMB/MiniCPM-o-Demo",
+    )
+    build.add_argument("--out", type=Path, required=True, help="the checkpoint folder to write")
     build.add_argument("--tiny", action="store_true")
     build.add_argument(
         "--tone-vocoder",
@@ -419,14 +445,21 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument(
         "--slots", type=int, default=1, help="minicpmo.slots (1: the model code, the baseline)"
     )
+    run.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     args = parser.parse_args(argv)
     if args.command == "checkpoint":
+        missing = [name for name in CODE_FILES if not (args.code / name).is_file()]
+        if missing:
+            parser.error(
+                f"--code {args.code} is not the MiniCPMO45 model-code folder: it lacks "
+                + ", ".join(missing)
+            )
         build_checkpoint(args.code, args.out, args.tiny, args.device, args.tone_vocoder)
         return 0
     if args.out is None:
-        name = (GpuSampler.query("name") or "no_gpu").lower().replace(" ", "_")
         suffix = "_compiled" if args.torch_compile else "_eager" if args.no_cuda_graphs else ""
-        args.out = Path(__file__).parent / "results" / f"gpu_duplex_{name}{suffix}.json"
+        args.out = new_result_path("gpu_duplex", suffix)
+    refuse_existing(parser, args.out, args.overwrite)
     report = asyncio.run(bench(args))
     print_table(report)
     print(f"report: {args.out}")
