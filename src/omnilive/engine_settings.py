@@ -200,8 +200,10 @@ class MiniCPMoSettings(Section):
         description="The vocoder's float32 matrix products in TF32 (its convolutions already "
         "are, by cuDNN's default): a second of speech ~15 ms sooner on an H200; off: IEEE float32.",
     )
-    # As many as fit, at most 8 by default: the most an H200 served in real
-    # time in benchmarks/gpu_density.py (docs/design/gpu-engine.md).
+    # An explicit count is taken as it is (the density runs set it); 0 takes
+    # as many as fit, capped by max_slots. That cap's default stayed real time
+    # in every density run that docs/operating/gpus.md cites, H100s and H200s
+    # alike; 16 did in every H200 run there, not in every H100 one.
     slots: int = Field(
         0,
         ge=0,
