@@ -8,11 +8,14 @@ import asyncio
 import fractions
 import json
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import av
 import httpx
 import numpy as np
+import pytest
 from aiortc import RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack, VideoStreamTrack
 
@@ -212,3 +215,33 @@ async def until_idle(server: Server, timeout: float = 10) -> None:
                 break
             await asyncio.sleep(0.1)
     await server.wait_ready(timeout=timeout, workers=1)
+
+
+# What a server takes to run its calls in two media processes.
+MEDIA_ENV = {"OMNILIVE_WEBRTC__MEDIA_PROCESSES": "2"}
+
+
+@pytest.fixture
+def media_processes() -> Iterator[None]:
+    """Every server the test starts runs its calls in media processes (the
+    servers a test starts itself take their settings from the environment)."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in MEDIA_ENV.items():
+            patch.setenv(name, value)
+        yield
+
+
+def media_pids(server: Server) -> list[int]:
+    """The pids of the gateway's media processes (``webrtc.media_processes``)."""
+    assert server.process is not None
+    pid = server.process.pid
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    found = []
+    for child in map(int, children):
+        try:
+            command = Path(f"/proc/{child}/cmdline").read_bytes()
+        except OSError:
+            continue  # it just ended
+        if b"omnilive.gateway.webrtc.media_process" in command:
+            found.append(child)
+    return sorted(found)

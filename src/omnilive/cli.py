@@ -13,7 +13,7 @@ import sys
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -26,6 +26,7 @@ from omnilive.protocol.internal import LISTEN_FD_ENV, REPORT_FD_ENV, LoadOutcome
 from omnilive.recording import cleanup as recording_cleanup
 from omnilive.serving import (
     ExitCode,
+    MediaSocket,
     ProcessExit,
     StartupError,
     http_url,
@@ -33,6 +34,9 @@ from omnilive.serving import (
     run_server,
     write_port_file,
 )
+
+if TYPE_CHECKING:
+    from omnilive.tls import Certificate
 
 INSECURE_HELP = "allow an open gateway (no API keys) on a non-loopback address"
 PORT_FILE_HELP = (
@@ -285,12 +289,33 @@ def _gateway(args: argparse.Namespace, settings: Settings) -> ProcessExit:
     if args.port_file is not None:
         _write_ports(args.port_file, settings, sock, supervised, https=tls is not None)
     process_exit = ProcessExit()
-    if not on_ray:
-        app = create_app(settings, supervised=supervised, process_exit=process_exit)
-        run_server(app, sock, settings.host, settings, process_exit, tls=tls)
-        return process_exit
+    media = None
+    if settings.webrtc.enabled and settings.webrtc.media_process_count() > 0:
+        media = MediaSocket.open(tls=tls is not None)
+    try:
+        if not on_ray:
+            app = create_app(settings, supervised=supervised, process_exit=process_exit,
+                             media=media)  # fmt: skip
+            run_server(app, sock, settings.host, settings, process_exit, tls=tls, media=media)
+            return process_exit
+        _on_ray(args, settings, sock, process_exit, tls, media)
+    finally:
+        if media is not None:
+            media.close()
+    return process_exit
+
+
+def _on_ray(
+    args: argparse.Namespace,
+    settings: Settings,
+    sock: socket.socket,
+    process_exit: ProcessExit,
+    tls: Certificate | None,
+    media: MediaSocket | None,
+) -> None:
     from omnilive.cluster import ray_api
     from omnilive.cluster.deploy import open_deployment
+    from omnilive.gateway.app import create_app
 
     try:
         settings, cluster = open_deployment(settings, owner=args.command == "serve")
@@ -298,11 +323,10 @@ def _gateway(args: argparse.Namespace, settings: Settings) -> ProcessExit:
         sock.close()
         raise
     try:
-        app = create_app(settings, process_exit=process_exit, cluster=cluster)
-        run_server(app, sock, settings.host, settings, process_exit, tls=tls)
+        app = create_app(settings, process_exit=process_exit, cluster=cluster, media=media)
+        run_server(app, sock, settings.host, settings, process_exit, tls=tls, media=media)
     finally:
         ray_api.leave()
-    return process_exit
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,9 +12,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
+import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -101,6 +104,36 @@ def listen_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+@dataclass
+class MediaSocket:
+    """The gateway's internal Unix socket, in a folder only its user can
+    enter: where its WebRTC media processes open their calls' sessions
+    (``docs/webrtc.md``). The gateway serves it beside its public port, with
+    the same app (and the same TLS, where it has one)."""
+
+    sock: socket.socket
+    path: str
+    tls: bool = False
+
+    @classmethod
+    def open(cls, tls: bool = False) -> MediaSocket:
+        folder = tempfile.mkdtemp(prefix="omnilive-media-")  # mode 0700
+        path = os.path.join(folder, "gateway.sock")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(path)
+            sock.listen(LISTEN_BACKLOG)
+        except OSError as exc:
+            sock.close()
+            shutil.rmtree(folder, ignore_errors=True)
+            raise StartupError(f"cannot listen on the media processes' socket: {exc}") from None
+        return cls(sock, path, tls)
+
+    def close(self) -> None:
+        self.sock.close()
+        shutil.rmtree(os.path.dirname(self.path), ignore_errors=True)
+
+
 def http_url(host: str, sock: socket.socket) -> str:
     """``http://host:port`` of a bound socket (its port as bound: port 0 is
     the one the system picked)."""
@@ -136,11 +169,13 @@ def run_server(
     process_exit: ProcessExit,
     tls: Certificate | None = None,
     internal: bool = False,
+    media: MediaSocket | None = None,
 ) -> None:
     """Serve ``app`` on ``sock`` until a signal or ``process_exit`` stops it;
     ``process_exit`` then holds the exit status. With ``tls`` (the gateway's
     public port only) it serves HTTPS and WSS. ``internal``: a worker's API,
-    whose sockets carry no keepalive pings (``protocol/internal.py``)."""
+    whose sockets carry no keepalive pings (``protocol/internal.py``).
+    ``media``: the gateway's internal socket, served beside ``sock``."""
     import uvicorn
 
     from omnilive.ws_protocol import LossAwareWebSocketProtocol
@@ -184,7 +219,7 @@ def run_server(
     stopping_signals = (signal.SIGINT, signal.SIGTERM)
     previous = {sig: signal.signal(sig, _already_handled) for sig in stopping_signals}
     try:
-        server.run(sockets=[sock])
+        server.run(sockets=[sock] if media is None else [sock, media.sock])
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -6,7 +6,9 @@ into one ``Settings``."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -149,3 +151,17 @@ class WebRTCSettings(Section):
     max_audio_backlog_s: float = Field(
         2.0, gt=0, description="Microphone audio the session may fall behind; older is dropped."
     )
+    media_processes: Annotated[int, Field(ge=0, le=64)] | Literal["auto"] = Field(
+        "auto",
+        description="Processes that run the calls' media (Opus, SRTP, DTLS, the camera), each "
+        "call's session a loopback WebSocket to the gateway; 0: in the gateway's own process. "
+        "auto: 0 on a host of 2 cores or fewer, else half its cores.",
+    )
+
+    def media_process_count(self, cpus: int | None = None) -> int:
+        """How many media processes to run on a host of ``cpus`` cores (this one's
+        by default): ``media_processes``, with ``auto`` resolved (the class's field)."""
+        if self.media_processes != "auto":
+            return self.media_processes
+        cores = cpus if cpus is not None else (os.cpu_count() or 1)
+        return 0 if cores <= 2 else cores // 2

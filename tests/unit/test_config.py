@@ -49,3 +49,17 @@ def test_unknown_keys_and_bad_values_are_errors(tmp_path: Path):
         load_settings(config, {})
     with pytest.raises(ValidationError):
         load_settings(None, {"OMNILIVE_PORT": "not-a-port"})
+
+
+def test_media_processes_follow_the_host_s_cores_unless_set():
+    auto = load_settings(environ={}).webrtc
+    assert auto.media_processes == "auto"
+    assert [auto.media_process_count(cpus) for cpus in (1, 2, 3, 4, 16, 64)] == [0, 0, 1, 2, 8, 32]
+
+    def webrtc(count: str):
+        return load_settings(environ={"OMNILIVE_WEBRTC__MEDIA_PROCESSES": count}).webrtc
+
+    assert webrtc("3").media_process_count(2) == 3
+    assert webrtc("0").media_process_count(64) == 0
+    with pytest.raises(ValidationError):
+        load_settings(environ={"OMNILIVE_WEBRTC__MEDIA_PROCESSES": "many"})

@@ -44,7 +44,7 @@ from omnilive.gateway.state import Gateway
 from omnilive.gateway.supervisor import GaveUp, Supervisor
 from omnilive.gateway.webrtc import missing as webrtc_missing
 from omnilive.recording.cleanup import cleanup_periodically
-from omnilive.serving import ProcessExit, http_url
+from omnilive.serving import MediaSocket, ProcessExit, http_url
 from omnilive.tasks import TaskSet
 
 if TYPE_CHECKING:
@@ -66,16 +66,37 @@ async def _workers_settled(gateway: Gateway, timeout_s: float) -> None:
         log.warning("workers still hold sessions after %.0f s; stopping them anyway", timeout_s)
 
 
-def _webrtc_calls(settings: Settings) -> Calls | None:
+def _webrtc_calls(settings: Settings, media: MediaSocket | None) -> Calls | None:
     """The registry of WebRTC calls, or None where aiortc or PyAV cannot be
-    imported: the gateway still serves every mode over the WebSocket."""
+    imported: the gateway still serves every mode over the WebSocket. With
+    ``webrtc.media_processes`` and the gateway's internal socket (``media``),
+    the calls run in media processes, started here."""
     reason = webrtc_missing()
     if reason is not None:
         log.warning("WebRTC is off: %s; calls are refused, the WebSocket serves", reason)
         return None
     from omnilive.gateway.webrtc.calls import Calls  # imports aiortc
 
-    return Calls(settings.webrtc)
+    calls = Calls(settings.webrtc)
+    count = settings.webrtc.media_process_count()
+    if count == 0 or not settings.webrtc.enabled:
+        return calls
+    if media is None:
+        log.warning("webrtc.media_processes is %d, but this gateway has no internal socket "
+                    "for their sessions; its calls run in its own process", count)  # fmt: skip
+        return calls
+    from omnilive.gateway.webrtc.media_pool import MediaPool
+    from omnilive.gateway.webrtc.media_process import MediaConfig
+
+    config = MediaConfig(
+        name="", webrtc=settings.webrtc, max_message_bytes=settings.limits.max_message_bytes,
+        gateway_socket=media.path, tls=media.tls, log_level=settings.log_level,
+        log_json=settings.log_json, log_stream=settings.log_stream,
+    )  # fmt: skip
+    calls.media = MediaPool(config, count)
+    calls.media.start(calls)
+    log.info("WebRTC calls run in %d media processes", count)
+    return calls
 
 
 def _start_workers(
@@ -122,6 +143,7 @@ def create_app(
     supervised: Sequence[socket.socket] | None = None,
     process_exit: ProcessExit | None = None,
     cluster: Deployment | None = None,
+    media: MediaSocket | None = None,
 ) -> FastAPI:
     """The gateway. With ``supervised`` (the listening sockets of
     :func:`~omnilive.gateway.supervisor.worker_sockets`) it also starts and
@@ -148,7 +170,7 @@ def create_app(
         registry: GatewayMetrics = app.state.metrics
         tasks.spawn("live-stats", sample_periodically(registry.live, lambda: live_reading(gateway)))
         app.state.gateway = gateway
-        app.state.webrtc = calls = _webrtc_calls(settings)
+        app.state.webrtc = calls = _webrtc_calls(settings, media)
         try:
             yield
         finally:

@@ -11,7 +11,9 @@ token is enough (opening a session, reading a recording) also
 ``Authorization: Bearer <token>``, ``?token=<token>`` or, for browsers,
 the WebSocket subprotocol ``omnilive.token.<token>`` next to ``omnilive``.
 Realtime API browser clients offer their key as ``map-api-key.<key>`` next to
-``map.realtime``; that counts as the ``Authorization`` header.
+``map.realtime``; that counts as the ``Authorization`` header. The session
+of a WebRTC call run by a media process comes with a one-time pass for its
+caller instead (``call_passes.py``): its signalling request was checked.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from omnilive.config import AuthSettings, LimitSettings
 from omnilive.gateway.access import WS, Access, AccessTable, Rule
+from omnilive.gateway.call_passes import PASS_HEADER, CallPasses
 from omnilive.gateway.credentials import (
     ANONYMOUS,
     ClientTokens,
@@ -132,6 +135,7 @@ class Gatekeeper:
         self.tokens = tokens
         self.limiter = limiter
         self.settings = settings
+        self.passes = CallPasses()
 
     @classmethod
     def from_settings(
@@ -153,6 +157,9 @@ class Gatekeeper:
             raise Denied(404, "not_found", "no such route")
         if rule.access is Access.PUBLIC:
             return rule, None
+        secret = request.headers.get(PASS_HEADER)
+        if secret is not None and request.method == WS:
+            return rule, self._call_pass(request, rule, secret)
         self._check_origin(request)
         if self.open:
             self._check_open_host(request)
@@ -164,6 +171,19 @@ class Gatekeeper:
         if refusal is not None:
             raise _too_many(refusal)
         return rule, principal
+
+    def _call_pass(self, request: AccessRequest, rule: Rule, secret: str) -> Principal:
+        """A call's session from a media process: the caller its signalling
+        request was (whose origin and host were checked there), counted against
+        the rate limit as that session is when the gateway runs the call."""
+        principal = self.passes.redeem(secret, request.path)
+        if principal is None or not rule.opens_session:
+            raise _unauthorized("the call's pass is unknown, used, lapsed or for another route")
+        if not self.open:
+            refusal = self.limiter.request(principal)
+            if refusal is not None:
+                raise _too_many(refusal)
+        return principal
 
     def _check_origin(self, request: AccessRequest) -> None:
         origin = request.headers.get("origin")

@@ -44,7 +44,7 @@ REPORT_DRAIN_S = 2.0
 SETTINGS_ENV = "OMNILIVE_SETTINGS_JSON"
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Linux: have the kernel SIGTERM the worker if the gateway dies."""
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
@@ -173,7 +173,7 @@ class Supervisor:
                 # Its own process group: a Ctrl-C in the terminal reaches only the
                 # gateway, which stops the workers itself (they are not restarted).
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )  # fmt: skip
         except BaseException:
             os.close(read_fd)

@@ -26,7 +26,6 @@ from omnilive.gateway.app_gate import CLOSE_POLICY_VIOLATION, AppDisabled, requi
 from omnilive.gateway.client_ws import close_quietly, send_json
 from omnilive.gateway.live_session import LiveConnection
 from omnilive.gateway.routes.webrtc import (
-    CallRefused,
     hang_up_call,
     offer_of,
     open_call,
@@ -34,7 +33,7 @@ from omnilive.gateway.routes.webrtc import (
 )
 from omnilive.gateway.state import gateway_of
 from omnilive.gateway.webrtc.dialects import Dialect, MediaDialect
-from omnilive.gateway.webrtc.offer import parse_live_offer
+from omnilive.gateway.webrtc.offer import CallRefused, parse_live_offer
 from omnilive.protocol.openai_live_events import error_event
 
 router = APIRouter()

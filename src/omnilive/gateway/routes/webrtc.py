@@ -30,13 +30,19 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 
-from omnilive.gateway.auth import principal_of
+from omnilive.gateway.auth import Gatekeeper, principal_of
 from omnilive.gateway.http_body import read_capped, with_body
 from omnilive.gateway.http_errors import HttpRefusal, error_body
 from omnilive.gateway.resume import LAST_SEQ_PARAM, SEQ_PARAM, TOKEN_PARAM, kept_token
 from omnilive.gateway.resume_link import asks_claimable_resume
 from omnilive.gateway.webrtc.dialects import Dialect, MediaDialect
-from omnilive.gateway.webrtc.offer import MAX_OFFER_BYTES, Offer, OfferError, parse_offer
+from omnilive.gateway.webrtc.offer import (
+    MAX_OFFER_BYTES,
+    CallRefused,
+    Offer,
+    OfferError,
+    parse_offer,
+)
 from omnilive.ids import is_safe_id, mint
 from omnilive.protocol.common import ErrorCode, ProtocolError
 from omnilive.protocol.openai_realtime import DEFAULT_MODEL, EXTENSIONS_PARAM
@@ -49,14 +55,6 @@ RESUME_PARAMS = (TOKEN_PARAM, LAST_SEQ_PARAM, SEQ_PARAM)
 # The headers a session's scope keeps from its signalling request: what the
 # WebSocket path's auth and origin checks read.
 _KEPT_HEADERS = frozenset({b"authorization", b"origin", b"host", b"user-agent", b"cookie"})
-_REFUSAL_STATUS = {"unauthorized": 401, "forbidden": 403, "origin_not_allowed": 403,
-                   "not_found": 404, "rate_limited": 429, "too_many_sessions": 429}  # fmt: skip
-
-
-class CallRefused(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message = status, code, message
 
 
 def calls_of(request: Request) -> Calls:
@@ -227,37 +225,31 @@ async def open_call(
     first_events: list[str] | None = None,
 ) -> tuple[str, str]:
     """Answer ``offer`` with a call whose session runs on the WebSocket route
-    ``path``: the call's id and the SDP answer, once the session began."""
-    from omnilive.gateway.webrtc.call import Call, Refused  # imports aiortc
-    from omnilive.gateway.webrtc.calls import TooManyCalls
-
+    ``path``: the call's id and the SDP answer, once the session began. The
+    call runs here, or in a media process (``webrtc.media_processes``)."""
     calls = calls_of(request)
     call_id = mint("rtc", 12)
     caller = principal_of(request)
     settings = request.app.state.gateway.settings
+    if calls.media is not None:
+        from omnilive.gateway.webrtc.media_wire import OpenCall
+
+        gatekeeper: Gatekeeper = request.app.state.auth
+        opening = OpenCall(
+            call_id, dialect.dialect.value, offer.sdp, path, query,
+            credential=gatekeeper.passes.mint(caller, path),
+            frame_max_side=dialect.frame_max_side, media=offer.media,
+            first_events=tuple(first_events or ()),
+            user_agent=request.headers.get("user-agent"),
+        )  # fmt: skip
+        return call_id, await calls.media.open(opening, caller.key_id)
+    from omnilive.gateway.webrtc.call import Call  # imports aiortc
+    from omnilive.gateway.webrtc.calls import open_here
+
     scope = _session_scope(request, path, query, call_id)
     call = Call(call_id, dialect, settings.webrtc, scope, first_events,
                 settings.limits.max_message_bytes)  # fmt: skip
-    try:
-        calls.add(call, caller.key_id)
-    except TooManyCalls as exc:
-        await call.abandon()
-        raise CallRefused(503, "too_many_peer_connections", str(exc)) from None
-    started = False
-    try:
-        answer = await call.answer(offer)
-        refused = await calls.start(call, request.app)
-        started = True  # the call's task owns it now, and frees its place
-    except OfferError as exc:
-        raise CallRefused(exc.status, exc.code, exc.message) from None
-    finally:
-        if not started:  # refused, or the client left: its place is free again
-            calls.discard(call_id)
-            await call.abandon()
-    if isinstance(refused, Refused):
-        raise CallRefused(_REFUSAL_STATUS.get(refused.reason, 503), refused.reason or "refused",
-                          f"the session was refused: {refused.reason or refused.code}")  # fmt: skip
-    return call_id, answer
+    return call_id, await open_here(calls, call, caller.key_id, offer, request.app)
 
 
 def _session_scope(request: Request, path: str, query: str, call_id: str) -> dict[str, Any]:

@@ -27,6 +27,28 @@ class OfferErrorCode(StrEnum):
 _STATUS = {OfferErrorCode.UNSUPPORTED_MEDIA_TYPE: 415}
 
 
+class CallRefused(Exception):
+    """A call refused, as its signalling request's HTTP answer."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+# The HTTP status of a session refused before it began (the code it was
+# refused with, as the auth middleware closes a WebSocket it denies).
+_SESSION_REFUSAL_STATUS = {"unauthorized": 401, "forbidden": 403, "origin_not_allowed": 403,
+                           "not_found": 404, "rate_limited": 429,
+                           "too_many_sessions": 429}  # fmt: skip
+
+
+def session_refused(code: int, reason: str) -> CallRefused:
+    """A call whose session's route closed it before accepting it
+    (WebSocket close ``code``, ``reason`` its refusal's code)."""
+    status = _SESSION_REFUSAL_STATUS.get(reason, 503)
+    return CallRefused(status, reason or "refused", f"the session was refused: {reason or code}")
+
+
 class OfferError(Exception):
     """A signalling request refused before any peer connection exists."""
 
