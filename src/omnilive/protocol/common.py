@@ -187,8 +187,9 @@ def load_json(raw: str | bytes, max_bytes: int | None = None) -> Any:
 
     Raises :class:`ProtocolError`: ``payload_too_large`` over ``max_bytes``,
     ``invalid_json`` for text that is not JSON (``NaN`` and ``Infinity``,
-    which Python's decoder would take, and unpaired UTF-16 surrogates, which
-    could not be encoded again, included) or nests deeper than
+    which Python's decoder would take, unpaired UTF-16 surrogates, which
+    could not be encoded again, and integers of more digits than Python
+    converts, included) or nests deeper than
     :data:`MAX_JSON_DEPTH` (which would exhaust the recursion of whatever
     walks it next: validation, recording, re-encoding)."""
     if max_bytes is not None and len(raw) > max_bytes:
@@ -198,7 +199,9 @@ def load_json(raw: str | bytes, max_bytes: int | None = None) -> Any:
     too_deep = f"message nests deeper than {MAX_JSON_DEPTH} levels"
     try:
         value = json.loads(raw, parse_constant=_refuse_constant)
-    except (json.JSONDecodeError, UnicodeDecodeError, _NotJsonConstant) as exc:
+    # ValueError: besides JSONDecodeError, UnicodeDecodeError and a constant,
+    # an integer longer than ``sys.get_int_max_str_digits()`` (4300 digits).
+    except ValueError as exc:
         raise ProtocolError(ErrorCode.INVALID_JSON, f"message is not JSON: {exc}") from None
     except RecursionError:  # deeper than the interpreter's own limit
         raise ProtocolError(ErrorCode.INVALID_JSON, too_deep) from None
