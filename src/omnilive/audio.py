@@ -37,7 +37,11 @@ def encode_b64(raw: bytes) -> str:
 
 def pcm_from_b64(data: str) -> np.ndarray:
     """Decode base64 float32 PCM; the byte count must be a multiple of 4."""
-    raw = decode_b64(data)
+    return pcm_from_bytes(decode_b64(data))
+
+
+def pcm_from_bytes(raw: bytes) -> np.ndarray:
+    """Raw little-endian float32 PCM as samples: whole 4-byte samples, all finite."""
     if len(raw) % 4:
         raise AudioDecodeError(f"float32 PCM needs a multiple of 4 bytes, got {len(raw)}")
     samples = np.frombuffer(raw, dtype="<f4")

@@ -274,6 +274,12 @@ class Settings(Section):
         description="Workers the gateway uses (`omnilive gateway`); `serve` fills this in.",
     )
     internal_token: str = Field("", description="Shared secret between gateway and workers.")
+    binary_media: bool = Field(
+        True,
+        description="The gateway sends a worker each duplex and half-duplex audio_chunk as one "
+        "binary frame, its media decoded from base64 (the worker's event loop then parses "
+        "neither); off: as the client's JSON text (both reach the same checks).",
+    )
     data_dir: Path = Field(Path("data"), description="Recordings, caches and state.")
     max_queue_size: int = Field(1000, ge=0, description="Tickets the queue holds.")
     request_timeout_s: float = Field(300.0, gt=0, description="Longest a chat request may run.")

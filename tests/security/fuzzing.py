@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from omnilive.protocol.common import ErrorCode
+from omnilive.protocol.media_frame import MAGIC, MediaMessage, encode_media
 from omnilive.protocol.realtime import RealtimeErrorCode
 
 DOCUMENTED_CODES = frozenset(c.value for c in ErrorCode)
@@ -206,6 +207,37 @@ duplex_message = st.one_of(
     message(_typed(["resume", "stop", "pause"])),
 )
 duplex_frames = frames_of(duplex_message)
+
+# --- the gateway's media frames (protocol/media_frame.py), as a worker reads them ---------
+
+_header_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**64), 2**64) | st.floats(allow_nan=False,
+    allow_infinity=False) | st.text(max_size=24),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
+                                                                max_size=3),
+    max_leaves=4,
+)  # fmt: skip
+_media = st.builds(
+    MediaMessage,
+    message(
+        st.one_of(st.just("audio_chunk"), st.just("audio_chunk"), st.text(max_size=12)),
+        force_listen=_header_values,
+        max_slice_nums=st.one_of(st.integers(-1, 12), _header_values),
+        input_id=st.one_of(st.text(max_size=300), _header_values),
+    ),
+    st.one_of(  # float32 PCM, NaN among it, or any bytes
+        st.integers(0, 6000).map(lambda n: b"\x00\x00\x80\x3c" * n),
+        st.just(b"\x00\x00\xc0\x7f" * 4),
+        st.binary(max_size=64),
+    ),
+    st.none() | st.lists(st.sampled_from(JPEGS) | st.binary(max_size=64), max_size=10).map(tuple),
+).map(encode_media)
+media_frames = st.one_of(
+    _media,
+    _media,
+    st.tuples(_media, st.integers(0, 200)).map(lambda cut: cut[0][: cut[1]]),
+    st.binary(max_size=60).map(lambda tail: MAGIC + tail),
+)
 
 # --- the Realtime API --------------------------------------------------------------------
 

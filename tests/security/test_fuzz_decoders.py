@@ -2,7 +2,8 @@
 hypothesis: each frame is accepted or refused with a documented code, never
 anything else. About 11,000 generated frames in all: gateway chat 1,500, half-duplex
 and duplex 1,500 each, realtime 1,500; worker chat parsing 1,000 and sessions 100;
-worker session runners 3 x 250 sessions of 1-9 frames (~3,700). ``FUZZ_SCALE`` in
+worker session runners 3 x 250 sessions of 1-9 frames (~3,700), and 2 x 150 of
+the gateway's media frames among them (~1,500). ``FUZZ_SCALE`` in
 the environment multiplies the counts; ``benchmarks/fuzz_nightly.py`` runs it big.
 """
 
@@ -245,6 +246,22 @@ def test_worker_session_runners(worker: tuple[Any, ...], kind: str, data: st.Dat
     frames = data.draw(st.lists(strategy, min_size=1, max_size=8))
     if data.draw(st.booleans()):
         frames.insert(0, valid_prepare)  # so that the frames after it reach an active session
+    _run_worker_session(worker, kind, frames)
+
+
+@pytest.mark.parametrize("kind", ["half_duplex", "omni_duplex"])
+@examples(150)
+@given(data=st.data())
+def test_worker_session_runners_take_media_frames(
+    worker: tuple[Any, ...], kind: str, data: st.DataObject
+):
+    """The binary form the gateway sends a chunk in, valid, cut or any bytes
+    after its magic, among the protocol's text frames."""
+    text = fuzzing.half_duplex_frames if kind == "half_duplex" else fuzzing.duplex_frames
+    strategy = st.one_of(fuzzing.media_frames, fuzzing.media_frames, text)
+    frames = data.draw(st.lists(strategy, min_size=1, max_size=8))
+    if data.draw(st.booleans()):
+        frames.insert(0, json.dumps({"type": "prepare", "system_prompt": "#schedule:LS"}))
     _run_worker_session(worker, kind, frames)
 
 

@@ -1,4 +1,6 @@
-"""Gateway → worker session sockets. The gateway relays; it never decodes media."""
+"""Gateway → worker session sockets: the client's messages up (an
+``audio_chunk`` as a binary media frame, ``gateway/sessions.py``), the
+worker's down, relayed without parsing them."""
 
 from __future__ import annotations
 
@@ -59,7 +61,7 @@ async def open_worker_session(
             # worker's sockets are closed when its control channel is lost.
             ping_interval=SESSION_PING_INTERVAL_S,
             close_timeout=CLOSE_TIMEOUT_S,
-            compression=None,  # payloads are base64 media: not worth deflating on loopback
+            compression=None,  # payloads are media: not worth deflating on loopback
         )
     except (OSError, TimeoutError, InvalidHandshake) as exc:
         raise WorkerConnectError(f"worker {lease.worker_id} unreachable: {exc}") from None

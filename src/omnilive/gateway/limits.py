@@ -109,7 +109,7 @@ def check_message(message: Any, limits: LimitSettings) -> None:
     """Raise :class:`ProtocolError` (``payload_too_large``) when a half-duplex
     or duplex message carries more audio or frames than the limits allow.
 
-    The gateway never decodes media: sizes come from the base64 lengths."""
+    Sizes come from the base64 lengths: a message refused here is never decoded."""
     audio = getattr(message, "audio_base64", None)
     if audio is not None:
         seconds = decoded_length(audio) / FLOAT32_BYTES / INPUT_RATE

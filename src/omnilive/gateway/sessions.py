@@ -1,7 +1,10 @@
 """Long-lived sessions (half-duplex, duplex) through the gateway: queue, then a
 two-way relay to the leased worker. The gateway checks every client message
-against the mode's typed protocol before it reaches a worker; media stays
-base64 and is never decoded here. A session of a disabled app is refused
+against the mode's typed protocol before it reaches a worker, and sends it on
+as the client sent it; but an ``audio_chunk`` goes as one binary frame, its
+media decoded from base64 here (``protocol/media_frame.py``), so that the
+worker's event loop, which every session of its GPU shares, parses neither
+its JSON nor its base64 (``binary_media``: off, as it came). A session of a disabled app is refused
 (close 1008), at connect or when a message hook finds out (``AppDisabled``).
 A graceful shutdown ends each session with ``error{code: server_shutdown}``
 (close 1001), queued or active; the worker then finalizes its recording."""
@@ -36,10 +39,13 @@ from omnilive.gateway.state import Gateway
 from omnilive.ids import is_safe_id
 from omnilive.logs import bind_session
 from omnilive.protocol.common import ErrorCode, ProtocolError, error_message
+from omnilive.protocol.media_frame import encode_media, media_message
 from omnilive.wsutil import race
 
 # Validates one client frame; returns the typed message (it has a ``type``).
 Validator = Callable[[str | bytes], Any]
+# What the worker is sent for a valid client frame (the frame, its message).
+ForWorker = Callable[[str | bytes, Any], str | bytes]
 # Sees every valid client message, e.g. to learn the session's mode from prepare;
 # it may raise AppDisabled to end the session (the message is not forwarded).
 MessageHook = Callable[[ActiveSession, Any], None]
@@ -108,24 +114,56 @@ async def serve_session(
         if on_message is not None:
             on_message(session, message)
 
+    to_worker = binary_media if gateway.settings.binary_media else as_sent
+    reader = _Reader(checked, to_worker, observe)
     async with client_channel(gateway, ws, session, route) as channel:
         try:
             async with gateway_session(gateway, session, tell_plain(channel), channel) as link:
                 require_enabled(ws, app_of(kind))
                 if link.submit():
-                    await _serve(link, channel, checked, observe, early_types)
+                    await _serve(link, channel, reader, early_types)
         except ProtocolError as exc:  # the session id is in use
             await fail(channel, exc.message, exc.code)
             return
         await close_quietly(channel)
 
 
+def as_sent(raw: str | bytes, message: Any) -> str | bytes:
+    """A client frame for the worker as the client sent it."""
+    return raw
+
+
+def binary_media(raw: str | bytes, message: Any) -> str | bytes:
+    """A client frame for the worker: an ``audio_chunk`` as one media frame,
+    anything else (and a chunk whose base64 the worker will refuse) as sent."""
+    media = media_message(message)
+    return raw if media is None else encode_media(media)
+
+
+class _Reader:
+    """How a session reads its client: each frame checked (``validate``),
+    seen (``observe``) and made into what its worker is sent (``to_worker``)."""
+
+    def __init__(self, validate: Validator, to_worker: ForWorker, observe: Callable[[Any], None]):
+        self.validate = validate
+        self.to_worker = to_worker
+        self.observe = observe
+
+    async def messages(self, ws: ClientChannel) -> AsyncIterator[tuple[str | bytes, Any]]:
+        """Each valid client frame, as its worker gets it, with its typed
+        message, across resumes. A frame that fails ``validate`` is answered
+        with its error and skipped: a bad message does not end the session."""
+        async for raw in ws.frames():
+            try:
+                message = self.validate(raw)
+            except ProtocolError as exc:
+                await send_json(ws, error_message(exc.message, exc.code))
+                continue
+            yield self.to_worker(raw, message), message
+
+
 async def _serve(
-    link: SessionLink,
-    ws: ClientChannel,
-    validate: Validator,
-    observe: Callable[[Any], None],
-    early_types: tuple[str, ...],
+    link: SessionLink, ws: ClientChannel, reader: _Reader, early_types: tuple[str, ...]
 ) -> None:
     early = _Early(early_types)
 
@@ -136,27 +174,12 @@ async def _serve(
     gateway = link.gateway
     await race(
         link.acquire(queue_to_client, always_done=True),
-        lambda: until_shutdown(gateway, _hold_while_queued(ws, validate, observe, early)),
+        lambda: until_shutdown(gateway, _hold_while_queued(ws, reader, early)),
     )
     async with link.worker() as worker:
-        for raw in early:
-            await worker.send(raw)
-        link.end(await _relay(link, ws, worker, validate, observe))
-
-
-async def _valid_messages(
-    ws: ClientChannel, validate: Validator
-) -> AsyncIterator[tuple[str | bytes, Any]]:
-    """Each client frame with its typed message, across resumes. A frame
-    that fails ``validate`` is answered with its error and skipped: a bad
-    message does not end the session."""
-    async for raw in ws.frames():
-        try:
-            message = validate(raw)
-        except ProtocolError as exc:
-            await send_json(ws, error_message(exc.message, exc.code))
-            continue
-        yield raw, message
+        for frame in early:
+            await worker.send(frame)
+        link.end(await _relay(link, ws, worker, reader))
 
 
 # Messages kept for the worker between ``queue_done`` and its socket being open.
@@ -178,36 +201,28 @@ class _Early:
         return iter(self.frames)
 
 
-async def _hold_while_queued(
-    ws: ClientChannel, validate: Validator, observe: Callable[[Any], None], early: _Early
-) -> None:
+async def _hold_while_queued(ws: ClientChannel, reader: _Reader, early: _Early) -> None:
     """While queued: keep the newest early message for the worker and refuse
     everything else with ``not_ready``; once served, keep everything."""
-    async for raw, message in _valid_messages(ws, validate):
+    async for frame, message in reader.messages(ws):
         if early.served:
-            observe(message)
-            early.frames = [*early.frames, raw][-MAX_EARLY:]
+            reader.observe(message)
+            early.frames = [*early.frames, frame][-MAX_EARLY:]
         elif message.type in early.types:
-            observe(message)
-            early.frames = [raw]
+            reader.observe(message)
+            early.frames = [frame]
         else:
             await send_json(ws, error_message("wait for queue_done", ErrorCode.NOT_READY))
 
 
-async def _forward_client(
-    ws: ClientChannel, worker: WorkerLink, validate: Validator, observe: Callable[[Any], None]
-) -> None:
-    async for raw, message in _valid_messages(ws, validate):
-        observe(message)  # may raise AppDisabled: the session ends
-        await worker.send(raw)
+async def _forward_client(ws: ClientChannel, worker: WorkerLink, reader: _Reader) -> None:
+    async for frame, message in reader.messages(ws):
+        reader.observe(message)  # may raise AppDisabled: the session ends
+        await worker.send(frame)
 
 
 async def _relay(
-    link: SessionLink,
-    ws: ClientChannel,
-    worker: WorkerLink,
-    validate: Validator,
-    observe: Callable[[Any], None],
+    link: SessionLink, ws: ClientChannel, worker: WorkerLink, reader: _Reader
 ) -> Ending:
     """Both ways until the worker ends the session (how it did), the client
     leaves, or the server shuts down (both end it here, and the worker,
@@ -217,7 +232,7 @@ async def _relay(
         await ws.send_text(payload)
 
     async def from_client() -> Ending:
-        await until_shutdown(link.gateway, _forward_client(ws, worker, validate, observe))
+        await until_shutdown(link.gateway, _forward_client(ws, worker, reader))
         return Ending.CLIENT_LEFT
 
     name = link.session.session_id

@@ -60,14 +60,23 @@ class Prepare(BaseModel):
         return self
 
 
-class AudioChunk(BaseModel):
+class ChunkFields(BaseModel):
+    """An ``audio_chunk``'s fields beside its media: what the worker reads
+    of the binary form the gateway sends it in (``protocol/media_frame.py``)."""
+
     model_config = _MODEL
     type: Literal["audio_chunk"]
-    audio_base64: Float32Base64
-    frame_base64_list: list[Base64Str] | None = None
     force_listen: bool = False
     max_slice_nums: int | None = Field(None, ge=1, le=9)
     input_id: str | None = Field(None, max_length=256)  # echoed on what it produces (Realtime)
+
+
+class AudioChunk(ChunkFields):
+    """The client's audio of one unit (float32 PCM at 16 kHz, base64; a
+    second as a rule), with camera frames (JPEG, base64) in omni mode."""
+
+    audio_base64: Float32Base64
+    frame_base64_list: list[Base64Str] | None = None
 
 
 class Update(BaseModel):

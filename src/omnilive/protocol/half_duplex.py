@@ -79,9 +79,17 @@ class Prepare(BaseModel):
     recording: bool = True
 
 
-class AudioChunk(BaseModel):
+class ChunkFields(BaseModel):
+    """An ``audio_chunk``'s fields beside its audio: what the worker reads
+    of the binary form the gateway sends it in (``protocol/media_frame.py``)."""
+
     model_config = _MODEL
     type: Literal["audio_chunk"]
+
+
+class AudioChunk(ChunkFields):
+    """The client's microphone audio (float32 PCM at 16 kHz, base64), of any length."""
+
     audio_base64: Float32Base64
 
 

@@ -2,7 +2,9 @@
 
 A session is one WebSocket, ``/internal/session/{kind}/{session_id}``,
 authenticated with the internal token. The gateway sends the client's messages
-of that mode (plus its own ``internal.*`` ones); the worker sends each message
+of that mode (plus its own ``internal.*`` ones), each as the client sent it,
+or, for an ``audio_chunk``, as a binary media frame (``media_frame.py``),
+which a worker takes beside the text; the worker sends each message
 for the client in an :class:`Envelope`: a header line with what the gateway
 needs to know, then the message itself, which the gateway relays without
 parsing or re-encoding it. How a session ended is told by the close code.

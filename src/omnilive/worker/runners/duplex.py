@@ -17,18 +17,14 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from omnilive.audio import AudioDecodeError, decode_b64, pcm_from_b64, voice_from_b64
+from omnilive.audio import AudioDecodeError, voice_from_b64
 from omnilive.engines.base import DuplexSession, EngineError
 from omnilive.engines.messages import DuplexOptions, UnitInput, Voice, WindowMode
-from omnilive.protocol.common import (
-    ContextWindowOption,
-    ErrorCode,
-    ProtocolError,
-    decode_client_message,
-)
+from omnilive.protocol.common import ContextWindowOption, ErrorCode, ProtocolError
 from omnilive.protocol.duplex import (
     WORKER_TYPES,
     AudioChunk,
+    ChunkFields,
     DuplexMode,
     Pause,
     Prepare,
@@ -42,6 +38,7 @@ from omnilive.protocol.duplex import (
 from omnilive.recording.duplex import DuplexRecorder
 from omnilive.recording.files import new_recording_id
 from omnilive.worker.chunk_buffer import ChunkBuffer, PendingChunk
+from omnilive.worker.chunk_media import DecodedChunk, chunk_audio, chunk_frames, read_frame
 from omnilive.worker.decode import DecodeError, check_image, load_stored_voice
 from omnilive.worker.machines.duplex import DuplexMachine, Limits, window_for
 from omnilive.worker.machines.session import Ended, Phase
@@ -125,7 +122,7 @@ class DuplexRunner(StreamingRunner):
         max_bytes = self.settings.limits.max_message_bytes
         async for raw in self.frames:
             try:
-                message = decode_client_message(raw, worker_message, WORKER_TYPES, max_bytes)
+                message = read_frame(raw, worker_message, WORKER_TYPES, max_bytes, ChunkFields)
             except ProtocolError as exc:
                 await self.send_error(exc.code, exc.message)
                 continue
@@ -141,7 +138,7 @@ class DuplexRunner(StreamingRunner):
             if isinstance(message, Prepare):
                 self.machine.prepare()
                 self._preparing = self.spawn("prepare", self._prepare(message))
-            elif isinstance(message, AudioChunk):
+            elif isinstance(message, AudioChunk | DecodedChunk):
                 await self._audio(message)
             elif isinstance(message, Update):
                 await self._update(message)
@@ -270,20 +267,23 @@ class DuplexRunner(StreamingRunner):
         except DecodeError as exc:
             raise ProtocolError(ErrorCode.INVALID_REQUEST, str(exc)) from None
 
-    async def _audio(self, message: AudioChunk) -> None:
+    async def _audio(self, message: AudioChunk | DecodedChunk[ChunkFields]) -> None:
+        """A chunk, as text or as a media frame: the same checks, the same errors."""
         self.machine.require_prepared("audio_chunk")  # else refused, unread
         limits = self.settings.limits
-        try:
-            audio = pcm_from_b64(message.audio_base64)
-        except AudioDecodeError as exc:
-            raise ProtocolError(ErrorCode.INVALID_REQUEST, f"audio_base64: {exc}") from None
+        audio = chunk_audio(message)
         if audio.size > limits.max_chunk_audio_s * 16_000:
             raise ProtocolError(
                 ErrorCode.PAYLOAD_TOO_LARGE,
                 f"chunk of {audio.size / 16_000:.2f} s exceeds {limits.max_chunk_audio_s} s",
             )
-        frames = await self._frames(message.frame_base64_list or [])
-        self._push(audio, frames, message.force_listen, message.max_slice_nums, message.input_id)
+        frames = chunk_frames(message, limits)
+        try:
+            await asyncio.to_thread(lambda: [check_image(f, "frame") for f in frames])
+        except DecodeError as exc:
+            raise ProtocolError(ErrorCode.INVALID_REQUEST, str(exc)) from None
+        fields = message.fields if isinstance(message, DecodedChunk) else message
+        self._push(audio, frames, fields.force_listen, fields.max_slice_nums, fields.input_id)
 
     def _push(
         self,
@@ -316,31 +316,6 @@ class DuplexRunner(StreamingRunner):
                 )
             )
             self._received += 1
-
-    async def _frames(self, encoded: list[str]) -> list[bytes]:
-        limits = self.settings.limits
-        if len(encoded) > limits.max_frames_per_chunk:
-            raise ProtocolError(
-                ErrorCode.PAYLOAD_TOO_LARGE,
-                f"{len(encoded)} frames exceed {limits.max_frames_per_chunk} per chunk",
-            )
-        frames = []
-        for number, data in enumerate(encoded):
-            try:
-                raw = decode_b64(data)
-            except AudioDecodeError as exc:
-                raise ProtocolError(ErrorCode.INVALID_REQUEST, f"frame {number}: {exc}") from None
-            if len(raw) > limits.max_frame_bytes:
-                raise ProtocolError(
-                    ErrorCode.PAYLOAD_TOO_LARGE,
-                    f"frame {number} of {len(raw)} bytes exceeds {limits.max_frame_bytes}",
-                )
-            frames.append(raw)
-        try:
-            await asyncio.to_thread(lambda: [check_image(f, "frame") for f in frames])
-        except DecodeError as exc:
-            raise ProtocolError(ErrorCode.INVALID_REQUEST, str(exc)) from None
-        return frames
 
     async def _pause(self, message: Pause) -> None:
         seconds = self.machine.pause(message.timeout, time.monotonic())

@@ -25,16 +25,12 @@ from omnilive.engines.messages import (
     Voice,
 )
 from omnilive.protocol.chat import chunk_message
-from omnilive.protocol.common import (
-    ErrorCode,
-    ProtocolError,
-    decode_client_message,
-    error_message,
-)
+from omnilive.protocol.common import ErrorCode, ProtocolError, error_message
 from omnilive.protocol.half_duplex import (
     CLIENT_TYPES,
     STOPPED,
     AudioChunk,
+    ChunkFields,
     Playback,
     Prepare,
     Stop,
@@ -63,6 +59,7 @@ from omnilive.vad import (
     TurnCheck,
     VadConfig,
 )
+from omnilive.worker.chunk_media import DecodedChunk, chunk_audio, read_frame
 from omnilive.worker.decode import DecodeError, load_stored_voice
 from omnilive.worker.heard import SpokenAnswer, heard_text
 from omnilive.worker.machines.half_duplex import HalfDuplexMachine
@@ -156,7 +153,7 @@ class HalfDuplexRunner(StreamingRunner):
         max_bytes = self.settings.limits.max_message_bytes
         async for raw in self.frames:
             try:
-                message = decode_client_message(raw, client_message, CLIENT_TYPES, max_bytes)
+                message = read_frame(raw, client_message, CLIENT_TYPES, max_bytes, ChunkFields)
             except ProtocolError as exc:
                 await self.send(error_message(exc.message, exc.code))
                 continue
@@ -167,7 +164,7 @@ class HalfDuplexRunner(StreamingRunner):
                 await self._handle(message)
         self.machine.disconnected()
 
-    async def _handle(self, message: Prepare | AudioChunk | Playback) -> None:
+    async def _handle(self, message: Prepare | AudioChunk | DecodedChunk | Playback) -> None:
         try:
             if isinstance(message, Prepare):
                 self.machine.prepare()
@@ -269,12 +266,10 @@ class HalfDuplexRunner(StreamingRunner):
             extra_meta={"client_session_id": self.record.session_id},
         )
 
-    async def _audio(self, message: AudioChunk) -> None:
+    async def _audio(self, message: AudioChunk | DecodedChunk[ChunkFields]) -> None:
+        """A chunk, as text or as a media frame: the same checks, the same errors."""
         self.machine.require_prepared("audio_chunk")  # else refused, unread
-        try:
-            samples = pcm_from_b64(message.audio_base64)
-        except AudioDecodeError as exc:
-            raise ProtocolError(ErrorCode.INVALID_REQUEST, f"audio_base64: {exc}") from None
+        samples = chunk_audio(message)
         if not self.machine.audio(time.monotonic()):
             # The client should be silent while the answer plays (echo); such
             # audio never reaches the VAD.
