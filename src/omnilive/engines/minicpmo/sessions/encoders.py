@@ -17,13 +17,6 @@ call over eight sessions' units costs about what one session's does, where
 eight calls cost eight times as much (an encoder call at batch 1 is bound by
 kernel launches, not arithmetic). A session's Whisper state (its mel frames,
 its KV cache, the samples not yet consumed) is its :class:`AudioStream`.
-
-The inputs go to the GPU from page-locked memory, without the lane's thread
-waiting (:func:`pinned`, on the CPU threads; :func:`on_device`), and the
-audio's before the vision encoder is launched: a copy from pageable memory
-waits for everything queued on the lane's stream, and at 32 omni sessions on
-an H200 the mel features' copy, behind the frames' encoder, was a third of
-the lane's thread's time (py-spy), time it could have spent launching Whisper.
 """
 
 from __future__ import annotations
@@ -111,31 +104,13 @@ def prepare_unit(shared: SharedModel, request: UnitRequest) -> UnitRequest:
     """``request`` with its CPU halves done: its frames decoded and through
     the image processor, its audio's mel features."""
     processed = None
-    cuda = shared.device.type == "cuda"
     if request.frames:
         images = [image_of(f) if isinstance(f, bytes) else f for f in request.frames]
         made = shared.processor.process_image(images, max_slice_nums=request.max_slice_nums)
-        if cuda:
-            made["pixel_values"] = [[pinned(p) for p in image] for image in made["pixel_values"]]
         processed = Frames(made, images, request.max_slice_nums)
     audio = request.audio
     feature = audio_features(shared, request.stream, audio) if audio is not None else None
-    if feature is not None and cuda:
-        feature["audio_features"] = pinned(feature["audio_features"])
     return replace(request, prepared=True, processed=processed, feature=feature)
-
-
-def pinned(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` in page-locked memory (from torch's caching host allocator),
-    whence :func:`on_device` copies it without waiting."""
-    return tensor if tensor.is_pinned() else tensor.pin_memory()
-
-
-def on_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``tensor`` on ``device``: queued on the current stream, the calling
-    thread not waiting where ``tensor`` is page-locked (the allocator keeps
-    its host block until the copy is done)."""
-    return tensor.to(device, non_blocking=tensor.is_pinned())
 
 
 @dataclass(frozen=True)
@@ -212,28 +187,14 @@ def encode_units(
     voiced = [index for index, item in enumerate(batch) if item.audio is not None]
     pieces: dict[int, list[torch.Tensor]] = {}
     embeds: dict[int, torch.Tensor] = {}
-    # The audio's copies first: queued behind the frames' encoder they wait for it.
-    audio = [_features_on_device(shared, batch[index].audio) for index in voiced]  # type: ignore[arg-type]  # voiced: only units with audio
     if framed:
         frames = [batch[index].frames for index in framed]
         pieces = dict(zip(framed, vision_pieces(shared, frames), strict=True))  # type: ignore[arg-type]  # framed: only units with frames
     if voiced:
-        made = audio_embeddings_together(shared, audio)
+        audio = [batch[index].audio for index in voiced]
+        made = audio_embeddings_together(shared, audio)  # type: ignore[arg-type]  # voiced: only units with audio
         embeds = dict(zip(voiced, made, strict=True))
     return [(pieces.get(index, []), embeds.get(index)) for index in range(len(batch))]
-
-
-def _features_on_device(
-    shared: SharedModel, item: tuple[AudioStream, Any]
-) -> tuple[AudioStream, Any]:
-    """A unit's mel features queued for the GPU now (where
-    :func:`audio_embeddings_together` batches them; the model code's own
-    path moves them itself)."""
-    stream, feature = item
-    if not batchable(shared.model):
-        return item
-    moved = on_device(feature["audio_features"], shared.device)
-    return stream, {**feature, "audio_features": moved}
 
 
 def vision_pieces(
@@ -255,8 +216,7 @@ def vision_pieces(
         # lane's stream. The same integers either way; the model code's own
         # duplex path keeps them on the CPU where it merges frames.
         pixels = [
-            [on_device(piece, shared.device) for piece in image]
-            for image in item.processed["pixel_values"]
+            [piece.to(shared.device) for piece in image] for image in item.processed["pixel_values"]
         ]
         pixel_values += pixels
         tgt_sizes += item.processed["tgt_sizes"]
@@ -355,7 +315,7 @@ def audio_embeddings_together(
         return [audio_embeddings(shared, stream, feature) for stream, feature in items]
     chunks = [
         AudioChunk(
-            features=on_device(feature["audio_features"], shared.device),
+            features=feature["audio_features"].to(shared.device),
             lengths=feature["audio_feature_lens"],
             prefix_frames=stream.prefix_frames,
             cache=stream.whisper_kv,

@@ -9,20 +9,14 @@ longer than the flow model. Two parts are pure functions of their inputs and
 replay as graphs per shape (:class:`~omnilive.engines.minicpmo.runtime.block_graphs.BlockGraphs`):
 the F0 predictor, and the decoder from the mel frames and the source's
 spectrum to the spectrum of the speech. The rest stays eager, as the
-package runs it: the source's sines and noise (random draws), its STFT and
-the inverse STFT (whose window check reads the GPU). Rows are padded up to
-:data:`BUCKETS` (repeating the last) for the graphs, so that a handful of
-shapes serves any batch.
+package runs it: the source's sines and noise (random draws, and a table
+copied from the host), its STFT and the inverse STFT (whose window check
+reads the GPU). Rows are padded up to :data:`BUCKETS` (repeating the last)
+for the graphs, so that a handful of shapes serves any batch.
 
 The package keeps the STFT's window on the CPU and copies it to the GPU at
-each call (twice a chunk), and its sine generator makes its table of
-harmonics (1, 2, ... 9) on the CPU and copies it at each call: each copy
-from pageable memory waits for everything queued on the stream. At 32 omni
-sessions on an H200 that wait was half of the side lane's thread's time
-(py-spy, ``SineGen2.forward``), while it could have been launching the next
-work. Here both are copied once (:func:`_source`: the package's
-``SourceModuleHnNSF2`` and ``SineGen2`` forwards with the table kept, the
-same arithmetic and random draws in the same order).
+each call (twice a chunk), which waits for everything queued; here it is
+copied once.
 """
 
 from __future__ import annotations
@@ -45,7 +39,6 @@ class Hift:
     def __init__(self, hift: Any, graphs: bool) -> None:
         self.hift = hift
         self.windows: dict[torch.device, torch.Tensor] = {}
-        self.harmonics: dict[torch.device, torch.Tensor] = {}
         f0 = partial(_f0, hift)
         body = partial(_decode_body, hift)
         self._f0 = BlockGraphs(f0, "HiFT's F0 predictor") if graphs else f0
@@ -65,7 +58,7 @@ class Hift:
         padded = _padded(mel)
         (f0,) = self._f0(padded)
         source = hift.f0_upsamp(f0[:rows, None]).transpose(1, 2)
-        source = self._source(source)
+        source, _, _ = hift.m_source(source)
         source = source.transpose(1, 2)
         if cache_source.shape[2] != 0:  # the cached source, against glitches
             source[:, :, : cache_source.shape[2]] = cache_source
@@ -79,20 +72,6 @@ class Hift:
         spoken = torch.complex(real[:rows], imag[:rows])
         speech = torch.istft(spoken, n_fft, hop, n_fft, window=window)
         return torch.clamp(speech, -hift.audio_limit, hift.audio_limit), source
-
-    def _source(self, f0: torch.Tensor) -> torch.Tensor:
-        """The merged harmonic source of ``f0`` (``[rows, samples, 1]``), as
-        ``hift.m_source(f0)[0]``; the package's own where its source module
-        is not the one :func:`_source` restates."""
-        m_source = self.hift.m_source
-        if type(m_source).__name__ != "SourceModuleHnNSF2":
-            return m_source(f0)[0]
-        table = self.harmonics.get(f0.device)
-        if table is None:
-            count = m_source.l_sin_gen.harmonic_num + 1
-            table = torch.arange(1, count + 1, dtype=torch.float32)[None].to(f0.device)
-            self.harmonics[f0.device] = table
-        return _source(m_source, table, f0)
 
     def _window(self, device: torch.device) -> torch.Tensor:
         window = self.windows.get(device)
@@ -108,23 +87,6 @@ def _padded(rows: torch.Tensor) -> torch.Tensor:
     if size == count:
         return rows
     return torch.cat([rows, rows[-1:].expand(size - count, *rows.shape[1:])])
-
-
-def _source(m_source: Any, harmonics: torch.Tensor, f0: torch.Tensor) -> torch.Tensor:
-    """``SourceModuleHnNSF2.forward(f0)[0]`` with ``SineGen2.forward`` inline
-    and its table of harmonics (``[1, harmonics]``, float32) given on the
-    device. The random draws come in the package's order: the sines'
-    phases, their noise, then the noise branch's (whose value the vocoder
-    does not use, drawn so that later draws stay the package's)."""
-    sines = m_source.l_sin_gen
-    with torch.no_grad():
-        waves = sines._f02sine(torch.multiply(f0, harmonics)) * sines.sine_amp
-        voiced = sines._f02uv(f0)
-        noise_amp = voiced * sines.noise_std + (1 - voiced) * sines.sine_amp / 3
-        waves = waves * voiced + noise_amp * torch.randn_like(waves)
-    merged = m_source.l_tanh(m_source.l_linear(waves))
-    torch.randn_like(voiced)  # the noise branch's draw
-    return merged
 
 
 def _f0(hift: Any, mel: torch.Tensor) -> tuple[torch.Tensor]:
