@@ -2,7 +2,8 @@
 
 Nothing here imports torch or transformers at import time: :mod:`backend`
 does, lazily, when the engine loads. ``pip install 'omnilive[cuda]'`` brings
-them.
+them; the vocoder's ``minicpmo-utils`` goes in beside them with ``--no-deps``
+(its declared dependencies pin a media stack it never uses; docs/operating/gpus.md).
 """
 
 from omnilive.engines.minicpmo.engine import MiniCPMoEngine

@@ -132,7 +132,7 @@ class TorchBackend:
             # soundfile, ...): name the missing one instead of a bare traceback.
             raise EngineUnavailable(
                 f"the checkpoint's model code needs a missing package: {exc}; "
-                "pip install 'omnilive[cuda]'"
+                "pip install 'omnilive[cuda]' and pip install --no-deps minicpmo-utils==1.0.6"
             ) from None
         return model
 
