@@ -29,7 +29,8 @@ _spec = importlib.machinery.PathFinder.find_spec(
     "stepaudio2", [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 )
 if _spec is None or not _spec.submodule_search_locations:
-    raise ImportError("the benchmark's vocoder needs minicpmo-utils (pip install --no-deps minicpmo-utils==1.0.6)")
+    _INSTALL = "pip install --no-deps minicpmo-utils==1.0.6"
+    raise ImportError(f"the benchmark's vocoder needs minicpmo-utils ({_INSTALL})")
 __path__.extend(_spec.submodule_search_locations)  # noqa: F821 - a package's own __path__
 
 
