@@ -6,7 +6,9 @@ package, the tests, the benchmarks and the tools:
   tests/minicpmo/test_layers.py);
 - tasks are owned and named: no ``asyncio.ensure_future`` anywhere, and every
   ``create_task`` outside the tests names its task, so a stuck or failed one
-  shows in a dump of the running tasks and in the logs.
+  shows in a dump of the running tasks and in the logs;
+- one definition of a shared idea: one ``IllegalTransition`` for every
+  machine.
 """
 
 from __future__ import annotations
@@ -65,3 +67,21 @@ def test_every_task_outside_the_tests_has_a_name():
         if not any(keyword.arg == "name" for keyword in call.keywords)
     }
     assert unnamed == set()
+
+
+def modules_defining(name: str) -> set[str]:
+    """The package's modules that define a class called ``name``."""
+    return {
+        module
+        for module, text in modules("src/omnilive").items()
+        if any(
+            isinstance(node, ast.ClassDef) and node.name == name
+            for node in ast.walk(ast.parse(text))
+        )
+    }
+
+
+def test_one_illegal_transition_for_every_machine():
+    # Every sans-I/O machine raises the same error for a driver's bug, so a
+    # test or a caller catches one type whichever machine it drives.
+    assert modules_defining("IllegalTransition") == {"src/omnilive/transitions.py"}

@@ -16,7 +16,7 @@ from pydantic import TypeAdapter
 from omnilive.audio_codecs import decode_input, encode_output
 from omnilive.engines.messages import ToolCall
 from omnilive.gateway.openai_machine import MAX_HELD_EVENTS, OpenAIRealtimeMachine, OpenAIState
-from omnilive.gateway.realtime_machine import Close, IllegalTransition, ToClient, ToWorker
+from omnilive.gateway.realtime_machine import Close, ToClient, ToWorker
 from omnilive.protocol.common import ErrorCode
 from omnilive.protocol.openai_realtime import (
     OpenAIError,
@@ -28,6 +28,7 @@ from omnilive.protocol.openai_realtime import (
     session_object,
 )
 from omnilive.protocol.realtime import CloseReason
+from omnilive.transitions import IllegalTransition
 from omnilive.worker.conversation_items import Conversation, client_item
 from omnilive.worker.machines.conversation import options
 from omnilive.worker.presenter_openai import ResponsePresenter, usage

@@ -25,7 +25,7 @@ from collections import deque
 from enum import StrEnum
 from typing import Any
 
-from omnilive.gateway.realtime_machine import Action, Close, IllegalTransition, ToClient, ToWorker
+from omnilive.gateway.realtime_machine import Action, Close, ToClient, ToWorker
 from omnilive.protocol.common import EventRefused, decode_event
 from omnilive.protocol.openai_live import (
     DIALECT,
@@ -53,6 +53,7 @@ from omnilive.protocol.openai_live_events import (
     session_resource,
 )
 from omnilive.protocol.realtime import CloseReason
+from omnilive.transitions import IllegalTransition
 
 MAX_HELD_EVENTS = 256  # besides the audio dropped oldest first, as the GA dialect's
 CLOSE_NORMAL = 1000

@@ -19,7 +19,7 @@ from collections import deque
 from enum import StrEnum
 from typing import Any
 
-from omnilive.gateway.realtime_machine import Action, Close, IllegalTransition, ToClient, ToWorker
+from omnilive.gateway.realtime_machine import Action, Close, ToClient, ToWorker
 from omnilive.protocol.common import EventRefused, decode_event
 from omnilive.protocol.internal import Envelope
 from omnilive.protocol.openai_realtime import (
@@ -36,6 +36,7 @@ from omnilive.protocol.openai_realtime import (
     session_object,
 )
 from omnilive.protocol.realtime import CloseReason
+from omnilive.transitions import IllegalTransition
 
 # Events kept while queued besides the configuration; audio beyond this is
 # dropped oldest first (and counted), since a client streams its microphone

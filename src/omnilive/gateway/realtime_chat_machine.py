@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from omnilive.gateway.realtime_machine import Action, Close, IllegalTransition, ToClient
+from omnilive.gateway.realtime_machine import Action, Close, ToClient
 from omnilive.protocol.chat import ChatRequest
 from omnilive.protocol.common import ProtocolError, load_json
 from omnilive.protocol.realtime import QUEUE_EVENT_NAMES, CloseReason
@@ -39,6 +39,7 @@ from omnilive.protocol.realtime_v2 import (
     output_delta,
     parse_event,
 )
+from omnilive.transitions import IllegalTransition
 
 MAX_WAITING_INPUTS = 4
 _SERVER_ENDS = {

@@ -32,6 +32,7 @@ from omnilive.protocol.realtime import (
     error_event,
     parse_event,
 )
+from omnilive.transitions import IllegalTransition
 
 
 class RealtimeState(StrEnum):
@@ -66,10 +67,6 @@ Action = ToClient | ToWorker | Close
 # Session ends in the duplex dialect, as a worker announces them before it
 # has been told that the session speaks the Realtime API.
 _DUPLEX_ENDS = {"timeout": CloseReason.TIMEOUT, "stopped": CloseReason.STOPPED}
-
-
-class IllegalTransition(Exception):
-    pass
 
 
 class DuplexRealtimeMachine:
