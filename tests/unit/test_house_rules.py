@@ -8,7 +8,8 @@ package, the tests, the benchmarks and the tools:
   ``create_task`` outside the tests names its task, so a stuck or failed one
   shows in a dump of the running tasks and in the logs;
 - one definition of a shared idea: one ``IllegalTransition`` for every
-  machine.
+  machine, one ``ProtocolError`` (a refused client message: code, message)
+  for every protocol and dialect.
 """
 
 from __future__ import annotations
@@ -85,3 +86,9 @@ def test_one_illegal_transition_for_every_machine():
     # Every sans-I/O machine raises the same error for a driver's bug, so a
     # test or a caller catches one type whichever machine it drives.
     assert modules_defining("IllegalTransition") == {"src/omnilive/transitions.py"}
+
+
+def test_one_protocol_error_for_every_dialect():
+    # A refused client message is one type whatever the dialect; each
+    # dialect's presenter (refusal_event) makes its own error event of it.
+    assert modules_defining("ProtocolError") == {"src/omnilive/protocol/common.py"}

@@ -20,7 +20,7 @@ from enum import StrEnum
 from typing import Any
 
 from omnilive.gateway.realtime_machine import Action, Close, ToClient, ToWorker
-from omnilive.protocol.common import EventRefused, decode_event
+from omnilive.protocol.common import ProtocolError, decode_event
 from omnilive.protocol.internal import Envelope
 from omnilive.protocol.openai_realtime import (
     DIALECT,
@@ -32,6 +32,7 @@ from omnilive.protocol.openai_realtime import (
     error_event,
     parse_client_event,
     queue_rate_limits,
+    refusal_event,
     server_event,
     session_object,
 )
@@ -134,8 +135,8 @@ class OpenAIRealtimeMachine:
             return []
         try:
             event = decode_event(raw, self.max_message_bytes, parse_client_event)
-        except EventRefused as exc:
-            return [ToClient(error_event(exc.code, exc.message, exc.param, exc.event_id))]
+        except ProtocolError as exc:
+            return [ToClient(refusal_event(exc))]
         if isinstance(event, SessionUpdate):
             # The worker hears the whole session as it stands, so the two never differ.
             self.config = self.config.updated(event.session)

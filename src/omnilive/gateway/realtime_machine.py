@@ -22,7 +22,6 @@ from omnilive.protocol.realtime import (
     QUEUE_EVENT_NAMES,
     Append,
     CloseReason,
-    RealtimeError,
     RealtimeErrorCode,
     ResponseCancel,
     SessionClose,
@@ -31,6 +30,7 @@ from omnilive.protocol.realtime import (
     closed_event,
     error_event,
     parse_event,
+    refusal_event,
 )
 from omnilive.transitions import IllegalTransition
 
@@ -186,8 +186,8 @@ class RealtimeMachine(DuplexRealtimeMachine):
         """One decoded client event."""
         try:
             event = parse_event(data)
-        except RealtimeError as exc:
-            return [self._error(exc.code, exc.message)]
+        except ProtocolError as exc:
+            return [ToClient(refusal_event(exc))]
         if isinstance(event, SessionClose):
             return self._close_requested()
         if isinstance(event, SessionUpdate):

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from omnilive.engines.base import EngineError, HalfDuplexSession
 from omnilive.engines.messages import ChatMessage
+from omnilive.protocol.common import ProtocolError
 from omnilive.protocol.openai_realtime import (
-    OpenAIError,
     ResponseCancel,
     ResponseParams,
     SessionConfig,
@@ -76,7 +76,7 @@ class Responses:
         if self._answering:
             message = "the conversation already has an active response"
             code = "conversation_already_has_active_response"
-            raise OpenAIError(code, message, None, client_event_id)
+            raise ProtocolError(code, message, None, client_event_id)
         if params.conversation != "none" and self.conversation.full:
             raise conversation_full(client_event_id)  # its answer would have no room
         context = self._own_context(params, client_event_id)
@@ -195,7 +195,7 @@ class Responses:
         running = self._presenter if self._answering else None
         if running is None or (event.response_id and event.response_id != running.id):
             message = "no active response to cancel"
-            raise OpenAIError("response_cancel_not_active", message, None, event.event_id)
+            raise ProtocolError("response_cancel_not_active", message, None, event.event_id)
         await self._cancel_response("client_cancelled")
 
     async def _cancel_response(self, reason: str) -> None:
