@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from omnilive.engines.messages import DuplexUnit
-from omnilive.gateway.realtime_machine import (
+from omnilive.gateway.realtime.machine import (
     Close,
     RealtimeMachine,
     RealtimeState,

@@ -15,8 +15,8 @@ from pydantic import TypeAdapter
 
 from omnilive.audio_codecs import decode_input, encode_output
 from omnilive.engines.messages import ToolCall
-from omnilive.gateway.openai_machine import MAX_HELD_EVENTS, OpenAIRealtimeMachine, OpenAIState
-from omnilive.gateway.realtime_machine import Close, ToClient, ToWorker
+from omnilive.gateway.openai.machine import MAX_HELD_EVENTS, OpenAIRealtimeMachine, OpenAIState
+from omnilive.gateway.realtime.machine import Close, ToClient, ToWorker
 from omnilive.protocol.common import ErrorCode, ProtocolError
 from omnilive.protocol.openai_realtime import (
     ResponseParams,
@@ -28,9 +28,9 @@ from omnilive.protocol.openai_realtime import (
 )
 from omnilive.protocol.realtime import CloseReason
 from omnilive.transitions import IllegalTransition
-from omnilive.worker.conversation_items import Conversation, client_item
-from omnilive.worker.machines.conversation import options
-from omnilive.worker.presenter_openai import ResponsePresenter, usage
+from omnilive.worker.openai.items import Conversation, client_item
+from omnilive.worker.openai.machine import options
+from omnilive.worker.openai.presenter import ResponsePresenter, usage
 
 SERVER_EVENTS = TypeAdapter(RealtimeServerEvent)
 _BY_TYPE = {
@@ -405,7 +405,7 @@ def test_audio_formats_round_trip(fmt):
 
 def test_duplex_units_as_responses_conform():
     from omnilive.engines.messages import DuplexUnit
-    from omnilive.worker.presenter_openai_duplex import OpenAIDuplexPresenter
+    from omnilive.worker.openai.duplex_presenter import OpenAIDuplexPresenter
 
     config = SessionConfig()
     conversation = Conversation()

@@ -2,7 +2,7 @@
 is made from the conversation (or, out of band, from its own ``input``),
 with the session's settings or its own for this once, streamed through
 the presenter, and cancelled at the engine's next step when asked or when
-the user starts speaking. Mixed into the conversation runner, which owns
+the user starts speaking. Mixed into the OpenAI Realtime runner, which owns
 the session's state."""
 
 from __future__ import annotations
@@ -22,15 +22,15 @@ from omnilive.protocol.openai_realtime import (
     SessionConfig,
     error_event,
 )
-from omnilive.worker.conversation_items import (
+from omnilive.worker.openai import machine as rules
+from omnilive.worker.openai.items import (
     Conversation,
     client_item,
     conversation_full,
     messages_of,
 )
-from omnilive.worker.machines import conversation as rules
+from omnilive.worker.openai.presenter import ResponsePresenter, item_id, usage
 from omnilive.worker.outbox import Outbox
-from omnilive.worker.presenter_openai import ResponsePresenter, item_id, usage
 from omnilive.worker.runtime import SessionRecord, WorkerRuntime
 
 log = logging.getLogger(__name__)

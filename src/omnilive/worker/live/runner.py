@@ -2,7 +2,7 @@
 
 The duplex runner's loop is unchanged (1 s units, drop-oldest, deferred
 finalize); this runner reads Live events instead of duplex messages, and its
-presenter (``presenter_live.py``) writes the model's units as speech and
+presenter (``presenter.py``) writes the model's units as speech and
 transcript deltas on the session's timeline. Beside the loop:
 
 - a server VAD marks the user's turns; each is transcribed (the side Whisper,
@@ -62,8 +62,8 @@ from omnilive.vad import SileroModel, SpeechEnded, SpeechStarted, StreamingVad, 
 from omnilive.worker.delegation.backend import ResponsesBackend
 from omnilive.worker.delegation.flow import DelegationFlow
 from omnilive.worker.delegation.judge import judge_of
+from omnilive.worker.live.presenter import LivePresenter
 from omnilive.worker.machines.session import Ended
-from omnilive.worker.presenter_live import LivePresenter
 from omnilive.worker.runners.duplex import DuplexRunner
 from omnilive.worker.unit_assembler import UnitAssembler
 

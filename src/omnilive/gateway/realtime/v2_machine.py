@@ -1,6 +1,6 @@
 """The Realtime API's newer dialect, video and audio sessions, without I/O.
 
-QUEUED → CONNECTED → ACTIVE → CLOSED, as in ``realtime_machine.py`` and with
+QUEUED → CONNECTED → ACTIVE → CLOSED, as in ``machine.py`` and with
 its actions, under the newer dialect's rules: ``session.init`` once (kept if
 it comes before the session has a worker), ``input.append`` only once the
 session is created, ``session.close`` at any time; anything else, and any
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from omnilive.gateway.realtime_machine import (
+from omnilive.gateway.realtime.machine import (
     Action,
     Close,
     DuplexRealtimeMachine,

@@ -3,7 +3,7 @@ a client that asked for a ``*-duplex`` model.
 
 The duplex runner's loop is unchanged (1 s units, drop-oldest, deferred
 finalize); this runner reads GA events instead of duplex messages and its
-presenter (``presenter_openai_duplex.py``) writes the model's listen/speak
+presenter (``duplex_presenter.py``) writes the model's listen/speak
 decisions as responses. A server VAD beside the loop (when turn detection
 is on) marks the user's turns: ``speech_started`` / ``speech_stopped``, a
 committed user item with its transcript (the side Whisper's, where the
@@ -39,9 +39,10 @@ from omnilive.protocol.openai_realtime import (
     session_object,
 )
 from omnilive.vad import SileroModel, SpeechEnded, SpeechStarted, StreamingVad
-from omnilive.worker.conversation_items import Conversation
-from omnilive.worker.machines import conversation as rules
-from omnilive.worker.presenter_openai import (
+from omnilive.worker.openai import machine as rules
+from omnilive.worker.openai.duplex_presenter import OpenAIDuplexPresenter
+from omnilive.worker.openai.items import Conversation
+from omnilive.worker.openai.presenter import (
     committed,
     edit,
     item_id,
@@ -50,7 +51,6 @@ from omnilive.worker.presenter_openai import (
     speech_started,
     transcription,
 )
-from omnilive.worker.presenter_openai_duplex import OpenAIDuplexPresenter
 from omnilive.worker.runners.duplex import DuplexRunner
 from omnilive.worker.unit_assembler import UnitAssembler
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from omnilive.gateway.realtime_machine import Action, Close, ToClient
+from omnilive.gateway.realtime.machine import Action, Close, ToClient
 from omnilive.protocol.chat import ChatRequest
 from omnilive.protocol.common import ProtocolError, load_json
 from omnilive.protocol.realtime import QUEUE_EVENT_NAMES, CloseReason

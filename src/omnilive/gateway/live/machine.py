@@ -10,7 +10,7 @@ name, and the client may start again.
 Once started, each client event is checked against its typed schema and
 against what the gateway knows of the session (its delegation owner, its
 appends' size, an update's delegation type) and passed to the worker, where
-the session lives (``worker/runners/live.py``), which speaks the dialect
+the session lives (``worker/live/runner.py``), which speaks the dialect
 itself. While the session waits for a worker, the machine keeps what the
 client sent (in order, bounded: the oldest audio goes first) and tells the
 client where it stands in the Live union's own ``info`` event. Ends the
@@ -25,7 +25,7 @@ from collections import deque
 from enum import StrEnum
 from typing import Any
 
-from omnilive.gateway.realtime_machine import Action, Close, ToClient, ToWorker
+from omnilive.gateway.realtime.machine import Action, Close, ToClient, ToWorker
 from omnilive.protocol.common import ProtocolError, decode_event
 from omnilive.protocol.openai_live import (
     DIALECT,
@@ -82,7 +82,7 @@ class LiveMachine:
 
     dialect = DIALECT
     task_type = "audio_duplex"  # the pool's kind: a duplex unit loop
-    worker_kind = "live"  # the worker's runner (worker/runners/live.py)
+    worker_kind = "live"  # the worker's runner (worker/live/runner.py)
 
     def __init__(
         self, session_id: str, max_message_bytes: int, limit_s: float, clock: Any = time.time

@@ -8,7 +8,7 @@ commits itself when turn detection is off, responses it asks for, cancels
 or makes with per-response options, and tools. The reader acts on every
 event at once (a cancel never waits behind an answer); at most one response
 runs; audio heard while it runs interrupts it when ``interrupt_response``.
-Events leave in the dialect's shapes (``presenter_openai.py``).
+Events leave in the dialect's shapes (``presenter.py``).
 """
 
 from __future__ import annotations
@@ -46,11 +46,11 @@ from omnilive.protocol.openai_realtime import (
     session_object,
 )
 from omnilive.vad import SileroModel, SpeechEnded, SpeechStarted, StreamingVad, TurnCheck
-from omnilive.worker.conversation_items import Conversation, client_item
-from omnilive.worker.machines import conversation as rules
-from omnilive.worker.machines.conversation import ConversationMachine
 from omnilive.worker.machines.session import Ended
-from omnilive.worker.presenter_openai import (
+from omnilive.worker.openai import machine as rules
+from omnilive.worker.openai.items import Conversation, client_item
+from omnilive.worker.openai.machine import ConversationMachine
+from omnilive.worker.openai.presenter import (
     committed,
     edit,
     item_id,
@@ -60,8 +60,8 @@ from omnilive.worker.presenter_openai import (
     transcript_of,
     transcription,
 )
+from omnilive.worker.openai.responses import Responses
 from omnilive.worker.runners.hearing import EarlyHearing, judged_end, with_turn_checks
-from omnilive.worker.runners.responses import Responses
 from omnilive.worker.runners.streaming import StreamingRunner, Work
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ MAX_PENDING_OPS = 256  # engine work the reader queued; beyond it the reader wai
 Op = Callable[[], Awaitable[None]]
 
 
-class ConversationRunner(Responses, StreamingRunner):
+class OpenAIRealtimeRunner(Responses, StreamingRunner):
     """One GA-dialect session; :meth:`run` returns when it has ended."""
 
     machine: ConversationMachine

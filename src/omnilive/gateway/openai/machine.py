@@ -3,7 +3,7 @@
 QUEUED → ACTIVE → CLOSED. The machine checks each client event against its
 typed schema (a bad one is an OpenAI-shaped ``error`` and the session goes
 on), and passes the good ones to the worker, where the session lives
-(``worker/runners/conversation.py``). It owns no session logic: while the
+(``worker/openai/runner.py``). It owns no session logic: while the
 session waits for a worker it keeps what the client sent (the configuration
 merged into one ``session.update``, other events in order, bounded), and
 tells the client where it stands in OpenAI's own ``rate_limits.updated``
@@ -19,7 +19,7 @@ from collections import deque
 from enum import StrEnum
 from typing import Any
 
-from omnilive.gateway.realtime_machine import Action, Close, ToClient, ToWorker
+from omnilive.gateway.realtime.machine import Action, Close, ToClient, ToWorker
 from omnilive.protocol.common import ProtocolError, decode_event
 from omnilive.protocol.internal import Envelope
 from omnilive.protocol.openai_realtime import (

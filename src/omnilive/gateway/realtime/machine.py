@@ -4,7 +4,7 @@ QUEUED → CONNECTED → ACTIVE → CLOSED. Feed it client frames, queue message
 and the types of worker events; it answers with actions: an event for the
 client, a message for the worker (the Realtime API is served by translating
 to the duplex protocol), or closing the connection. The newer dialect's
-machine (``realtime_v2_machine.py``) has the same shape and takes the same
+machine (``v2_machine.py``) has the same shape and takes the same
 actions.
 """
 
