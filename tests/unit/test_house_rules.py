@@ -92,3 +92,10 @@ def test_one_protocol_error_for_every_dialect():
     # A refused client message is one type whatever the dialect; each
     # dialect's presenter (refusal_event) makes its own error event of it.
     assert modules_defining("ProtocolError") == {"src/omnilive/protocol/common.py"}
+
+
+def test_names_that_collided_mean_one_thing():
+    # Each of these once named two different things in different rooms.
+    assert modules_defining("WorkerLink") == {"src/omnilive/gateway/links.py"}
+    assert modules_defining("Call") == {"src/omnilive/gateway/webrtc/call.py"}
+    assert modules_defining("Step") == {"src/omnilive/engines/minicpmo/runtime/programs.py"}

@@ -29,7 +29,7 @@ from omnilive.gateway.resume_link import client_channel
 from omnilive.gateway.session_link import (
     ServerShutdown,
     SessionLink,
-    WorkerLink,
+    WorkerSocket,
     gateway_session,
 )
 from omnilive.gateway.session_link import ToClient as RelayToClient
@@ -59,7 +59,7 @@ class RealtimeIO(abc.ABC):
         self.gateway = gateway
         # The client: its socket until run() opens the session's channel.
         self.ws: WebSocket | ClientChannel = ws
-        self.worker: WorkerLink | None = None  # the session's socket to its worker, once open
+        self.worker: WorkerSocket | None = None  # the session's socket to its worker, once open
 
     @abc.abstractmethod
     def client_frame(self, raw: str | bytes) -> list[Any]:
