@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from omnilive.protocol.common import ErrorCode, ProtocolError
+from omnilive.transitions import IllegalTransition
 from omnilive.worker.machines.duplex import DuplexMachine, Limits
-from omnilive.worker.machines.session import MAX_HELD, Ended, IllegalTransition, Phase
+from omnilive.worker.machines.session import MAX_HELD, Ended, Phase
 
 LIMITS = Limits(first_message_s=30, idle_s=60, pause_s=60, max_pause_s=300)
 

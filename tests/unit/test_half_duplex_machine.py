@@ -7,8 +7,9 @@ import math
 import pytest
 
 from omnilive.protocol.common import ErrorCode, ProtocolError
+from omnilive.transitions import IllegalTransition
 from omnilive.worker.machines.half_duplex import HalfDuplexMachine
-from omnilive.worker.machines.session import Ended, IllegalTransition, Phase
+from omnilive.worker.machines.session import Ended, Phase
 
 
 def listening(timeout_s: float = 180.0, now: float = 0.0) -> HalfDuplexMachine:

@@ -10,6 +10,7 @@ from enum import StrEnum
 from typing import Any
 
 from omnilive.protocol.common import ErrorCode, ProtocolError
+from omnilive.transitions import IllegalTransition
 
 # Messages kept while a prepare is in flight; beyond it the oldest is dropped.
 MAX_HELD = 32
@@ -22,10 +23,6 @@ class Phase(StrEnum):
     PAUSED = "paused"  # duplex only
     ANSWERING = "answering"  # half-duplex only
     ENDED = "ended"
-
-
-class IllegalTransition(Exception):
-    """A step reported something its phase cannot follow (a bug, not a client error)."""
 
 
 @dataclass(frozen=True)
