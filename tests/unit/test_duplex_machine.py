@@ -391,3 +391,18 @@ def test_the_loop_cannot_take_a_chunk_while_a_unit_runs():
         machine.handle(Generated(listen(), 10.0, 0))  # before its prefill
     with pytest.raises(TypeError):
         machine.handle("chunk")  # type: ignore[arg-type]
+
+
+def test_the_prepare_sets_the_loop_and_a_sliding_window_lifts_the_context_limit():
+    from omnilive.engines.messages import ContextWindow, WindowMode
+
+    machine = prepared()
+    machine.context_limit = 150  # the Realtime API's
+    machine.configure_units(False, 3, ContextWindow(WindowMode.OFF, 4000, 3500))
+    assert (machine.deferred_finalize, machine.max_slice_nums) == (False, 3)
+    assert machine.context_limit == 150  # a fixed context ends at its limit
+    machine.configure_units(True, 1, None)
+    assert machine.context_limit == 150
+    machine.configure_units(True, 1, ContextWindow(WindowMode.BASIC, 4000, 3500))
+    assert machine.context_limit is None  # it slides: nothing to end at
+    assert kinds(run_split(machine, listen(10_000)))[-1] is Finalize

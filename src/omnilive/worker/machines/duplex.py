@@ -280,6 +280,16 @@ class DuplexMachine(SessionMachine[DuplexPhase]):
         self.finalizing = False  # a deferred finalize is in flight
         self._unit: _InFlight | None = None
 
+    def configure_units(
+        self, deferred_finalize: bool, max_slice_nums: int, window: ContextWindow | None
+    ) -> None:
+        """What the prepare asks of the unit loop. A context that slides has
+        no limit to end at (a limit is for a fixed context)."""
+        self.deferred_finalize = deferred_finalize
+        self.max_slice_nums = max_slice_nums
+        if window is not None and window.mode is not WindowMode.OFF:
+            self.context_limit = None
+
     def prepared(self, now: float) -> list:
         held = super().prepared(now)
         self.last_audio = now

@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from omnilive.audio import AudioDecodeError, voice_from_b64
 from omnilive.engines.base import DuplexSession, EngineError
-from omnilive.engines.messages import DuplexOptions, Voice, WindowMode
+from omnilive.engines.messages import DuplexOptions, Voice
 from omnilive.protocol.common import ContextWindowOption, ErrorCode, ProtocolError
 from omnilive.protocol.duplex import (
     WORKER_TYPES,
@@ -180,10 +180,9 @@ class DuplexRunner(StreamingRunner):
             vision=self.mode == "omni_duplex",
             window=window_for(self.runtime.engine.capabilities.context_window, given),
         )
-        if options.window is not None and options.window.mode is not WindowMode.OFF:
-            self.machine.context_limit = None  # it slides: a limit is for a fixed context
-        self.machine.deferred_finalize = message.deferred_finalize
-        self.machine.max_slice_nums = message.max_slice_nums
+        self.machine.configure_units(
+            message.deferred_finalize, message.max_slice_nums, options.window
+        )
         try:
             prompt_length = await self.runtime.step(
                 self.record, self.session.prepare, message.system_prompt, options
