@@ -350,14 +350,13 @@ class DuplexMachine(SessionMachine[DuplexPhase]):
                 unit = self._running(event)
                 if unit.stats is None:
                     raise IllegalTransition("Generated before Prefilled")
-                return self._result(unit, result, now, dropped_total)
+                return self._result(unit, unit.stats, result, now, dropped_total)
             case UnitRan(stats, result, started, now, dropped_total):
                 unit = self._running(event)
                 if self.finalizing:
                     raise IllegalTransition("a unit before the previous unit's finalize")
-                unit.stats, unit.started = stats, started
-                unit.prefilled = started + stats.cost_ms / 1000
-                return self._result(unit, result, now, dropped_total)
+                unit.started, unit.prefilled = started, started + stats.cost_ms / 1000
+                return self._result(unit, stats, result, now, dropped_total)
             case UnitFailed(error):
                 unit = self._running(event)
                 self._unit = None
@@ -395,11 +394,15 @@ class DuplexMachine(SessionMachine[DuplexPhase]):
         return self._unit
 
     def _result(
-        self, unit: _InFlight, result: DuplexUnit, now: float, dropped_total: int
+        self,
+        unit: _InFlight,
+        stats: PrefillStats,
+        result: DuplexUnit,
+        now: float,
+        dropped_total: int,
     ) -> list[UnitAction]:
         """A unit's result is in: what becomes of it, in order."""
-        assert unit.stats is not None
-        stats, chunk = unit.stats, unit.chunk
+        chunk = unit.chunk
         self._unit = None
         self.failed_units = 0
         self.units += 1
