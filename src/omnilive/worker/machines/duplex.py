@@ -37,13 +37,9 @@ from omnilive.engines.messages import (
 )
 from omnilive.protocol.common import ContextWindowOption, ErrorCode, ProtocolError
 from omnilive.recording.duplex import UnitMode
+from omnilive.transitions import IllegalTransition
 from omnilive.worker.chunk_buffer import PendingChunk
-from omnilive.worker.machines.session import (
-    Ended,
-    IllegalTransition,
-    Phases,
-    SessionMachine,
-)
+from omnilive.worker.machines.session import Ended, Phases, SessionMachine
 from omnilive.worker.presenters import UnitTiming
 
 MAX_FAILED_UNITS = 3  # failed units in a row that end a session
