@@ -30,8 +30,8 @@ from omnilive.client.events import (
     parse_event,
 )
 from omnilive.engines.messages import DuplexUnit
-from omnilive.gateway.realtime_chat_machine import RealtimeChatMachine
-from omnilive.gateway.realtime_machine import ToClient
+from omnilive.gateway.realtime.chat_machine import RealtimeChatMachine
+from omnilive.gateway.realtime.machine import ToClient
 from omnilive.protocol import chat, common, duplex, half_duplex, realtime, realtime_v2
 from omnilive.protocol.chat import ChatRequest
 from omnilive.worker.chunk_buffer import PendingChunk

@@ -14,7 +14,7 @@ from tests.servers import Server
 async def test_a_full_conversation_refuses_the_item_that_passes_it(server: Server):
     """4,097 items in one burst: the 4,097th is ``conversation_full`` (and
     nothing else fails); the session goes on, and a deleted item makes room."""
-    from omnilive.worker.conversation_items import MAX_ITEMS
+    from omnilive.worker.openai.items import MAX_ITEMS
 
     # The client's keepalive pings would wait behind the burst in the
     # server's socket buffer (on a loaded 2-core machine, past their 20 s).

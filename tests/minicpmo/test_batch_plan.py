@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from omnilive.engines.minicpmo.runtime.plan import Call, Forward, Limits, ProgramRun, plan_tick
+from omnilive.engines.minicpmo.runtime.plan import Forward, Limits, LoopCall, ProgramRun, plan_tick
 
 LIMITS = Limits(max_rows=4, max_positions=64)
 
@@ -31,7 +31,7 @@ def program(slot: int, n: int | None = None, speech: bool = False) -> ProgramRun
 def test_one_job_per_slot_in_submission_order_and_all_of_nobodys():
     first, second = forward(0), forward(0)
     other = forward(1)
-    free = [Call(fn=print), Call(fn=print)]
+    free = [LoopCall(fn=print), LoopCall(fn=print)]
     plan = plan_tick([first, second, other, *free], [], LIMITS)
     assert plan.batch == [first, other]
     assert plan.calls == free
@@ -40,7 +40,7 @@ def test_one_job_per_slot_in_submission_order_and_all_of_nobodys():
 
 def test_a_running_program_comes_first_and_holds_its_slots_new_jobs_back():
     running = program(0, n=1)
-    behind = Call(slot=0, fn=print)
+    behind = LoopCall(slot=0, fn=print)
     other = forward(1)
     plan = plan_tick([behind, other], [running], LIMITS)
     assert plan.batch == [running, other]

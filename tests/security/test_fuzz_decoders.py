@@ -27,7 +27,7 @@ from omnilive.config import Settings, load_settings
 from omnilive.engines.scripted import ScriptedEngine
 from omnilive.gateway.limits import check_message
 from omnilive.gateway.pool import Pool
-from omnilive.gateway.realtime_machine import Close, RealtimeMachine, ToClient, ToWorker
+from omnilive.gateway.realtime.machine import Close, RealtimeMachine, ToClient, ToWorker
 from omnilive.gateway.routes.chat import validate_chat
 from omnilive.gateway.state import Gateway
 from omnilive.protocol import duplex, half_duplex

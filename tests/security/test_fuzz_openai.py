@@ -1,6 +1,6 @@
 """The OpenAI Realtime (GA) dialect's decoders under hypothesis: every frame
 a client may send is taken or refused with a documented ``error`` code, at
-the gateway (its machine) and on the worker (the conversation runner and
+the gateway (its machine) and on the worker (the OpenAI Realtime runner and
 the duplex one, fed what the gateway passed on); the worker never fails on
 its own."""
 
@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from omnilive.gateway.openai_machine import OpenAIRealtimeMachine
-from omnilive.gateway.realtime_machine import ToClient, ToWorker
+from omnilive.gateway.openai.machine import OpenAIRealtimeMachine
+from omnilive.gateway.realtime.machine import ToClient, ToWorker
 from omnilive.protocol.openai_realtime import ERROR_CODES, parse_client_event
 from tests.security import fuzzing
 from tests.security.test_fuzz_decoders import _run_worker_session, examples, worker  # noqa: F401

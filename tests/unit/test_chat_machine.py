@@ -17,6 +17,7 @@ from omnilive.engines.scripted import ScriptedChat, ScriptedEngine
 from omnilive.protocol.chat import ChatRequest
 from omnilive.protocol.internal import Envelope
 from omnilive.recording.turns import TurnRecorder
+from omnilive.transitions import IllegalTransition
 from omnilive.worker.machines.chat import (
     ChatMachine,
     ChatState,
@@ -34,7 +35,6 @@ from omnilive.worker.machines.chat import (
     UnexpectedError,
     Unsupported,
 )
-from omnilive.worker.machines.session import IllegalTransition
 from omnilive.worker.runners import chat as runners_chat
 from omnilive.worker.runners.chat import run_chat
 from omnilive.worker.runtime import WorkerRuntime

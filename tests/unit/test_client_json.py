@@ -18,7 +18,7 @@ from omnilive.engines.messages import GenerationOptions
 from omnilive.gateway.auth import origin_allowed
 from omnilive.gateway.http_body import is_json_type
 from omnilive.gateway.http_errors import status_for
-from omnilive.gateway.realtime_machine import Close, RealtimeMachine, ToClient
+from omnilive.gateway.realtime.machine import Close, RealtimeMachine, ToClient
 from omnilive.protocol.common import (
     MAX_JSON_DEPTH,
     ErrorCode,

@@ -7,8 +7,9 @@ import math
 import pytest
 
 from omnilive.protocol.common import ErrorCode, ProtocolError
-from omnilive.worker.machines.half_duplex import HalfDuplexMachine
-from omnilive.worker.machines.session import Ended, IllegalTransition, Phase
+from omnilive.transitions import IllegalTransition
+from omnilive.worker.machines.half_duplex import HalfDuplexMachine, HalfDuplexPhase
+from omnilive.worker.machines.session import Ended
 
 
 def listening(timeout_s: float = 180.0, now: float = 0.0) -> HalfDuplexMachine:
@@ -26,7 +27,7 @@ def test_audio_is_refused_before_the_prepare_and_held_during_it():
     machine.prepare()
     assert machine.hold("chunk")
     assert machine.prepared_with(60.0, 2.0) == ["chunk"]
-    assert machine.phase is Phase.ACTIVE and machine.deadline() == (62.0, "timeout")
+    assert machine.phase is HalfDuplexPhase.LISTENING and machine.deadline() == (62.0, "timeout")
 
 
 def test_answering_hears_nothing_and_stops_the_clock():
@@ -48,7 +49,7 @@ def test_with_barge_in_the_answer_is_heard_over_and_an_interruption_listens_agai
     assert machine.audio(6.0) is True  # the user may speak over the answer
     assert machine.deadline()[0] == math.inf  # still answering: no inactivity clock
     machine.answered(7.0)  # the interrupted answer is over
-    assert machine.phase is Phase.ACTIVE and machine.audio(7.5) is True
+    assert machine.phase is HalfDuplexPhase.LISTENING and machine.audio(7.5) is True
 
 
 def test_turn_rules():
@@ -65,11 +66,11 @@ def test_a_stop_ends_it_in_any_phase_even_mid_answer():
     machine.speech_ended()
     assert machine.stop() == Ended("stopped")
     machine.answered(5.0)  # the answer that ends later changes nothing
-    assert machine.phase is Phase.ENDED
+    assert machine.phase is HalfDuplexPhase.ENDED
     preparing = HalfDuplexMachine(30.0, 0.0)
     preparing.prepare()
     preparing.stop()
-    assert preparing.prepared_with(60.0, 1.0) == [] and preparing.phase is Phase.ENDED
+    assert preparing.prepared_with(60.0, 1.0) == [] and preparing.phase is HalfDuplexPhase.ENDED
 
 
 def test_not_prepared_in_time():

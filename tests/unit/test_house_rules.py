@@ -6,7 +6,10 @@ package, the tests, the benchmarks and the tools:
   tests/minicpmo/test_layers.py);
 - tasks are owned and named: no ``asyncio.ensure_future`` anywhere, and every
   ``create_task`` outside the tests names its task, so a stuck or failed one
-  shows in a dump of the running tasks and in the logs.
+  shows in a dump of the running tasks and in the logs;
+- one definition of a shared idea: one ``IllegalTransition`` for every
+  machine, one ``ProtocolError`` (a refused client message: code, message)
+  for every protocol and dialect.
 """
 
 from __future__ import annotations
@@ -65,3 +68,34 @@ def test_every_task_outside_the_tests_has_a_name():
         if not any(keyword.arg == "name" for keyword in call.keywords)
     }
     assert unnamed == set()
+
+
+def modules_defining(name: str) -> set[str]:
+    """The package's modules that define a class called ``name``."""
+    return {
+        module
+        for module, text in modules("src/omnilive").items()
+        if any(
+            isinstance(node, ast.ClassDef) and node.name == name
+            for node in ast.walk(ast.parse(text))
+        )
+    }
+
+
+def test_one_illegal_transition_for_every_machine():
+    # Every sans-I/O machine raises the same error for a driver's bug, so a
+    # test or a caller catches one type whichever machine it drives.
+    assert modules_defining("IllegalTransition") == {"src/omnilive/transitions.py"}
+
+
+def test_one_protocol_error_for_every_dialect():
+    # A refused client message is one type whatever the dialect; each
+    # dialect's presenter (refusal_event) makes its own error event of it.
+    assert modules_defining("ProtocolError") == {"src/omnilive/protocol/common.py"}
+
+
+def test_names_that_collided_mean_one_thing():
+    # Each of these once named two different things in different rooms.
+    assert modules_defining("WorkerLink") == {"src/omnilive/gateway/links.py"}
+    assert modules_defining("Call") == {"src/omnilive/gateway/webrtc/call.py"}
+    assert modules_defining("Step") == {"src/omnilive/engines/minicpmo/runtime/programs.py"}

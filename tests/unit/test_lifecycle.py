@@ -7,7 +7,6 @@ import pytest
 
 from omnilive.gateway.lifecycle import (
     Ending,
-    IllegalTransition,
     RecoverRecording,
     ReleaseLease,
     SessionLifecycle,
@@ -15,6 +14,7 @@ from omnilive.gateway.lifecycle import (
     TellClient,
 )
 from omnilive.gateway.scheduler import Lease
+from omnilive.transitions import IllegalTransition
 
 
 def lease() -> Lease:

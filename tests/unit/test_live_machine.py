@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from omnilive.gateway.live_machine import MAX_HELD_EVENTS, LiveMachine, LiveState
-from omnilive.gateway.realtime_machine import Close, IllegalTransition, ToClient, ToWorker
+from omnilive.gateway.live.machine import MAX_HELD_EVENTS, LiveMachine, LiveState
+from omnilive.gateway.realtime.machine import Close, ToClient, ToWorker
 from omnilive.protocol.realtime import CloseReason
+from omnilive.transitions import IllegalTransition
 
 START = {"type": "session.start", "event_id": "s", "session": {"model": "gpt-live-1"}}
 AUDIO = {"type": "session.input_audio.append", "audio": "AAAA"}

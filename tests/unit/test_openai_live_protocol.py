@@ -13,9 +13,9 @@ from openai.types.live import ServerEvent
 from pydantic import TypeAdapter
 
 from omnilive.protocol import openai_live_events as ev
+from omnilive.protocol.common import ProtocolError
 from omnilive.protocol.openai_live import (
     CommentaryAppend,
-    LiveError,
     SessionConfig,
     SessionStart,
     SessionUpdateConfig,
@@ -105,7 +105,7 @@ def test_the_sdk_events_parse() -> None:
     ],
 )  # fmt: skip
 def test_bad_events_are_named_errors(data: dict[str, Any], code: str, param: str) -> None:
-    with pytest.raises(LiveError) as caught:
+    with pytest.raises(ProtocolError) as caught:
         parse_client_event(data)
     assert (caught.value.code, caught.value.param) == (code, param)
 

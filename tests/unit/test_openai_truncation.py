@@ -8,7 +8,7 @@ import json
 
 from omnilive.engines.messages import HistoryTruncation
 from omnilive.protocol.openai_realtime import SessionConfig, server_event, session_object
-from omnilive.worker.machines.conversation import options
+from omnilive.worker.openai.machine import options
 from tests.unit.test_realtime_openai import client, conforms, machine
 
 

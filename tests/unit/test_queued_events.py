@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import json
 
-from omnilive.gateway.openai_machine import MAX_HELD_EVENTS, OpenAIRealtimeMachine
-from omnilive.gateway.realtime_machine import ToClient, ToWorker
+from omnilive.gateway.openai.machine import MAX_HELD_EVENTS, OpenAIRealtimeMachine
+from omnilive.gateway.realtime.machine import ToClient, ToWorker
 
 APPEND = json.dumps({"type": "input_audio_buffer.append", "audio": "AAAA"})
 

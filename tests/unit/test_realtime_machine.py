@@ -9,9 +9,8 @@ import numpy as np
 import pytest
 
 from omnilive.engines.messages import DuplexUnit
-from omnilive.gateway.realtime_machine import (
+from omnilive.gateway.realtime.machine import (
     Close,
-    IllegalTransition,
     RealtimeMachine,
     RealtimeState,
     ToClient,
@@ -19,6 +18,7 @@ from omnilive.gateway.realtime_machine import (
 )
 from omnilive.protocol.internal import Envelope
 from omnilive.protocol.realtime import DEFAULT_INSTRUCTIONS
+from omnilive.transitions import IllegalTransition
 from omnilive.worker.chunk_buffer import PendingChunk
 from omnilive.worker.presenters import RealtimePresenter, UnitTiming
 

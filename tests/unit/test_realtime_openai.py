@@ -15,11 +15,10 @@ from pydantic import TypeAdapter
 
 from omnilive.audio_codecs import decode_input, encode_output
 from omnilive.engines.messages import ToolCall
-from omnilive.gateway.openai_machine import MAX_HELD_EVENTS, OpenAIRealtimeMachine, OpenAIState
-from omnilive.gateway.realtime_machine import Close, IllegalTransition, ToClient, ToWorker
-from omnilive.protocol.common import ErrorCode
+from omnilive.gateway.openai.machine import MAX_HELD_EVENTS, OpenAIRealtimeMachine, OpenAIState
+from omnilive.gateway.realtime.machine import Close, ToClient, ToWorker
+from omnilive.protocol.common import ErrorCode, ProtocolError
 from omnilive.protocol.openai_realtime import (
-    OpenAIError,
     ResponseParams,
     SessionConfig,
     error_event,
@@ -28,9 +27,10 @@ from omnilive.protocol.openai_realtime import (
     session_object,
 )
 from omnilive.protocol.realtime import CloseReason
-from omnilive.worker.conversation_items import Conversation, client_item
-from omnilive.worker.machines.conversation import options
-from omnilive.worker.presenter_openai import ResponsePresenter, usage
+from omnilive.transitions import IllegalTransition
+from omnilive.worker.openai.items import Conversation, client_item
+from omnilive.worker.openai.machine import options
+from omnilive.worker.openai.presenter import ResponsePresenter, usage
 
 SERVER_EVENTS = TypeAdapter(RealtimeServerEvent)
 _BY_TYPE = {
@@ -273,13 +273,13 @@ def test_conversation_items_insert_delete_truncate():
     assert list(c.items) == ["r", "a", "b"]
     c.truncate("b", 0, 500, 1000.0)
     assert c.get("b")["content"][0]["transcript"] == "one two"
-    with pytest.raises(OpenAIError) as exc:
+    with pytest.raises(ProtocolError) as exc:
         c.truncate("a", 0, 0, 0)
     assert exc.value.code == "invalid_value"
     messages = c.messages("be kind")
     assert [m.role for m in messages] == ["system", "system", "user", "assistant"]
     c.delete("a")
-    with pytest.raises(OpenAIError) as exc:
+    with pytest.raises(ProtocolError) as exc:
         c.get("a", "evt")
     assert exc.value.code == "item_not_found" and exc.value.event_id == "evt"
 
@@ -405,7 +405,7 @@ def test_audio_formats_round_trip(fmt):
 
 def test_duplex_units_as_responses_conform():
     from omnilive.engines.messages import DuplexUnit
-    from omnilive.worker.presenter_openai_duplex import OpenAIDuplexPresenter
+    from omnilive.worker.openai.duplex_presenter import OpenAIDuplexPresenter
 
     config = SessionConfig()
     conversation = Conversation()
@@ -445,7 +445,7 @@ def test_error_params_name_fields_as_openai_does():
         "response.input.0.id",
     }  # fmt: skip
     for raw, param in cases.items():
-        with pytest.raises(OpenAIError) as exc:
+        with pytest.raises(ProtocolError) as exc:
             parse_client_event(json.loads(raw))
         assert exc.value.param == param
 

@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 
 from omnilive.engines.messages import DuplexUnit
-from omnilive.gateway.realtime_chat_machine import (
+from omnilive.gateway.realtime.chat_machine import (
     CancelTurn,
     ChatState,
     RealtimeChatMachine,
     StartTurn,
     chat_request,
 )
-from omnilive.gateway.realtime_machine import Close, RealtimeMachine, RealtimeState
-from omnilive.gateway.realtime_machine import ToWorker as W
-from omnilive.gateway.realtime_v2_machine import RealtimeV2Machine
+from omnilive.gateway.realtime.machine import Close, RealtimeMachine, RealtimeState
+from omnilive.gateway.realtime.machine import ToWorker as W
+from omnilive.gateway.realtime.v2_machine import RealtimeV2Machine
 from omnilive.protocol.chat import ChatRequest
 from omnilive.protocol.internal import Envelope
 from omnilive.protocol.realtime import CloseReason

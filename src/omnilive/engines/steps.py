@@ -38,7 +38,7 @@ _STOP = object()
 
 
 @dataclass(eq=False, kw_only=True)
-class Step(Job):
+class LaneStep(Job):
     """One step of a lane: ``fn(*args)``."""
 
     lane: Lane
@@ -59,7 +59,7 @@ class Lane:
         """Run ``fn(*args)`` as this session's next step and return its result."""
         if self._closing:
             raise RuntimeError(f"lane {self.name} is finished")
-        result: T = await self.steps.jobs.submit(Step(lane=self, fn=fn, args=args))
+        result: T = await self.steps.jobs.submit(LaneStep(lane=self, fn=fn, args=args))
         return result
 
     async def stream(self, fn: Callable[..., Iterator[T]], *args: Any) -> AsyncIterator[T]:
@@ -104,7 +104,7 @@ class Lane:
 
         if self._closing:
             raise RuntimeError(f"lane {self.name} is finished")
-        job = Step(lane=self, fn=produce, loop=loop)  # its outcome is the items
+        job = LaneStep(lane=self, fn=produce, loop=loop)  # its outcome is the items
         self.steps.jobs.put(job)
         try:
             while True:
@@ -147,7 +147,7 @@ class Lane:
                 except Exception:  # the session is gone: nobody else to tell
                     log.exception("the last step of %s failed", self.name)
 
-        job = Step(lane=self, fn=close, loop=asyncio.get_running_loop())
+        job = LaneStep(lane=self, fn=close, loop=asyncio.get_running_loop())
         job.orphan = lambda _: finished() if finished is not None else None
         jobs.put(job)
 
@@ -157,7 +157,7 @@ class StepLoop:
     first step in line whose lane has none running."""
 
     def __init__(self, threads: int, name: str = "engine") -> None:
-        self.jobs: JobQueue[Step] = JobQueue(name)
+        self.jobs: JobQueue[LaneStep] = JobQueue(name)
         self._running: set[int] = set()  # ids of the lanes with a step running
         self._threads = [
             threading.Thread(target=self._work, name=f"{name}-{n}", daemon=True)
@@ -185,7 +185,7 @@ class StepLoop:
     def close(self) -> None:
         self.jobs.close()
 
-    def _choose(self, pending: Sequence[Step]) -> tuple[list[Step], Step | None]:
+    def _choose(self, pending: Sequence[LaneStep]) -> tuple[list[LaneStep], LaneStep | None]:
         """The first step whose lane has none running (called under the lock)."""
         for job in pending:
             if id(job.lane) not in self._running:
@@ -193,12 +193,12 @@ class StepLoop:
                 return [job], job
         return [], None
 
-    def _ready(self, pending: Sequence[Step]) -> bool:
+    def _ready(self, pending: Sequence[LaneStep]) -> bool:
         return any(id(job.lane) not in self._running for job in pending)
 
     def _work(self) -> None:
         while (job := self.jobs.take(self._choose, ready=self._ready)) is not None:
-            assert isinstance(job, Step)
+            assert isinstance(job, LaneStep)
             try:
                 job.result = job.fn(*job.args)
             except BaseException as exc:  # handed to its waiter (or logged)

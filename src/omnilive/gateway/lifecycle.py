@@ -18,6 +18,7 @@ from enum import StrEnum
 
 from omnilive.gateway.scheduler import Lease
 from omnilive.ids import is_safe_id
+from omnilive.transitions import IllegalTransition
 
 
 class Stage(StrEnum):
@@ -52,10 +53,6 @@ TOLD_BY_GATEWAY = frozenset(Ending) - {Ending.DONE, Ending.FAILED, Ending.CLIENT
 _FEEDS_ETA = frozenset({Ending.DONE, Ending.FAILED, Ending.CLIENT_LEFT})
 # Endings only a session without a lease can have.
 _QUEUE_ENDINGS = frozenset({Ending.QUEUE_FULL, Ending.NO_WORKERS, Ending.CANCELLED})
-
-
-class IllegalTransition(Exception):
-    """The driver reported something the session's stage cannot follow (a bug)."""
 
 
 @dataclass(frozen=True)

@@ -88,7 +88,7 @@ async def until_shutdown(gateway: Gateway, work: Awaitable[T]) -> T:
         raise ServerShutdown() from None
 
 
-class WorkerLink:
+class WorkerSocket:
     """The session's open socket to its worker."""
 
     def __init__(self, connection: ClientConnection, session: SessionLink) -> None:
@@ -180,7 +180,7 @@ class SessionLink:
         return lease
 
     @contextlib.asynccontextmanager
-    async def worker(self, kind: RequestType | None = None) -> AsyncIterator[WorkerLink]:
+    async def worker(self, kind: RequestType | None = None) -> AsyncIterator[WorkerSocket]:
         """A socket to the leased worker for a session of ``kind`` (the
         session's own by default). Raises :class:`WorkerConnectError`."""
         lease = self.lifecycle.lease
@@ -189,7 +189,7 @@ class SessionLink:
         async with open_worker_session(settings, lease, kind or self.session.kind) as connection:
             self.session.worker = connection
             try:
-                yield WorkerLink(connection, self)
+                yield WorkerSocket(connection, self)
             finally:
                 self.session.worker = None
 

@@ -31,7 +31,7 @@ from omnilive.gateway.resume_link import client_channel, serve_resume
 from omnilive.gateway.session_link import (
     SessionLink,
     Tell,
-    WorkerLink,
+    WorkerSocket,
     gateway_session,
     until_shutdown,
 )
@@ -215,14 +215,14 @@ async def _hold_while_queued(ws: ClientChannel, reader: _Reader, early: _Early) 
             await send_json(ws, error_message("wait for queue_done", ErrorCode.NOT_READY))
 
 
-async def _forward_client(ws: ClientChannel, worker: WorkerLink, reader: _Reader) -> None:
+async def _forward_client(ws: ClientChannel, worker: WorkerSocket, reader: _Reader) -> None:
     async for frame, message in reader.messages(ws):
         reader.observe(message)  # may raise AppDisabled: the session ends
         await worker.send(frame)
 
 
 async def _relay(
-    link: SessionLink, ws: ClientChannel, worker: WorkerLink, reader: _Reader
+    link: SessionLink, ws: ClientChannel, worker: WorkerSocket, reader: _Reader
 ) -> Ending:
     """Both ways until the worker ends the session (how it did), the client
     leaves, or the server shuts down (both end it here, and the worker,

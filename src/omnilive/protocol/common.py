@@ -8,7 +8,7 @@ import json
 import re
 from collections.abc import Callable, Iterator
 from enum import StrEnum
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -23,6 +23,7 @@ from pydantic import (
 from omnilive.ids import is_safe_id
 
 T = TypeVar("T")
+Code = TypeVar("Code", bound=str)
 
 
 class ErrorCode(StrEnum):
@@ -52,13 +53,27 @@ class ErrorCode(StrEnum):
     TOO_MANY_SESSIONS = "too_many_sessions"
 
 
-class ProtocolError(Exception):
-    """A client message that is refused with a documented code."""
+class ProtocolError(Exception, Generic[Code]):
+    """A client message refused with a documented code: the one refusal of
+    every protocol, omnilive's own and each Realtime dialect's.
 
-    def __init__(self, code: ErrorCode, message: str) -> None:
+    ``code`` is the dialect's: :class:`ErrorCode` for omnilive's protocols,
+    ``RealtimeErrorCode`` for the reference's Realtime dialect, the documented
+    strings of OpenAI's Realtime and Live dialects, and for the reference's
+    newer dialect, which has no error event, the reason its session ends
+    (``protocol/realtime_v2.py``). ``param`` and ``event_id`` are where
+    OpenAI's dialects name the parameter at fault and the client event that
+    caused it. Each dialect has one presenter that turns it into that
+    dialect's error event (``refusal_event`` in its protocol module)."""
+
+    def __init__(
+        self, code: Code, message: str, param: str | None = None, event_id: str | None = None
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.param = param
+        self.event_id = event_id
 
 
 def strict_base64(value: str) -> str:
@@ -291,29 +306,11 @@ class ContextWindowOption(BaseModel):
         return {"mode": value} if isinstance(value, str) else value
 
 
-class EventRefused(Exception):
-    """A client event of one of OpenAI's dialects refused: the ``error``
-    event's code, message, the parameter at fault and the event's id."""
-
-    def __init__(
-        self, code: str, message: str, param: str | None = None, event_id: str | None = None
-    ) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.param = param
-        self.event_id = event_id
-
-
 def decode_event(raw: str | bytes, max_bytes: int, parse: Callable[[dict[str, Any]], T]) -> T:
     """A client frame of one of OpenAI's dialects through :func:`load_json`
     and the dialect's ``parse``; every refusal (not JSON, too large, not an
-    object, not an event the dialect knows) raised as :class:`EventRefused`,
-    the dialect's own subclass where ``parse`` refused it."""
-    try:
-        data = load_json(raw, max_bytes)
-    except ProtocolError as exc:
-        raise EventRefused(exc.code.value, exc.message) from exc
+    object, not an event the dialect knows) raised as :class:`ProtocolError`."""
+    data = load_json(raw, max_bytes)
     if not isinstance(data, dict):
-        raise EventRefused("invalid_json", "an event is a JSON object")
+        raise ProtocolError(ErrorCode.INVALID_JSON, "an event is a JSON object")
     return parse(data)

@@ -24,7 +24,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from omnilive.protocol.common import Base64Str, EventRefused
+from omnilive.protocol.common import Base64Str, ProtocolError
 
 _MODEL = ConfigDict(extra="ignore", frozen=True)
 DIALECT = "live"
@@ -358,27 +358,23 @@ ERROR_CODES = frozenset(
 """Every ``error.code`` omnilive sends in this dialect (docs/reference/openai-live.md)."""
 
 
-class LiveError(EventRefused):
-    """A client event refused with a Live ``error``."""
-
-
 def parse_client_event(data: dict[str, Any]) -> ClientEvent:
-    """A decoded JSON object as a typed client event, or :class:`LiveError`."""
+    """A decoded JSON object as a typed client event, or :class:`ProtocolError`."""
     event_id = data.get("event_id") if isinstance(data.get("event_id"), str) else None
     kind = data.get("type")
     if not isinstance(kind, str):
-        raise LiveError("missing_required_parameter", "an event needs a type", "type", event_id)
+        raise ProtocolError("missing_required_parameter", "an event needs a type", "type", event_id)
     if kind in UNSUPPORTED_EVENTS:
-        raise LiveError("unsupported", UNSUPPORTED_EVENTS[kind], "type", event_id)
+        raise ProtocolError("unsupported", UNSUPPORTED_EVENTS[kind], "type", event_id)
     if kind not in CLIENT_EVENT_TYPES:
-        raise LiveError("invalid_value", f"unknown event type {kind[:64]!r}", "type", event_id)
+        raise ProtocolError("invalid_value", f"unknown event type {kind[:64]!r}", "type", event_id)
     try:
         event: ClientEvent = client_event.validate_python(data)
     except ValidationError as exc:
         first = exc.errors()[0]
         param = _param(first["loc"]) or None
         code = "missing_required_parameter" if first["type"] == "missing" else "invalid_value"
-        raise LiveError(code, f"{param or kind}: {first['msg']}", param, event_id) from None
+        raise ProtocolError(code, f"{param or kind}: {first['msg']}", param, event_id) from None
     return event
 
 
@@ -402,52 +398,56 @@ def append_tokens(text: str) -> int:
     return -(-len(text.encode()) // CHARS_PER_TOKEN)
 
 
-def refusal(config: SessionConfig) -> LiveError | None:
+def refusal(config: SessionConfig) -> ProtocolError | None:
     """What of a ``session.start`` omnilive cannot serve, as its error (None: all of it)."""
     if isinstance(config.delegation, DecisionsDelegation):
-        return LiveError("unsupported", "Decisions delegation is not served", "session.delegation")
+        return ProtocolError(
+            "unsupported", "Decisions delegation is not served", "session.delegation"
+        )
     if config.triggers:
-        return LiveError("unsupported", "Decisions triggers are not served", "session.triggers")
+        return ProtocolError("unsupported", "Decisions triggers are not served", "session.triggers")
     if config.store:
-        return LiveError(
+        return ProtocolError(
             "unsupported", "stored sessions (forks, downloads) are not served", "session.store"
         )
     if config.client is not None:
         message = "a WebRTC frontend's permissions are not served (no Live WebRTC)"
-        return LiveError("unsupported", message, "session.client")
+        return ProtocolError("unsupported", message, "session.client")
     if isinstance(config.delegation, ResponsesDelegation):
         return tools_refusal(config.delegation.responses.tools, "session.delegation.responses")
     return None
 
 
-def tools_refusal(tools: list[dict[str, Any]] | None, where: str) -> LiveError | None:
+def tools_refusal(tools: list[dict[str, Any]] | None, where: str) -> ProtocolError | None:
     """Only function tools: a hosted tool (web search, MCP, shell...) is refused by name."""
     for index, tool in enumerate(tools or []):
         param = f"{where}.tools.{index}"
         if tool.get("type") != "function":
             kind = str(tool.get("type"))[:64]
-            return LiveError("unsupported", f"the hosted tool {kind!r} is not served", param)
+            return ProtocolError("unsupported", f"the hosted tool {kind!r} is not served", param)
         try:
             FunctionTool.model_validate(tool)
         except ValidationError as exc:
             first = exc.errors()[0]
             field = ".".join(str(p) for p in first["loc"])
-            return LiveError("invalid_value", f"{param}.{field}: {first['msg']}", param)
+            return ProtocolError("invalid_value", f"{param}.{field}: {first['msg']}", param)
     return None
 
 
-def update_refusal(config: SessionConfig, change: SessionUpdateConfig) -> LiveError | None:
+def update_refusal(config: SessionConfig, change: SessionUpdateConfig) -> ProtocolError | None:
     """Why a ``session.update`` cannot apply to ``config`` (None: it can)."""
     if change.triggers:
-        return LiveError("unsupported", "Decisions triggers are not served", "session.triggers")
+        return ProtocolError("unsupported", "Decisions triggers are not served", "session.triggers")
     new = change.delegation
     if new is None:
         return None
     if isinstance(new, DecisionsDelegation):
-        return LiveError("unsupported", "Decisions delegation is not served", "session.delegation")
+        return ProtocolError(
+            "unsupported", "Decisions delegation is not served", "session.delegation"
+        )
     if new.type != config.owner:
         message = f"the delegation type is {config.owner} for the session's life"
-        return LiveError("immutable_parameter", message, "session.delegation.type")
+        return ProtocolError("immutable_parameter", message, "session.delegation.type")
     if isinstance(new, ResponsesDelegationUpdate) and new.responses is not None:
         return tools_refusal(new.responses.tools, "session.delegation.responses")
     return None

@@ -15,6 +15,7 @@ import copy
 from typing import Any, Literal
 
 from omnilive.ids import mint
+from omnilive.protocol.common import ProtocolError
 from omnilive.protocol.openai_live import (
     CustomVoice,
     InitialItem,
@@ -56,6 +57,11 @@ def error_event(
     if client_event_id is not None:
         error["client_event_id"] = client_event_id
     return live_event("error", client_event_id, error=error)
+
+
+def refusal_event(refused: ProtocolError[str], kind: str = "invalid_request_error") -> Event:
+    """This dialect's presenter of a refusal: its ``error`` event."""
+    return error_event(str(refused.code), refused.message, refused.param, refused.event_id, kind)
 
 
 def info_event(code: str, message: str) -> Event:

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from omnilive.ids import mint
-from omnilive.protocol.common import Base64Str, EventRefused
+from omnilive.protocol.common import Base64Str, ProtocolError
 
 _MODEL = ConfigDict(extra="ignore", frozen=True)
 DIALECT = "openai"
@@ -340,25 +340,21 @@ ERROR_CODES = frozenset(
 """Every ``error.code`` omnilive sends in this dialect (docs/reference/openai-realtime.md)."""
 
 
-class OpenAIError(EventRefused):
-    """A client event refused with an OpenAI-shaped ``error``."""
-
-
 def parse_client_event(data: dict[str, Any]) -> ClientEvent:
-    """A decoded JSON object as a typed client event, or :class:`OpenAIError`."""
+    """A decoded JSON object as a typed client event, or :class:`ProtocolError`."""
     event_id = data.get("event_id") if isinstance(data.get("event_id"), str) else None
     kind = data.get("type")
     if not isinstance(kind, str):
-        raise OpenAIError("missing_required_parameter", "an event needs a type", "type", event_id)
+        raise ProtocolError("missing_required_parameter", "an event needs a type", "type", event_id)
     if kind not in CLIENT_EVENT_TYPES:
-        raise OpenAIError("invalid_value", f"unknown event type {kind[:64]!r}", "type", event_id)
+        raise ProtocolError("invalid_value", f"unknown event type {kind[:64]!r}", "type", event_id)
     try:
         return client_event.validate_python(data)
     except ValidationError as exc:
         first = exc.errors()[0]
         param = _param(first["loc"][1:]) or None
         code = "missing_required_parameter" if first["type"] == "missing" else "invalid_value"
-        raise OpenAIError(code, f"{param or kind}: {first['msg']}", param, event_id) from None
+        raise ProtocolError(code, f"{param or kind}: {first['msg']}", param, event_id) from None
 
 
 # Where pydantic's error locations name a union's member, not a field.
@@ -406,6 +402,13 @@ def error_event(
         "event_id": client_event_id,
     }
     return server_event("error", error=error)
+
+
+def refusal_event(
+    refused: ProtocolError[str], kind: str = "invalid_request_error"
+) -> dict[str, Any]:
+    """This dialect's presenter of a refusal: its ``error`` event."""
+    return error_event(str(refused.code), refused.message, refused.param, refused.event_id, kind)
 
 
 def session_object(session_id: str, config: SessionConfig, model: str) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from omnilive.ids import is_safe_id
 from omnilive.protocol.common import (
     ContextWindowOption,
+    ProtocolError,
     check_float32,
     check_voice,
     decoded_length,
@@ -63,13 +64,6 @@ class CloseReason(StrEnum):
     CONTEXT_FULL = "context_full"
     SERVER_SHUTDOWN = "server_shutdown"
     ERROR = "error"
-
-
-class RealtimeError(Exception):
-    def __init__(self, code: RealtimeErrorCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 DEFAULT_INSTRUCTIONS = "You are a helpful assistant. Reply briefly and naturally."
@@ -157,13 +151,13 @@ _EVENTS: dict[str, type[BaseModel]] = {
 
 
 def parse_event(data: dict[str, Any]) -> ClientEvent:
-    """A decoded JSON object → a typed client event, or :class:`RealtimeError`."""
+    """A decoded JSON object → a typed client event, or a :class:`ProtocolError`."""
     kind = data.get("type")
     if kind is None:
-        raise RealtimeError(RealtimeErrorCode.MISSING_FIELD, "type field is required")
+        raise ProtocolError(RealtimeErrorCode.MISSING_FIELD, "type field is required")
     model = _EVENTS.get(kind) if isinstance(kind, str) else None
     if model is None:
-        raise RealtimeError(RealtimeErrorCode.UNKNOWN_EVENT, f"unknown event type {kind!r}")
+        raise ProtocolError(RealtimeErrorCode.UNKNOWN_EVENT, f"unknown event type {kind!r}")
     try:
         return model.model_validate(data)  # type: ignore[return-value]  # _EVENTS holds only ClientEvent types
     except ValidationError as exc:
@@ -172,15 +166,20 @@ def parse_event(data: dict[str, Any]) -> ClientEvent:
         first = (missing or errors)[0]
         where = ".".join(str(p) for p in first["loc"])
         if missing:
-            raise RealtimeError(
+            raise ProtocolError(
                 RealtimeErrorCode.MISSING_FIELD, f"{where} field is required"
             ) from None
-        raise RealtimeError(RealtimeErrorCode.INVALID_PAYLOAD, f"{where}: {first['msg']}") from None
+        raise ProtocolError(RealtimeErrorCode.INVALID_PAYLOAD, f"{where}: {first['msg']}") from None
 
 
 def error_event(code: RealtimeErrorCode | str, message: str) -> dict[str, Any]:
     kind = "client_error" if code in CLIENT_ERRORS else "server_error"
     return {"type": "error", "error": {"code": str(code), "message": message, "type": kind}}
+
+
+def refusal_event(refused: ProtocolError[RealtimeErrorCode]) -> dict[str, Any]:
+    """This dialect's presenter of a refusal: its ``error`` event."""
+    return error_event(refused.code, refused.message)
 
 
 def closed_event(reason: CloseReason) -> dict[str, Any]:

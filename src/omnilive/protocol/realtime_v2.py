@@ -28,7 +28,13 @@ from pydantic import (
     model_validator,
 )
 
-from omnilive.protocol.common import check_float32, check_voice, decoded_length, strict_base64
+from omnilive.protocol.common import (
+    ProtocolError,
+    check_float32,
+    check_voice,
+    decoded_length,
+    strict_base64,
+)
 from omnilive.protocol.realtime import SessionClose as SessionClose  # both dialects': re-exported
 
 _MODEL = ConfigDict(extra="ignore", frozen=True)
@@ -45,8 +51,11 @@ class V2Reason(StrEnum):
     SERVER_SHUTDOWN = "server_shutdown"
 
 
-class V2Error(Exception):
-    """A fatal protocol violation: the session ends with ``backend_error``."""
+def violation(message: str) -> ProtocolError[V2Reason]:
+    """This dialect's refusal. It has no error event: every refusal is a
+    fatal protocol violation, and the session ends with ``backend_error``
+    (the machine's presenter, ``session.closed`` with the message)."""
+    return ProtocolError(V2Reason.BACKEND_ERROR, message)
 
 
 def _voice(value: str | None) -> str | None:
@@ -198,15 +207,15 @@ def _problem(exc: ValidationError) -> str:
 
 
 def parse_event(data: dict[str, Any]) -> ClientEvent:
-    """A decoded JSON object → a typed event, or :class:`V2Error`."""
+    """A decoded JSON object → a typed event, or this dialect's :func:`violation`."""
     kind = data.get("type")
     model = _EVENTS.get(kind) if isinstance(kind, str) else None
     if model is None:
-        raise V2Error(f"unknown event type {data.get('type')!r}")
+        raise violation(f"unknown event type {data.get('type')!r}")
     try:
         return model.model_validate(data)  # type: ignore[return-value]  # _EVENTS holds only ClientEvent types
     except ValidationError as exc:
-        raise V2Error(_problem(exc)) from None
+        raise violation(_problem(exc)) from None
 
 
 def parse_duplex_input(event: InputAppend) -> DuplexInput:
@@ -214,9 +223,9 @@ def parse_duplex_input(event: InputAppend) -> DuplexInput:
         parsed = DuplexInput.model_validate(event.input)
         parsed.slice_nums  # noqa: B018 - validates the per-frame list
     except ValidationError as exc:
-        raise V2Error(f"input.{_problem(exc)}") from None
+        raise violation(f"input.{_problem(exc)}") from None
     except ValueError as exc:
-        raise V2Error(f"input: {exc}") from None
+        raise violation(f"input: {exc}") from None
     return parsed
 
 

@@ -39,13 +39,13 @@ from omnilive.protocol.internal import (
     LoadReport,
 )
 from omnilive.tasks import TaskSet, leaf_errors
+from omnilive.worker.live.runner import LiveRunner
+from omnilive.worker.openai.duplex_runner import OpenAIDuplexRunner
+from omnilive.worker.openai.runner import OpenAIRealtimeRunner
 from omnilive.worker.outbox import Outbox
 from omnilive.worker.runners.chat import run_chat
-from omnilive.worker.runners.conversation import ConversationRunner
-from omnilive.worker.runners.conversation_duplex import OpenAIDuplexRunner
 from omnilive.worker.runners.duplex import DuplexRunner
 from omnilive.worker.runners.half_duplex import HalfDuplexRunner
-from omnilive.worker.runners.live import LiveRunner
 from omnilive.worker.runners.streaming import StreamingRunner
 from omnilive.worker.runtime import SESSION_KINDS, SessionRecord, WorkerNotReady, WorkerRuntime
 from omnilive.worker.transcriber import SideTranscriber
@@ -220,7 +220,7 @@ async def _serve_streaming(
 
 _RUNNERS: dict[str, type[StreamingRunner]] = {
     "half_duplex": HalfDuplexRunner,
-    "conversation": ConversationRunner,  # the OpenAI Realtime dialect's sessions
+    "conversation": OpenAIRealtimeRunner,  # the OpenAI Realtime dialect's sessions
     "openai_duplex": OpenAIDuplexRunner,  # ...on the full-duplex unit loop
     "live": LiveRunner,  # OpenAI's Live API, on the full-duplex unit loop
 }

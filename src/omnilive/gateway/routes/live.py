@@ -1,6 +1,6 @@
 """OpenAI's Live API: ``WS /v1/live/sessions`` (the SDK's ``client.live.connect()``
 appends ``/live/sessions`` to its ``…/v1`` base URL). The model is named in
-``session.start``, never in the URL; see ``gateway/live_session.py``.
+``session.start``, never in the URL; see ``gateway/live/session.py``.
 
 Over WebRTC (``docs/webrtc.md``), ``POST /v1/live/sessions`` (the SDK's
 ``client.live.create``): the JSON body's ``session`` becomes the call's first
@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse
 
 from omnilive.gateway.app_gate import CLOSE_POLICY_VIOLATION, AppDisabled, require_enabled
 from omnilive.gateway.client_ws import close_quietly, send_json
-from omnilive.gateway.live_session import LiveConnection
+from omnilive.gateway.live.session import LiveConnection
 from omnilive.gateway.routes.webrtc import (
     hang_up_call,
     offer_of,

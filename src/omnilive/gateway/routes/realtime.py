@@ -4,10 +4,10 @@ and OpenAI's Realtime API (GA) on the same path.
 The dialect is chosen at the upgrade, before any event: a connection that
 names no ``mode`` and either names a ``model`` (as OpenAI's SDKs do) or
 offers the subprotocol ``realtime`` (OpenAI's browser clients) speaks the
-GA dialect (``gateway/openai_session.py``). Every other connection is a
-MiniCPM-o one, as before: ``gateway/realtime_session.py`` (video and audio,
+GA dialect (``gateway/openai/session.py``). Every other connection is a
+MiniCPM-o one, as before: ``gateway/realtime/session.py`` (video and audio,
 both MiniCPM-o dialects, told apart by their first event) and
-``gateway/realtime_chat.py`` (``mode=chat``).
+``gateway/realtime/chat.py`` (``mode=chat``).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from fastapi import APIRouter, WebSocket
 from omnilive.gateway.app_gate import CLOSE_POLICY_VIOLATION, AppDisabled, require_enabled
 from omnilive.gateway.auth import OPENAI_SUBPROTOCOL
 from omnilive.gateway.client_ws import close_quietly, send_json
-from omnilive.gateway.openai_session import OpenAIRealtimeConnection
-from omnilive.gateway.realtime_chat import RealtimeChatConnection
-from omnilive.gateway.realtime_session import RealtimeConnection
+from omnilive.gateway.openai.session import OpenAIRealtimeConnection
+from omnilive.gateway.realtime.chat import RealtimeChatConnection
+from omnilive.gateway.realtime.session import RealtimeConnection
 from omnilive.gateway.resume_link import serve_resume
 from omnilive.gateway.state import gateway_of
 from omnilive.protocol.common import ProtocolError

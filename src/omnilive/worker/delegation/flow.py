@@ -31,10 +31,11 @@ from omnilive.engines.appends import ContextNote, NoteKind
 from omnilive.engines.cascade.llm import Message
 from omnilive.engines.messages import ToolCall
 from omnilive.ids import mint
-from omnilive.protocol.openai_live import LiveError, ResponsesDelegation, SessionConfig
+from omnilive.protocol.common import ProtocolError
+from omnilive.protocol.openai_live import ResponsesDelegation, SessionConfig
 from omnilive.protocol.openai_live_events import (
     delegation_created,
-    error_event,
+    refusal_event,
     response_event,
 )
 from omnilive.worker.delegation.backend import ResponsesBackend, call_output, user_text
@@ -140,7 +141,7 @@ class DelegationFlow:
         the acknowledgements still pending."""
         if delegation_id is not None and delegation_id not in self.delegations:
             message = f"no client delegation {delegation_id!r} in this session"
-            raise LiveError("delegation_not_found", message, "delegation_id", event_id)
+            raise ProtocolError("delegation_not_found", message, "delegation_id", event_id)
         if kind in ("commentary", "thinking"):
             for task in list(self._acks.values()):
                 task.cancel()
@@ -152,7 +153,7 @@ class DelegationFlow:
         config, backend = self.config, self.backend
         assert config is not None and isinstance(config.delegation, ResponsesDelegation)
         if backend is None:
-            error = LiveError("backend_error", "no live.backend.url is configured", None)
+            error = ProtocolError("backend_error", "no live.backend.url is configured", None)
             await self._send(_error(error))
             return
         if end_ms is not None and delegation_id is not None:
@@ -184,14 +185,14 @@ class DelegationFlow:
             waiting = self._waiting
             if waiting is None or call_id not in {c.call_id for c in waiting.calls}:
                 message = f"no function call {call_id!r} is waiting for its output"
-                raise LiveError("invalid_value", message, "item.call_id", event_id)
+                raise ProtocolError("invalid_value", message, "item.call_id", event_id)
             waiting.outputs[call_id] = text
             self.history.append(Message("tool", text, tool_call_id=call_id))
             return
         said = user_text(item)
         if said is None:
             message = "the backend takes function_call_output items and user or developer messages"
-            raise LiveError("invalid_value", message, "item.type", event_id)
+            raise ProtocolError("invalid_value", message, "item.type", event_id)
         role = "user" if item.get("role") == "user" else "system"
         self._extra.append(Message(role, said))
 
@@ -203,7 +204,7 @@ class DelegationFlow:
             if missing:
                 self._waiting = waiting
                 message = f"the backend still waits for the output of {missing}"
-                raise LiveError("invalid_value", message, None, event_id)
+                raise ProtocolError("invalid_value", message, None, event_id)
             self._start(f"responses-{waiting.delegation_id}", self._respond(waiting.delegation_id))
             return
         self._start("responses-create", self._respond(None))
@@ -224,5 +225,5 @@ class DelegationFlow:
             await asyncio.wait(tasks)
 
 
-def _error(error: LiveError) -> dict[str, Any]:
-    return error_event(error.code, error.message, error.param, error.event_id, kind="server_error")
+def _error(error: ProtocolError) -> dict[str, Any]:
+    return refusal_event(error, "server_error")

@@ -22,7 +22,7 @@ from omnilive.audio import pcm_to_b64
 from omnilive.protocol.chat import chunk_message, done_message, prefill_done_message
 from omnilive.protocol.common import ErrorCode, error_message
 from omnilive.recording.turns import TurnOutput, TurnStatus
-from omnilive.worker.machines.session import IllegalTransition
+from omnilive.transitions import IllegalTransition
 
 
 class ChatState(StrEnum):

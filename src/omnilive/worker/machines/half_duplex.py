@@ -1,6 +1,6 @@
 """The rules of one half-duplex session on the worker, without I/O.
 
-WAITING_PREPARE → PREPARING → ACTIVE (listening) ⇄ ANSWERING → ENDED. The VAD
+WAITING_PREPARE → PREPARING → LISTENING ⇄ ANSWERING → ENDED. The VAD
 hears the end of the user's speech (the runner says so with
 :meth:`HalfDuplexMachine.speech_ended`); while the model answers, audio is not
 heard (the client should be silent then: echo) unless the client asked for
@@ -12,11 +12,30 @@ for it.
 from __future__ import annotations
 
 import math
+from enum import StrEnum
 
-from omnilive.worker.machines.session import Phase, SessionMachine
+from omnilive.worker.machines.session import Phases, SessionMachine
 
 
-class HalfDuplexMachine(SessionMachine):
+class HalfDuplexPhase(StrEnum):
+    WAITING_PREPARE = "waiting_prepare"
+    PREPARING = "preparing"
+    LISTENING = "listening"  # the VAD hears the user
+    ANSWERING = "answering"  # the model answers a turn
+    ENDED = "ended"
+
+
+HALF_DUPLEX_PHASES = Phases(
+    HalfDuplexPhase.WAITING_PREPARE,
+    HalfDuplexPhase.PREPARING,
+    HalfDuplexPhase.LISTENING,
+    HalfDuplexPhase.ENDED,
+)
+
+
+class HalfDuplexMachine(SessionMachine[HalfDuplexPhase]):
+    phases = HALF_DUPLEX_PHASES
+
     def __init__(self, first_message_s: float, now: float) -> None:
         super().__init__(first_message_s, now)
         self.timeout_s = math.inf  # set by the prepare
@@ -37,24 +56,25 @@ class HalfDuplexMachine(SessionMachine):
         when the client asked for barge-in)."""
         self.require_prepared("audio_chunk")
         self.last_activity = now
-        return self.phase is Phase.ACTIVE or (self.barge_in and self.phase is Phase.ANSWERING)
+        listening = self.phase is HalfDuplexPhase.LISTENING
+        return listening or (self.barge_in and self.phase is HalfDuplexPhase.ANSWERING)
 
     def speech_ended(self) -> None:
         """The VAD heard the user stop: the model answers."""
-        self.expect(Phase.ACTIVE, "end of speech")
-        self.phase = Phase.ANSWERING
+        self.expect(HalfDuplexPhase.LISTENING, "end of speech")
+        self.phase = HalfDuplexPhase.ANSWERING
 
     def answered(self, now: float) -> None:
         """The turn is over (done, failed or cut short): listening again."""
-        if self.phase is Phase.ENDED:
+        if self.phase is HalfDuplexPhase.ENDED:
             return
-        self.expect(Phase.ANSWERING, "turn over")
-        self.phase = Phase.ACTIVE
+        self.expect(HalfDuplexPhase.ANSWERING, "turn over")
+        self.phase = HalfDuplexPhase.LISTENING
         self.last_activity = now
 
     def deadline(self) -> tuple[float, str]:
-        if self.phase in (Phase.WAITING_PREPARE, Phase.PREPARING):
+        if self.unprepared:
             return super().deadline()
-        if self.phase is Phase.ANSWERING:
+        if self.phase is HalfDuplexPhase.ANSWERING:
             return math.inf, "timeout"  # answering counts as activity
         return self.last_activity + self.timeout_s, "timeout"

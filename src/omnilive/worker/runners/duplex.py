@@ -2,9 +2,11 @@
 
 The reader never waits for the model, so ``pause``, ``resume``, ``stop`` and
 ``force_listen`` take effect while a unit is being computed. Chunks wait in a
-small drop-oldest buffer. With deferred finalize (the default) a unit's
-result is sent before its finalize runs, and the next prefill waits for that
-finalize: the client hears sooner and the model's state stays consistent.
+small drop-oldest buffer. The loop's rules (the steps of a unit, the order of
+its finalize and the next prefill, what is recorded, when the session ends)
+are :class:`~omnilive.worker.machines.duplex.DuplexMachine`'s; this runner
+does the I/O: it runs the steps the machine answers and tells it how they
+went, sends, records.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -19,7 +22,7 @@ from pydantic import ValidationError
 
 from omnilive.audio import AudioDecodeError, voice_from_b64
 from omnilive.engines.base import DuplexSession, EngineError
-from omnilive.engines.messages import DuplexOptions, UnitInput, Voice, WindowMode
+from omnilive.engines.messages import DuplexOptions, Voice
 from omnilive.protocol.common import ContextWindowOption, ErrorCode, ProtocolError
 from omnilive.protocol.duplex import (
     WORKER_TYPES,
@@ -40,14 +43,14 @@ from omnilive.recording.files import new_recording_id
 from omnilive.worker.chunk_buffer import ChunkBuffer, PendingChunk
 from omnilive.worker.chunk_media import DecodedChunk, chunk_audio, chunk_frames, read_frame
 from omnilive.worker.decode import DecodeError, check_image, load_stored_voice
+from omnilive.worker.machines import duplex as rules
 from omnilive.worker.machines.duplex import DuplexMachine, Limits, window_for
-from omnilive.worker.machines.session import Ended, Phase
+from omnilive.worker.machines.session import Ended
 from omnilive.worker.presenter_v2 import RealtimeV2Presenter
 from omnilive.worker.presenters import (
     DuplexPresenter,
     Presenter,
     RealtimePresenter,
-    UnitTiming,
 )
 from omnilive.worker.runners.streaming import StreamingRunner, Work
 from omnilive.worker.runtime import WorkerState
@@ -76,20 +79,16 @@ class DuplexRunner(StreamingRunner):
             pause_s=settings.duplex.pause_timeout_s,
             max_pause_s=settings.duplex.max_pause_s,
         )
-        self.machine = DuplexMachine(limits, time.monotonic())
         self.session: DuplexSession = self.runtime.engine.open_duplex()
         self.record.closer = self.session.close  # the lane's last step
+        self.machine = DuplexMachine(limits, time.monotonic(), self.session.whole_units)
         self.buffer = ChunkBuffer(self.settings.duplex.max_pending_chunks)
-        self.deferred_finalize = True
-        self.max_slice_nums = 1
         self.presenter: Presenter = DuplexPresenter()
         self.dialect = "duplex"
         self.assembler: UnitAssembler | None = None  # Realtime sessions only
         self.recorder: DuplexRecorder | None = None
-        self.units = 0
         self._received = 0
-        self._finalized = asyncio.Event()
-        self._finalized.set()
+        self._presented: list[dict[str, Any]] = []  # the unit's messages, until sent
         self._finalize_task: asyncio.Task[None] | None = None
 
     async def send_error(self, code: ErrorCode, message: str) -> None:
@@ -181,10 +180,9 @@ class DuplexRunner(StreamingRunner):
             vision=self.mode == "omni_duplex",
             window=window_for(self.runtime.engine.capabilities.context_window, given),
         )
-        if options.window is not None and options.window.mode is not WindowMode.OFF:
-            self.machine.context_limit = None  # it slides: a limit is for a fixed context
-        self.deferred_finalize = message.deferred_finalize
-        self.max_slice_nums = message.max_slice_nums
+        self.machine.configure_units(
+            message.deferred_finalize, message.max_slice_nums, options.window
+        )
         try:
             prompt_length = await self.runtime.step(
                 self.record, self.session.prepare, message.system_prompt, options
@@ -220,8 +218,7 @@ class DuplexRunner(StreamingRunner):
 
     def _realtime(self, options: RealtimeOptions) -> None:
         """The gateway serves the Realtime API over this session."""
-        if self.machine.phase is not Phase.WAITING_PREPARE:
-            raise ProtocolError(ErrorCode.INVALID_REQUEST, "options come before prepare")
+        self.machine.options()
         self.dialect = options.dialect
         if options.dialect == "realtime":
             self.presenter = RealtimePresenter()
@@ -326,73 +323,94 @@ class DuplexRunner(StreamingRunner):
     # --- the unit loop ---------------------------------------------------------------
 
     async def _compute(self) -> None:
-        record = self.record
         while True:
             chunk = await self.buffer.pop()
-            await self._finalized.wait()  # finalize of unit k before prefill of unit k+1
-            await self._between_units()
-            started = time.perf_counter()
-            try:
-                max_slices = chunk.max_slice_nums or self.max_slice_nums
-                if self.session.whole_units:  # one request of the engine's threads
-                    given = UnitInput(chunk.audio, chunk.frames, max_slices, chunk.force_listen)
-                    stats, unit = await self.runtime.step(record, self.session.unit, given)
-                    prefilled = started + stats.cost_ms / 1000
-                else:
-                    stats = await self.runtime.step(
-                        record, self.session.prefill, chunk.audio, chunk.frames, max_slices
-                    )
-                    prefilled = time.perf_counter()
-                    unit = await self.runtime.step(
-                        record, self.session.generate, chunk.force_listen
-                    )
-            except EngineError as exc:
-                if not self.machine.unit_failed():
-                    raise  # the session ends with its error, logged once
-                log.warning("unit %d of %s failed: %s", chunk.index, self.record.session_id, exc)
-                await self.send_error(ErrorCode.INFERENCE_ERROR, f"unit failed: {exc}")
-                continue
-            self.machine.unit_succeeded()
-            generated = time.perf_counter()
-            self.record.kv_cache_length = unit.kv_cache_length
-            timing = UnitTiming(
-                prefill_ms=(prefilled - started) * 1000,
-                generate_ms=(generated - prefilled) * 1000,
-                session_start=self.machine.started,
-                vision_slices=stats.vision_slices,
-                vision_tokens=stats.vision_tokens,
-                dropped_total=self.buffer.dropped_total,
-                audio_tokens=stats.audio_tokens,
-                text_tokens=stats.text_tokens + unit.input_text_tokens,
-            )
-            messages = self.presenter.unit(unit, chunk, timing)
-            self.units += 1
-            if self.recorder is not None:
-                await self.recorder.unit(
-                    chunk.index,
-                    chunk.received_wall,
-                    chunk.audio,
-                    chunk.frames,
-                    mode="LISTEN" if unit.is_listen else "SPEAK",
-                    text=unit.text,
-                    ai_audio=unit.audio,
-                    end_of_turn=unit.end_of_turn,
-                    timing={
-                        "prefill_ms": round(timing.prefill_ms, 1),
-                        "generate_ms": round(timing.generate_ms, 1),
-                        "kv_cache_length": unit.kv_cache_length,
-                    },
-                    dropped_before=chunk.dropped_before,
-                )
-            if not self.deferred_finalize:
-                await self._finalize()
-            for message in messages:
-                await self.send(message)
-            if self.machine.unit_done(unit.kv_cache_length, unit.context_capacity) is not None:
+            if await self._do(self.machine.handle(rules.ChunkReady(chunk))):
                 return
-            if self.deferred_finalize:
-                self._finalized.clear()
-                self._finalize_task = self.spawn("finalize", self._finalize())
+
+    async def _do(self, actions: list[rules.UnitAction]) -> bool:
+        """Do what the machine answered, in order; what a step reports goes
+        back to it, and what it answers to that is done next. Returns True
+        when the session ended."""
+        todo = deque(actions)
+        while todo:
+            action = todo.popleft()
+            if isinstance(action, rules.End):
+                return True
+            event = await self._act(action)
+            if event is not None:
+                todo.extendleft(reversed(self.machine.handle(event)))
+        return False
+
+    async def _act(self, action: rules.UnitAction) -> rules.UnitEvent | None:
+        """One action; a step's outcome is returned as the machine's event."""
+        record, session = self.record, self.session
+        match action:
+            case rules.AwaitFinalize():
+                if self._finalize_task is not None and not self._finalize_task.done():
+                    await asyncio.wait([self._finalize_task])
+            case rules.BetweenUnits():
+                await self._between_units()
+            case rules.RunUnit(given):
+                started = time.perf_counter()
+                try:
+                    stats, unit = await self.runtime.step(record, session.unit, given)
+                except EngineError as exc:
+                    return rules.UnitFailed(exc)
+                return rules.UnitRan(
+                    stats, unit, started, time.perf_counter(), self.buffer.dropped_total
+                )
+            case rules.Prefill(audio, frames, max_slice_nums):
+                started = time.perf_counter()
+                try:
+                    stats = await self.runtime.step(
+                        record, session.prefill, audio, frames, max_slice_nums
+                    )
+                except EngineError as exc:
+                    return rules.UnitFailed(exc)
+                return rules.Prefilled(stats, started, time.perf_counter())
+            case rules.Generate(force_listen):
+                try:
+                    unit = await self.runtime.step(record, session.generate, force_listen)
+                except EngineError as exc:
+                    return rules.UnitFailed(exc)
+                return rules.Generated(unit, time.perf_counter(), self.buffer.dropped_total)
+            case rules.Present(unit, chunk, timing):
+                record.kv_cache_length = unit.kv_cache_length
+                self._presented = self.presenter.unit(unit, chunk, timing)
+            case rules.RecordUnit(chunk, unit, mode, timing):
+                if self.recorder is not None:
+                    await self.recorder.unit(
+                        chunk.index,
+                        chunk.received_wall,
+                        chunk.audio,
+                        chunk.frames,
+                        mode=mode,
+                        text=unit.text,
+                        ai_audio=unit.audio,
+                        end_of_turn=unit.end_of_turn,
+                        timing=timing,
+                        dropped_before=chunk.dropped_before,
+                    )
+            case rules.Finalize(deferred):
+                if deferred:
+                    self._finalize_task = self.spawn("finalize", self._finalize())
+                else:
+                    await self._finalize()
+            case rules.SendPresented():
+                messages, self._presented = self._presented, []
+                for message in messages:
+                    await self.send(message)
+            case rules.ReportError(code, message):
+                await self.send_error(code, message)
+            case rules.SkipUnit(index, error):
+                log.warning("unit %d of %s failed: %s", index, record.session_id, error)
+                await self.send_error(ErrorCode.INFERENCE_ERROR, action.message)
+            case rules.GiveUp(error):
+                raise error  # the session ends with its error, logged once
+            case _:
+                raise TypeError(f"not a unit loop action: {action!r}")
+        return None
 
     async def _between_units(self) -> None:
         """What a dialect writes into the context between two units (the
@@ -400,12 +418,14 @@ class DuplexRunner(StreamingRunner):
         return None
 
     async def _finalize(self) -> None:
+        """The unit's finalize; the machine hears how it went (beside the
+        loop, where it is deferred)."""
         try:
             await self.runtime.step(self.record, self.session.finalize)
         except EngineError as exc:
-            await self.send_error(ErrorCode.INFERENCE_ERROR, f"finalize failed: {exc}")
-        finally:
-            self._finalized.set()
+            await self._do(self.machine.handle(rules.Finalized(str(exc))))
+        else:
+            await self._do(self.machine.handle(rules.Finalized()))
 
 
 def _config_window(config: dict[str, Any]) -> ContextWindowOption | None:

@@ -62,8 +62,8 @@ from omnilive.vad import (
 from omnilive.worker.chunk_media import DecodedChunk, chunk_audio, read_frame
 from omnilive.worker.decode import DecodeError, load_stored_voice
 from omnilive.worker.heard import SpokenAnswer, heard_text
-from omnilive.worker.machines.half_duplex import HalfDuplexMachine
-from omnilive.worker.machines.session import Ended, Phase
+from omnilive.worker.machines.half_duplex import HalfDuplexMachine, HalfDuplexPhase
+from omnilive.worker.machines.session import Ended
 from omnilive.worker.runners.hearing import EarlyHearing, judged_end, with_turn_checks
 from omnilive.worker.runners.streaming import StreamingRunner, Work
 
@@ -280,7 +280,7 @@ class HalfDuplexRunner(StreamingRunner):
         if self._stalled is not None:
             self._stalled.cancel()  # audio came after all
             self._stalled = None
-        if self.machine.phase is Phase.ANSWERING:
+        if self.machine.phase is HalfDuplexPhase.ANSWERING:
             await self._hear_over_answer(vad, samples)
             return
         for event in vad.feed(samples):  # ~3 ms per 0.5 s of audio: fine on the loop

@@ -33,7 +33,7 @@ class StreamingRunner(abc.ABC):
     """One long-lived session: it reads the client's ``frames`` and sends
     through ``outbox``, the session's single writer."""
 
-    machine: SessionMachine  # the mode's rules, made by _init_state
+    machine: SessionMachine[Any]  # the mode's rules, made by _init_state
 
     def __init__(
         self,

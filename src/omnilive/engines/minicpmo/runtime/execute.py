@@ -17,7 +17,7 @@ import torch
 from omnilive.engines.job_queue import Stopped
 from omnilive.engines.minicpmo.runtime.batch import BatchedSteps, StepResult
 from omnilive.engines.minicpmo.runtime.graphs import SHORT_STEP, GraphCache
-from omnilive.engines.minicpmo.runtime.plan import Call, Forward, Limits, ProgramRun, fits
+from omnilive.engines.minicpmo.runtime.plan import Forward, Limits, LoopCall, ProgramRun, fits
 from omnilive.engines.minicpmo.runtime.programs import Step, run_picks
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ class Executor:
         self.batch_sizes: Counter[int] = Counter()  # rows -> batches formed (bounded keys)
         self.speech_batch_sizes: Counter[int] = Counter()
 
-    def call(self, job: Call) -> None:
+    def call(self, job: LoopCall) -> None:
         """``job.fn(*job.args)``, its outcome in the job; the GPU work it
         queued is waited for, so its time is its own, not the next batch's."""
         started = time.perf_counter()

@@ -76,9 +76,9 @@ from omnilive.engines.minicpmo.runtime.execute import Busy, Driver, Executor, Ro
 from omnilive.engines.minicpmo.runtime.graphs import GraphCache
 from omnilive.engines.minicpmo.runtime.lanes import LaneCall, SideLane
 from omnilive.engines.minicpmo.runtime.plan import (
-    Call,
     Forward,
     Limits,
+    LoopCall,
     ProgramRun,
     SlotJob,
     TickPlan,
@@ -193,7 +193,7 @@ class BatchLoop:
 
     async def acquire(self) -> int:
         """A slot for a new session, or :class:`SlotError` when all are live."""
-        return await self.jobs.submit(Call(fn=self._acquire_slot, orphan=self._release_soon))
+        return await self.jobs.submit(LoopCall(fn=self._acquire_slot, orphan=self._release_soon))
 
     async def forward(self, slot: int, inputs: torch.Tensor) -> StepResult:
         """Append ``inputs`` (token ids ``[n]`` or embeddings ``[n, hidden]``) to
@@ -221,7 +221,7 @@ class BatchLoop:
     async def call(self, fn: Callable[..., T], *args: Any, slot: int | None = None) -> T:
         """``fn(*args)`` on the worker thread, between batches; with ``slot``,
         in order with that session's forwards."""
-        return await self.jobs.submit(Call(slot=slot, fn=fn, args=args))
+        return await self.jobs.submit(LoopCall(slot=slot, fn=fn, args=args))
 
     async def side_call(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on the side lane (work that touches no slot cache);
@@ -287,7 +287,7 @@ class BatchLoop:
         self, lane: SideLane | None, key: str, fn: Callable[[list[Any]], list[Any]], item: Any
     ) -> tuple[JobQueue[Any], Job]:
         if lane is None:  # no lanes: on this loop's thread, alone
-            return self.jobs, Call(fn=_alone, args=(fn, item))
+            return self.jobs, LoopCall(fn=_alone, args=(fn, item))
         return lane.jobs, LaneCall(fn=fn, args=(item,), key=key)
 
     async def warm_graphs(self) -> int:
@@ -303,14 +303,14 @@ class BatchLoop:
         is emptied after its running batch, if any, even if this is cancelled."""
         self._leaving(slot)
         await self.jobs.submit(
-            Call(slot=slot, fn=self._release_slot, args=(slot,), droppable=False)
+            LoopCall(slot=slot, fn=self._release_slot, args=(slot,), droppable=False)
         )
 
     def release_nowait(self, slot: int) -> None:
         """:meth:`release` from any thread, awaited by nobody (a session's
         close): a failure is logged on the loop's thread."""
         self._leaving(slot)
-        self.jobs.put(Call(slot=slot, fn=self._release_slot, args=(slot,), droppable=False))
+        self.jobs.put(LoopCall(slot=slot, fn=self._release_slot, args=(slot,), droppable=False))
 
     def _leaving(self, slot: int) -> None:
         self.jobs.drop_where(lambda job: job.slot == slot and job.droppable)
@@ -348,7 +348,7 @@ class BatchLoop:
 
     def _release_soon(self, slot: int) -> None:
         """A slot acquired for a session that stopped waiting for it."""
-        job = Call(slot=slot, fn=self._release_slot, args=(slot,), droppable=False)
+        job = LoopCall(slot=slot, fn=self._release_slot, args=(slot,), droppable=False)
         job.loop = asyncio.get_running_loop()
         with contextlib.suppress(RuntimeError):  # closed: the cache goes with the loop
             self.jobs.put(job)

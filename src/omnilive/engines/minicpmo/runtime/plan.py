@@ -1,5 +1,5 @@
 """What the batch loop's thread runs at a tick, decided without touching a
-model: the jobs sessions submit (typed: a :class:`Forward`, a :class:`Call`,
+model: the jobs sessions submit (typed: a :class:`Forward`, a :class:`LoopCall`,
 a :class:`ProgramRun`) and the pure :func:`plan_tick` over them.
 
 A tick takes, in this order:
@@ -57,7 +57,7 @@ class Forward(SlotJob):
 
 
 @dataclass(eq=False, kw_only=True)
-class Call(SlotJob):
+class LoopCall(SlotJob):
     """``fn(*args)`` on the loop's thread between batches. A call that is not
     ``droppable`` (a slot's release) runs even when its session is gone."""
 
@@ -104,7 +104,7 @@ class TickPlan:
     running programs left for a later tick; ``taken`` are the pending jobs this
     tick starts (the queue marks them started)."""
 
-    calls: list[Call | ProgramRun] = field(default_factory=list)
+    calls: list[LoopCall | ProgramRun] = field(default_factory=list)
     batch: list[Forward | ProgramRun] = field(default_factory=list)
     waiting: list[ProgramRun] = field(default_factory=list)
     taken: list[SlotJob] = field(default_factory=list)
@@ -147,7 +147,7 @@ def plan_tick(
             if fits(plan.batch, job, limits):
                 plan.batch.append(job)
                 plan.taken.append(job)
-        elif isinstance(job, Call | ProgramRun):
+        elif isinstance(job, LoopCall | ProgramRun):
             plan.calls.append(job)
             plan.taken.append(job)
         else:

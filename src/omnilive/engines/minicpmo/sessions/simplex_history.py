@@ -109,7 +109,7 @@ def call_text(calls: tuple[tuple[str, str], ...]) -> str:
 
 def wanted(ledger: list[Entry], system: str, messages: list[ChatMessage]) -> list[Entry]:
     """The entries the context should hold for ``messages`` (the engine's
-    messages, system first, as :func:`omnilive.worker.conversation_items.messages_of`
+    messages, system first, as :func:`omnilive.worker.openai.items.messages_of`
     makes them) under the system text ``system``: the ledger's own entries
     wherever they say the same thing at the same place, new ones after."""
     spoken = {e.item_id: e for e in ledger if e.kind == "speech" and e.item_id}

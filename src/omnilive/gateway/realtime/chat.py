@@ -21,13 +21,13 @@ from omnilive.gateway.bridge import (
     WorkerConnectError,
 )
 from omnilive.gateway.lifecycle import Ending
-from omnilive.gateway.realtime_chat_machine import (
+from omnilive.gateway.realtime.chat_machine import (
     CancelTurn,
     ChatState,
     RealtimeChatMachine,
     StartTurn,
 )
-from omnilive.gateway.realtime_io import RealtimeIO, SessionDone
+from omnilive.gateway.realtime.connection import RealtimeIO, SessionDone
 from omnilive.gateway.routes.chat import check_chat
 from omnilive.gateway.session_link import SessionLink
 from omnilive.gateway.state import Gateway

@@ -2,7 +2,7 @@
 is made from the conversation (or, out of band, from its own ``input``),
 with the session's settings or its own for this once, streamed through
 the presenter, and cancelled at the engine's next step when asked or when
-the user starts speaking. Mixed into the conversation runner, which owns
+the user starts speaking. Mixed into the OpenAI Realtime runner, which owns
 the session's state."""
 
 from __future__ import annotations
@@ -15,22 +15,22 @@ from typing import TYPE_CHECKING, Any
 
 from omnilive.engines.base import EngineError, HalfDuplexSession
 from omnilive.engines.messages import ChatMessage
+from omnilive.protocol.common import ProtocolError
 from omnilive.protocol.openai_realtime import (
-    OpenAIError,
     ResponseCancel,
     ResponseParams,
     SessionConfig,
     error_event,
 )
-from omnilive.worker.conversation_items import (
+from omnilive.worker.openai import machine as rules
+from omnilive.worker.openai.items import (
     Conversation,
     client_item,
     conversation_full,
     messages_of,
 )
-from omnilive.worker.machines import conversation as rules
+from omnilive.worker.openai.presenter import ResponsePresenter, item_id, usage
 from omnilive.worker.outbox import Outbox
-from omnilive.worker.presenter_openai import ResponsePresenter, item_id, usage
 from omnilive.worker.runtime import SessionRecord, WorkerRuntime
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ class Responses:
         if self._answering:
             message = "the conversation already has an active response"
             code = "conversation_already_has_active_response"
-            raise OpenAIError(code, message, None, client_event_id)
+            raise ProtocolError(code, message, None, client_event_id)
         if params.conversation != "none" and self.conversation.full:
             raise conversation_full(client_event_id)  # its answer would have no room
         context = self._own_context(params, client_event_id)
@@ -195,7 +195,7 @@ class Responses:
         running = self._presenter if self._answering else None
         if running is None or (event.response_id and event.response_id != running.id):
             message = "no active response to cancel"
-            raise OpenAIError("response_cancel_not_active", message, None, event.event_id)
+            raise ProtocolError("response_cancel_not_active", message, None, event.event_id)
         await self._cancel_response("client_cancelled")
 
     async def _cancel_response(self, reason: str) -> None:

@@ -2,7 +2,7 @@
 
 The duplex runner's loop is unchanged (1 s units, drop-oldest, deferred
 finalize); this runner reads Live events instead of duplex messages, and its
-presenter (``presenter_live.py``) writes the model's units as speech and
+presenter (``presenter.py``) writes the model's units as speech and
 transcript deltas on the session's timeline. Beside the loop:
 
 - a server VAD marks the user's turns; each is transcribed (the side Whisper,
@@ -32,7 +32,7 @@ from omnilive.engines.appends import ContextNote, NoteKind
 from omnilive.engines.base import EngineError
 from omnilive.engines.cascade.llm import Message
 from omnilive.engines.cascade.remote_llm import RemoteChat
-from omnilive.protocol.common import parse_json_object
+from omnilive.protocol.common import ProtocolError, parse_json_object
 from omnilive.protocol.duplex import Prepare
 from omnilive.protocol.openai_live import (
     Append,
@@ -41,7 +41,6 @@ from omnilive.protocol.openai_live import (
     AudioUnmute,
     CustomVoice,
     InstructionsAppend,
-    LiveError,
     PcmFormat,
     ResponseCreate,
     ResponseItemCreate,
@@ -52,8 +51,8 @@ from omnilive.protocol.openai_live import (
 from omnilive.protocol.openai_live_events import (
     AppendKind,
     appended,
-    error_event,
     muted,
+    refusal_event,
     session_closed,
     session_resource,
     session_updated,
@@ -63,8 +62,8 @@ from omnilive.vad import SileroModel, SpeechEnded, SpeechStarted, StreamingVad, 
 from omnilive.worker.delegation.backend import ResponsesBackend
 from omnilive.worker.delegation.flow import DelegationFlow
 from omnilive.worker.delegation.judge import judge_of
+from omnilive.worker.live.presenter import LivePresenter
 from omnilive.worker.machines.session import Ended
-from omnilive.worker.presenter_live import LivePresenter
 from omnilive.worker.runners.duplex import DuplexRunner
 from omnilive.worker.unit_assembler import UnitAssembler
 
@@ -127,8 +126,8 @@ class LiveRunner(DuplexRunner):
     def now_ms(self) -> int:
         return round(self.heard_ms)
 
-    async def _error(self, exc: LiveError, kind: str = "invalid_request_error") -> None:
-        await self.send(error_event(exc.code, exc.message, exc.param, exc.event_id, kind))
+    async def _error(self, exc: ProtocolError, kind: str = "invalid_request_error") -> None:
+        await self.send(refusal_event(exc, kind))
 
     # --- reading ------------------------------------------------------------------------
 
@@ -136,10 +135,11 @@ class LiveRunner(DuplexRunner):
         max_bytes = self.settings.limits.max_message_bytes
         async for raw in self.frames:
             data = parse_json_object(raw, max_bytes)  # the gateway checked it
+            if data.get("type") == "internal.live":  # the gateway's, not the client's to refuse
+                await self._start(data)
+                continue
             try:
-                if data.get("type") == "internal.live":
-                    await self._start(data)
-                elif data.get("type") == "session.update":  # the whole session, merged
+                if data.get("type") == "session.update":  # the whole session, merged
                     await self._session_update(data)
                 else:
                     event = parse_client_event(data)
@@ -148,7 +148,7 @@ class LiveRunner(DuplexRunner):
                         self.machine.stop("close_requested")
                         return
                     await self._event(event)
-            except LiveError as exc:
+            except ProtocolError as exc:
                 await self._error(exc)
         self.machine.disconnected()
 
@@ -210,14 +210,14 @@ class LiveRunner(DuplexRunner):
         """The session's own commentary (an acknowledgement, the backend's answer)."""
         try:
             self._queue(_Note(note, None, self.now_ms))
-        except LiveError as exc:  # the client's appends filled the queue: said, not hidden
+        except ProtocolError as exc:  # the client's appends filled the queue: said, not hidden
             log.warning("session %s: not said (%s): %s", self.session_id, exc.message, note.text)
             await self._error(exc, "server_error")
 
     def _queue(self, note: _Note) -> None:
         if len(self.notes) >= self.settings.live.max_pending_appends:
             message = "too many appends wait for the model's next unit"
-            raise LiveError("too_many_events", message, None, note.event_id)
+            raise ProtocolError("too_many_events", message, None, note.event_id)
         self.notes.append(note)
 
     async def _between_units(self) -> None:
@@ -228,7 +228,7 @@ class LiveRunner(DuplexRunner):
                 await self.runtime.step(self.record, self.session.append, pending.note)
             except EngineError as exc:  # CapabilityError included: the engine cannot
                 if pending.event_id is not None:
-                    error = LiveError("unsupported", str(exc), None, pending.event_id)
+                    error = ProtocolError("unsupported", str(exc), None, pending.event_id)
                     await self._error(error, "server_error")
                 continue
             if pending.event_id is not None:
@@ -243,7 +243,7 @@ class LiveRunner(DuplexRunner):
         try:
             samples = decode_input(event.audio, fmt.type, rate)
         except AudioDecodeError as exc:
-            raise LiveError("invalid_value", f"audio: {exc}", "audio", event.event_id) from None
+            raise ProtocolError("invalid_value", f"audio: {exc}", "audio", event.event_id) from None
         start_ms = self.heard_ms
         self.heard_ms += samples.size / INPUT_RATE * 1000
         if self.muted:  # the model hears silence, and no turn is transcribed

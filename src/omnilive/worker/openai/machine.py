@@ -23,7 +23,8 @@ from omnilive.protocol.openai_realtime import (
     Truncation,
 )
 from omnilive.vad import VadConfig
-from omnilive.worker.machines.session import Phase, SessionMachine
+from omnilive.worker.machines.half_duplex import HALF_DUPLEX_PHASES, HalfDuplexPhase
+from omnilive.worker.machines.session import SessionMachine
 
 DEFAULT_INSTRUCTIONS = "You are a helpful assistant. Reply briefly and naturally."
 # semantic_vad's eagerness as silence (no end-of-turn model yet).
@@ -31,20 +32,21 @@ SEMANTIC_SILENCE_MS = {"low": 1200, "medium": 800, "high": 400, "auto": 800}
 UNBOUNDED_TOKENS = 4096  # max_output_tokens "inf"
 
 
-class ConversationMachine(SessionMachine):
+class ConversationMachine(SessionMachine[HalfDuplexPhase]):
     """The session's phases (prepared at once: the gateway configured it).
     A client that sends no event at all within ``first_message_s`` of being
     served ends ``idle``, as on the other routes: it would hold its slot for
     the session's whole life. Once it has spoken, only the gateway's time
     limit bounds the session."""
 
+    phases = HALF_DUPLEX_PHASES  # the half-duplex view's session
     heard_from_client = False
 
     def client_event(self) -> None:
         self.heard_from_client = True
 
     def deadline(self) -> tuple[float, str]:
-        if self.phase in (Phase.WAITING_PREPARE, Phase.PREPARING) or not self.heard_from_client:
+        if self.unprepared or not self.heard_from_client:
             return super().deadline()
         return math.inf, "timeout"
 

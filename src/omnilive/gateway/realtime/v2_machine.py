@@ -1,6 +1,6 @@
 """The Realtime API's newer dialect, video and audio sessions, without I/O.
 
-QUEUED → CONNECTED → ACTIVE → CLOSED, as in ``realtime_machine.py`` and with
+QUEUED → CONNECTED → ACTIVE → CLOSED, as in ``machine.py`` and with
 its actions, under the newer dialect's rules: ``session.init`` once (kept if
 it comes before the session has a worker), ``input.append`` only once the
 session is created, ``session.close`` at any time; anything else, and any
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from omnilive.gateway.realtime_machine import (
+from omnilive.gateway.realtime.machine import (
     Action,
     Close,
     DuplexRealtimeMachine,
@@ -22,6 +22,7 @@ from omnilive.gateway.realtime_machine import (
     ToClient,
     ToWorker,
 )
+from omnilive.protocol.common import ProtocolError
 from omnilive.protocol.internal import Envelope
 from omnilive.protocol.realtime import DEFAULT_INSTRUCTIONS, CloseReason
 from omnilive.protocol.realtime_v2 import (
@@ -29,11 +30,11 @@ from omnilive.protocol.realtime_v2 import (
     InputAppend,
     SessionClose,
     SessionInit,
-    V2Error,
     V2Reason,
     closed_event,
     parse_duplex_input,
     parse_event,
+    violation,
 )
 
 # The worker's ends before it speaks this dialect, and the gateway's own.
@@ -74,8 +75,8 @@ class RealtimeV2Machine(DuplexRealtimeMachine):
             if isinstance(event, SessionInit):
                 return self._configure(event)
             return self._append(event)
-        except V2Error as exc:
-            return self._fatal(str(exc))
+        except ProtocolError as exc:
+            return self._fatal(exc.message)
 
     def _close_requested(self, reason: str | None) -> list[Action]:
         """Always allowed; a configured session is closed by its worker, which
@@ -86,10 +87,10 @@ class RealtimeV2Machine(DuplexRealtimeMachine):
 
     def _configure(self, event: SessionInit) -> list[Action]:
         if self.state is RealtimeState.ACTIVE or self._configuring:
-            raise V2Error("session.init is sent once")
+            raise violation("session.init is sent once")
         if self.state is not RealtimeState.CONNECTED or not self.worker_attached:
             if self._waiting is not None:
-                raise V2Error("session.init is sent once")
+                raise violation("session.init is sent once")
             self._waiting = event
             return []
         self._configuring = True
@@ -113,7 +114,7 @@ class RealtimeV2Machine(DuplexRealtimeMachine):
 
     def _append(self, event: InputAppend) -> list[Action]:
         if self.state is not RealtimeState.ACTIVE:
-            raise V2Error("input.append before session.created")
+            raise violation("input.append before session.created")
         given = parse_duplex_input(event)
         message: dict[str, Any] = {
             "type": "audio_chunk",

@@ -3,7 +3,7 @@ a client that asked for a ``*-duplex`` model.
 
 The duplex runner's loop is unchanged (1 s units, drop-oldest, deferred
 finalize); this runner reads GA events instead of duplex messages and its
-presenter (``presenter_openai_duplex.py``) writes the model's listen/speak
+presenter (``duplex_presenter.py``) writes the model's listen/speak
 decisions as responses. A server VAD beside the loop (when turn detection
 is on) marks the user's turns: ``speech_started`` / ``speech_stopped``, a
 committed user item with its transcript (the side Whisper's, where the
@@ -24,25 +24,25 @@ import numpy as np
 
 from omnilive.audio import INPUT_RATE, AudioDecodeError
 from omnilive.audio_codecs import decode_input
-from omnilive.protocol.common import parse_json_object
+from omnilive.protocol.common import ProtocolError, parse_json_object
 from omnilive.protocol.duplex import Prepare, Update
 from omnilive.protocol.openai_realtime import (
     AudioAppend,
     AudioClear,
     ItemTruncate,
-    OpenAIError,
     ResponseCancel,
     SessionConfig,
     SessionUpdate,
-    error_event,
     parse_client_event,
+    refusal_event,
     server_event,
     session_object,
 )
 from omnilive.vad import SileroModel, SpeechEnded, SpeechStarted, StreamingVad
-from omnilive.worker.conversation_items import Conversation
-from omnilive.worker.machines import conversation as rules
-from omnilive.worker.presenter_openai import (
+from omnilive.worker.openai import machine as rules
+from omnilive.worker.openai.duplex_presenter import OpenAIDuplexPresenter
+from omnilive.worker.openai.items import Conversation
+from omnilive.worker.openai.presenter import (
     committed,
     edit,
     item_id,
@@ -51,7 +51,6 @@ from omnilive.worker.presenter_openai import (
     speech_started,
     transcription,
 )
-from omnilive.worker.presenter_openai_duplex import OpenAIDuplexPresenter
 from omnilive.worker.runners.duplex import DuplexRunner
 from omnilive.worker.unit_assembler import UnitAssembler
 
@@ -90,8 +89,8 @@ class OpenAIDuplexRunner(DuplexRunner):
         self.heard_ms = 0.0
         self._speech_item: str | None = None
 
-    async def _error(self, exc: OpenAIError) -> None:
-        await self.send(error_event(exc.code, exc.message, exc.param, exc.event_id))
+    async def _error(self, exc: ProtocolError) -> None:
+        await self.send(refusal_event(exc))
 
     # --- reading ------------------------------------------------------------------------
 
@@ -99,12 +98,12 @@ class OpenAIDuplexRunner(DuplexRunner):
         max_bytes = self.settings.limits.max_message_bytes
         async for raw in self.frames:
             data = parse_json_object(raw, max_bytes)  # the gateway checked it
+            if data.get("type") == "internal.openai":  # the gateway's, not the client's to refuse
+                await self._start(data)
+                continue
             try:
-                if data.get("type") == "internal.openai":
-                    await self._start(data)
-                else:
-                    await self._event(parse_client_event(data))
-            except OpenAIError as exc:
+                await self._event(parse_client_event(data))
+            except ProtocolError as exc:
                 await self._error(exc)
         self.machine.disconnected()
 
@@ -138,14 +137,14 @@ class OpenAIDuplexRunner(DuplexRunner):
             running = self.presenter.response
             if running is None or (event.response_id and event.response_id != running.id):
                 message = "no active response to cancel"
-                raise OpenAIError("response_cancel_not_active", message, None, event.event_id)
+                raise ProtocolError("response_cancel_not_active", message, None, event.event_id)
             await self._interrupt("client_cancelled")
         elif isinstance(event, AudioClear):
             await self.send(server_event("input_audio_buffer.cleared"))
         elif (answer := await self._edit(event)) is not None:
             await self.send(answer)
         else:
-            raise OpenAIError("unsupported", _NOT_IN_DUPLEX[event.type], "type", event.event_id)
+            raise ProtocolError("unsupported", _NOT_IN_DUPLEX[event.type], "type", event.event_id)
 
     async def _edit(self, event: Any) -> dict[str, Any] | None:
         """A retrieve, delete or truncate done, as its answer (None for other
@@ -179,7 +178,7 @@ class OpenAIDuplexRunner(DuplexRunner):
         try:
             samples = decode_input(event.audio, self.config.audio.input.format.type)
         except AudioDecodeError as exc:
-            raise OpenAIError("invalid_value", f"audio: {exc}", "audio", event.event_id) from None
+            raise ProtocolError("invalid_value", f"audio: {exc}", "audio", event.event_id) from None
         start_ms = self.heard_ms
         self.heard_ms += samples.size / INPUT_RATE * 1000
         for vad_event in self.vad.feed(samples) if self.vad is not None else []:

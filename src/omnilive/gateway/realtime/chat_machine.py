@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from omnilive.gateway.realtime_machine import Action, Close, IllegalTransition, ToClient
+from omnilive.gateway.realtime.machine import Action, Close, ToClient
 from omnilive.protocol.chat import ChatRequest
 from omnilive.protocol.common import ProtocolError, load_json
 from omnilive.protocol.realtime import QUEUE_EVENT_NAMES, CloseReason
@@ -31,14 +31,15 @@ from omnilive.protocol.realtime_v2 import (
     SessionInit,
     TokenUsage,
     UsageMeter,
-    V2Error,
     V2Reason,
     closed_event,
     event,
     new_response_id,
     output_delta,
     parse_event,
+    violation,
 )
+from omnilive.transitions import IllegalTransition
 
 MAX_WAITING_INPUTS = 4
 _SERVER_ENDS = {
@@ -131,22 +132,23 @@ class RealtimeChatMachine:
             return []
         try:
             data = load_json(raw, self.max_bytes)
+        except ProtocolError as exc:  # not JSON, nested too deeply, too large
+            return self._fatal(f"an event is a JSON object: {exc.message}")
+        try:
             if not isinstance(data, dict):
-                raise V2Error("an event is a JSON object of valid text")
+                raise violation("an event is a JSON object of valid text")
             event_ = parse_event(data)
             if isinstance(event_, SessionClose):
                 return self._close(event_.reason or V2Reason.CLIENT_CLOSED)
             if isinstance(event_, SessionInit):
                 return self._init()
             return self._append(event_)
-        except ProtocolError as exc:  # not JSON, nested too deeply, too large
-            return self._fatal(f"an event is a JSON object: {exc.message}")
-        except V2Error as exc:
-            return self._fatal(str(exc))
+        except ProtocolError as exc:  # this dialect's refusals all end the session
+            return self._fatal(exc.message)
 
     def _init(self) -> list[ChatAction]:
         if self._init_waiting or self.state in (ChatState.ACTIVE, ChatState.RESPONDING):
-            raise V2Error("session.init is sent once")
+            raise violation("session.init is sent once")
         if self.state is ChatState.QUEUED:
             self._init_waiting = True
             return []
@@ -165,11 +167,11 @@ class RealtimeChatMachine:
 
     def _append(self, append: InputAppend) -> list[ChatAction]:
         if self.state not in (ChatState.ACTIVE, ChatState.RESPONDING):
-            raise V2Error("input.append before session.created")
+            raise violation("input.append before session.created")
         try:
             request = self.check(chat_request(append.input))
         except ValueError as exc:
-            raise V2Error(f"input: {exc}") from None
+            raise violation(f"input: {exc}") from None
         response_id = append.input.get("response_id")
         turn = _Turn(
             request,
@@ -177,7 +179,7 @@ class RealtimeChatMachine:
             _label(response_id) or new_response_id(),
         )
         if len(self._waiting) >= MAX_WAITING_INPUTS:
-            raise V2Error(f"more than {MAX_WAITING_INPUTS} inputs wait for an answer")
+            raise violation(f"more than {MAX_WAITING_INPUTS} inputs wait for an answer")
         self._waiting.append(turn)
         return self._next_turn() if self.state is ChatState.ACTIVE else []
 

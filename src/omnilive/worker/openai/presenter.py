@@ -1,6 +1,6 @@
 """An answer in the OpenAI Realtime API's (GA) events, without I/O.
 
-The conversation runner hands a :class:`ResponsePresenter` what the engine
+The OpenAI Realtime runner hands a :class:`ResponsePresenter` what the engine
 made (text, speech, tool calls) and sends the events it returns: one
 ``response.created``, then per output item ``response.output_item.added``
 and ``conversation.item.added``, its content part, the deltas, their
@@ -25,7 +25,7 @@ from omnilive.audio_codecs import encode_output
 from omnilive.engines.messages import ToolCall
 from omnilive.ids import mint
 from omnilive.protocol.openai_realtime import ItemDelete, ItemRetrieve, ItemTruncate, server_event
-from omnilive.worker.conversation_items import Conversation
+from omnilive.worker.openai.items import Conversation
 
 Event = dict[str, Any]
 

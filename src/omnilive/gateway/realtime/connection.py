@@ -2,8 +2,8 @@
 register, queue for a worker while reading the client, carry out the
 machine's actions, end on time, on shutdown, or when asked.
 
-Subclasses (``realtime_session.py`` for video and audio,
-``realtime_chat.py`` for chat) hold the machine and say what to do once
+Subclasses (``session.py`` for video and audio,
+``chat.py`` for chat) hold the machine and say what to do once
 the session has its worker.
 """
 
@@ -23,13 +23,13 @@ from omnilive.gateway.auth import principal_of
 from omnilive.gateway.client_channel import ClientChannel
 from omnilive.gateway.client_ws import CLOSE_TRY_AGAIN, close_quietly, send_json
 from omnilive.gateway.lifecycle import Ending
-from omnilive.gateway.realtime_machine import Close, ToClient, ToWorker
+from omnilive.gateway.realtime.machine import Close, ToClient, ToWorker
 from omnilive.gateway.registry import ActiveSession
 from omnilive.gateway.resume_link import client_channel
 from omnilive.gateway.session_link import (
     ServerShutdown,
     SessionLink,
-    WorkerLink,
+    WorkerSocket,
     gateway_session,
 )
 from omnilive.gateway.session_link import ToClient as RelayToClient
@@ -59,7 +59,7 @@ class RealtimeIO(abc.ABC):
         self.gateway = gateway
         # The client: its socket until run() opens the session's channel.
         self.ws: WebSocket | ClientChannel = ws
-        self.worker: WorkerLink | None = None  # the session's socket to its worker, once open
+        self.worker: WorkerSocket | None = None  # the session's socket to its worker, once open
 
     @abc.abstractmethod
     def client_frame(self, raw: str | bytes) -> list[Any]:

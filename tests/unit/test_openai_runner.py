@@ -1,4 +1,4 @@
-"""The worker's conversation runner (the OpenAI dialect's session) over an
+"""The worker's OpenAI Realtime runner (the OpenAI dialect's session) over an
 engine whose half-duplex view has none of the optional conversation steps,
 as MiniCPM-o's has not: no socket, a real runtime. Voice turns still work;
 what the engine cannot do (tools, replacing its context) is an ``error``

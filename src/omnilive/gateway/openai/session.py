@@ -1,7 +1,7 @@
 """An OpenAI Realtime API (GA) connection on ``/v1/realtime``: the I/O
-around its machine (``openai_machine.py``).
+around its machine (``machine.py``).
 
-The session is served on the worker by the conversation runner (the
+The session is served on the worker by the OpenAI Realtime runner (the
 half-duplex path) or, for a ``*-duplex`` model, by the duplex one; the worker
 speaks the dialect itself (its presenters), so its events are relayed
 untouched, but for the one message a worker sends in every protocol's shape,
@@ -17,8 +17,8 @@ from typing import Any
 from fastapi import WebSocket
 
 from omnilive.gateway.lifecycle import Ending
-from omnilive.gateway.openai_machine import OpenAIRealtimeMachine
-from omnilive.gateway.realtime_io import RealtimeIO, openai_error_kind
+from omnilive.gateway.openai.machine import OpenAIRealtimeMachine
+from omnilive.gateway.realtime.connection import RealtimeIO, openai_error_kind
 from omnilive.gateway.session_link import SessionLink
 from omnilive.gateway.state import Gateway
 from omnilive.ids import mint

@@ -1,6 +1,6 @@
 """A Live API connection on ``/v1/live/sessions``: the I/O around its
-machine (``live_machine.py``), on the path every Realtime connection takes
-(``realtime_io.py``: queue, leases, limits, shutdown).
+machine (``machine.py``), on the path every Realtime connection takes
+(``gateway/realtime/connection.py``: queue, leases, limits, shutdown).
 
 The session queues only once the client's ``session.start`` arrived
 (within ``limits.first_message_timeout_s``). On the worker the Live runner
@@ -22,8 +22,8 @@ from starlette.websockets import WebSocketDisconnect
 
 from omnilive.gateway.client_ws import close_quietly
 from omnilive.gateway.lifecycle import Ending
-from omnilive.gateway.live_machine import CLOSE_NORMAL, LiveMachine, LiveState
-from omnilive.gateway.realtime_io import RealtimeIO, SessionDone, openai_error_kind
+from omnilive.gateway.live.machine import CLOSE_NORMAL, LiveMachine, LiveState
+from omnilive.gateway.realtime.connection import RealtimeIO, SessionDone, openai_error_kind
 from omnilive.gateway.session_link import SessionLink
 from omnilive.gateway.state import Gateway
 from omnilive.ids import mint

@@ -10,7 +10,7 @@ name, and the client may start again.
 Once started, each client event is checked against its typed schema and
 against what the gateway knows of the session (its delegation owner, its
 appends' size, an update's delegation type) and passed to the worker, where
-the session lives (``worker/runners/live.py``), which speaks the dialect
+the session lives (``worker/live/runner.py``), which speaks the dialect
 itself. While the session waits for a worker, the machine keeps what the
 client sent (in order, bounded: the oldest audio goes first) and tells the
 client where it stands in the Live union's own ``info`` event. Ends the
@@ -25,13 +25,12 @@ from collections import deque
 from enum import StrEnum
 from typing import Any
 
-from omnilive.gateway.realtime_machine import Action, Close, IllegalTransition, ToClient, ToWorker
-from omnilive.protocol.common import EventRefused, decode_event
+from omnilive.gateway.realtime.machine import Action, Close, ToClient, ToWorker
+from omnilive.protocol.common import ProtocolError, decode_event
 from omnilive.protocol.openai_live import (
     DIALECT,
     MAX_APPEND_TOKENS,
     Append,
-    LiveError,
     ResponseCreate,
     ResponseItemCreate,
     SessionClose,
@@ -49,10 +48,12 @@ from omnilive.protocol.openai_live_events import (
 from omnilive.protocol.openai_live_events import (
     error_event,
     info_event,
+    refusal_event,
     session_closed,
     session_resource,
 )
 from omnilive.protocol.realtime import CloseReason
+from omnilive.transitions import IllegalTransition
 
 MAX_HELD_EVENTS = 256  # besides the audio dropped oldest first, as the GA dialect's
 CLOSE_NORMAL = 1000
@@ -81,7 +82,7 @@ class LiveMachine:
 
     dialect = DIALECT
     task_type = "audio_duplex"  # the pool's kind: a duplex unit loop
-    worker_kind = "live"  # the worker's runner (worker/runners/live.py)
+    worker_kind = "live"  # the worker's runner (worker/live/runner.py)
 
     def __init__(
         self, session_id: str, max_message_bytes: int, limit_s: float, clock: Any = time.time
@@ -114,15 +115,15 @@ class LiveMachine:
             return []
         try:
             return self._event(decode_event(raw, self.max_message_bytes, parse_client_event))
-        except EventRefused as exc:  # the frame's, or a LiveError of the event's own
-            return [ToClient(error_event(exc.code, exc.message, exc.param, exc.event_id))]
+        except ProtocolError as exc:  # the frame's, or a ProtocolError of the event's own
+            return [ToClient(refusal_event(exc))]
 
     def _event(self, event: Any) -> list[Action]:
         if isinstance(event, SessionStart):
             return self._start(event)
         if self.config is None:
             message = "send session.start first and wait for session.started"
-            raise LiveError("session_not_started", message, "type", event.event_id)
+            raise ProtocolError("session_not_started", message, "type", event.event_id)
         if isinstance(event, SessionClose):
             return self._close(event)
         if isinstance(event, SessionUpdate):
@@ -145,13 +146,13 @@ class LiveMachine:
             and self.config.owner != "responses"
         ):
             message = f"{event.type} needs a session whose delegation is responses"
-            raise LiveError("responses_delegation_required", message, "type", event.event_id)
+            raise ProtocolError("responses_delegation_required", message, "type", event.event_id)
         return self._to_worker(event.model_dump(mode="json", exclude_none=True))
 
     def _start(self, event: SessionStart) -> list[Action]:
         if self.config is not None:
             message = "the session has started: session.start comes once"
-            raise LiveError("session_already_started", message, "type", event.event_id)
+            raise ProtocolError("session_already_started", message, "type", event.event_id)
         refused = refusal(event.session)
         if refused is not None:
             refused.event_id = event.event_id
@@ -168,10 +169,10 @@ class LiveMachine:
         tokens = append_tokens(event.content)
         if tokens > MAX_APPEND_TOKENS:
             message = f"{tokens} tokens (4 bytes each) exceed {MAX_APPEND_TOKENS} in one append"
-            raise LiveError("content_too_long", message, "content", event.event_id)
+            raise ProtocolError("content_too_long", message, "content", event.event_id)
         if event.delegation_id is not None and self.config.owner == "responses":
             message = "a delegation id is for client delegations; this session's are responses"
-            raise LiveError("invalid_value", message, "delegation_id", event.event_id)
+            raise ProtocolError("invalid_value", message, "delegation_id", event.event_id)
 
     def _close(self, event: SessionClose) -> list[Action]:
         if self.state is LiveState.ACTIVE:  # the worker finishes it and says session.closed

@@ -15,9 +15,9 @@ from typing import Literal
 from fastapi import WebSocket
 
 from omnilive.gateway.lifecycle import Ending
-from omnilive.gateway.realtime_io import RealtimeIO
-from omnilive.gateway.realtime_machine import Action, RealtimeMachine
-from omnilive.gateway.realtime_v2_machine import RealtimeV2Machine
+from omnilive.gateway.realtime.connection import RealtimeIO
+from omnilive.gateway.realtime.machine import Action, RealtimeMachine
+from omnilive.gateway.realtime.v2_machine import RealtimeV2Machine
 from omnilive.gateway.session_link import SessionLink
 from omnilive.gateway.state import Gateway
 from omnilive.ids import mint_realtime

@@ -8,7 +8,7 @@ commits itself when turn detection is off, responses it asks for, cancels
 or makes with per-response options, and tools. The reader acts on every
 event at once (a cancel never waits behind an answer); at most one response
 runs; audio heard while it runs interrupts it when ``interrupt_response``.
-Events leave in the dialect's shapes (``presenter_openai.py``).
+Events leave in the dialect's shapes (``presenter.py``).
 """
 
 from __future__ import annotations
@@ -25,14 +25,13 @@ from omnilive.audio import INPUT_RATE, AudioDecodeError
 from omnilive.audio_codecs import decode_input
 from omnilive.engines.base import CapabilityError, EngineError
 from omnilive.engines.messages import TextPart
-from omnilive.protocol.common import parse_json_object
+from omnilive.protocol.common import ProtocolError, parse_json_object
 from omnilive.protocol.openai_realtime import (
     AudioAppend,
     AudioClear,
     AudioCommit,
     ItemCreate,
     ItemTruncate,
-    OpenAIError,
     OutputAudioClear,
     ResponseCancel,
     ResponseCreate,
@@ -42,15 +41,16 @@ from omnilive.protocol.openai_realtime import (
     SessionUpdate,
     error_event,
     parse_client_event,
+    refusal_event,
     server_event,
     session_object,
 )
 from omnilive.vad import SileroModel, SpeechEnded, SpeechStarted, StreamingVad, TurnCheck
-from omnilive.worker.conversation_items import Conversation, client_item
-from omnilive.worker.machines import conversation as rules
-from omnilive.worker.machines.conversation import ConversationMachine
 from omnilive.worker.machines.session import Ended
-from omnilive.worker.presenter_openai import (
+from omnilive.worker.openai import machine as rules
+from omnilive.worker.openai.items import Conversation, client_item
+from omnilive.worker.openai.machine import ConversationMachine
+from omnilive.worker.openai.presenter import (
     committed,
     edit,
     item_id,
@@ -60,8 +60,8 @@ from omnilive.worker.presenter_openai import (
     transcript_of,
     transcription,
 )
+from omnilive.worker.openai.responses import Responses
 from omnilive.worker.runners.hearing import EarlyHearing, judged_end, with_turn_checks
-from omnilive.worker.runners.responses import Responses
 from omnilive.worker.runners.streaming import StreamingRunner, Work
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ MAX_PENDING_OPS = 256  # engine work the reader queued; beyond it the reader wai
 Op = Callable[[], Awaitable[None]]
 
 
-class ConversationRunner(Responses, StreamingRunner):
+class OpenAIRealtimeRunner(Responses, StreamingRunner):
     """One GA-dialect session; :meth:`run` returns when it has ended."""
 
     machine: ConversationMachine
@@ -119,8 +119,8 @@ class ConversationRunner(Responses, StreamingRunner):
             message = f"the client sent no event within {wait:g} s"
             await self.send(error_event("session_expired", message))
 
-    async def _error(self, exc: OpenAIError) -> None:
-        await self.send(error_event(exc.code, exc.message, exc.param, exc.event_id))
+    async def _error(self, exc: ProtocolError) -> None:
+        await self.send(refusal_event(exc))
 
     # --- reading ------------------------------------------------------------------------
 
@@ -137,7 +137,7 @@ class ConversationRunner(Responses, StreamingRunner):
                 await self._handle(event)
                 if not isinstance(event, AudioAppend):
                     await self._settle_later(event.event_id)
-            except OpenAIError as exc:
+            except ProtocolError as exc:
                 await self._error(exc)
         self.machine.disconnected()
 
@@ -152,11 +152,11 @@ class ConversationRunner(Responses, StreamingRunner):
             op, client_event_id = await self._ops.get()
             try:
                 await op()
-            except OpenAIError as exc:
+            except ProtocolError as exc:
                 await self._error(exc)
             except EngineError as exc:  # a capability the engine lacks, a failed step
                 code = rules.engine_error_code(exc)
-                await self._error(OpenAIError(code, str(exc), None, client_event_id))
+                await self._error(ProtocolError(code, str(exc), None, client_event_id))
 
     async def _start(self, data: dict[str, Any]) -> None:
         """The session as the gateway has it so far: prepared with its
@@ -195,7 +195,7 @@ class ConversationRunner(Responses, StreamingRunner):
             await self._cancel(event)
         elif isinstance(event, OutputAudioClear):
             message = "output_audio_buffer.clear is for WebRTC connections; this one is a WebSocket"
-            raise OpenAIError("unsupported", message, "type", event.event_id)
+            raise ProtocolError("unsupported", message, "type", event.event_id)
 
     async def _edit(self, event: Any) -> dict[str, Any] | None:
         """A retrieve, delete or truncate done, as its answer (None for other
@@ -262,7 +262,7 @@ class ConversationRunner(Responses, StreamingRunner):
         except EngineError as exc:
             self.config = self.config.model_copy(update=kept)
             param = "session." + next(iter(kept))
-            await self._error(OpenAIError("unsupported", str(exc), param, client_event_id))
+            await self._error(ProtocolError("unsupported", str(exc), param, client_event_id))
 
     async def _new_vad(self) -> None:
         """The server VAD turn detection asks for; ``semantic_vad`` also has
@@ -284,7 +284,7 @@ class ConversationRunner(Responses, StreamingRunner):
         try:
             samples = decode_input(event.audio, self.config.audio.input.format.type)
         except AudioDecodeError as exc:
-            raise OpenAIError("invalid_value", f"audio: {exc}", "audio", event.event_id) from None
+            raise ProtocolError("invalid_value", f"audio: {exc}", "audio", event.event_id) from None
         start_ms = self.heard_ms
         self.heard_ms += samples.size / INPUT_RATE * 1000
         if self.vad is None:
@@ -338,7 +338,7 @@ class ConversationRunner(Responses, StreamingRunner):
             message = (
                 f"the buffer holds {self.buffer_ms:.0f} ms of audio; at least 100 ms is needed"
             )
-            raise OpenAIError("input_audio_buffer_commit_empty", message, None, client_event_id)
+            raise ProtocolError("input_audio_buffer_commit_empty", message, None, client_event_id)
         speech = np.concatenate(self.buffer)
         self.buffer, self.buffer_ms = [], 0.0
         await self._commit_speech(speech, item_id())
@@ -417,12 +417,12 @@ class ConversationRunner(Responses, StreamingRunner):
             return None
         if raw["role"] != "user" or len(raw["content"]) != 1 or not parts[0].get("audio"):
             message = "an audio item is a user message with one input_audio part holding audio"
-            raise OpenAIError("invalid_value", message, "item.content", client_event_id)
+            raise ProtocolError("invalid_value", message, "item.content", client_event_id)
         try:
             return decode_input(parts[0]["audio"], self.config.audio.input.format.type)
         except AudioDecodeError as exc:
             message = f"audio: {exc}"
-            raise OpenAIError("invalid_value", message, "item.content", client_event_id) from None
+            raise ProtocolError("invalid_value", message, "item.content", client_event_id) from None
 
     async def _settle_later(self, client_event_id: str | None = None) -> None:
         """Queue one settling of the history; one already queued sees every
@@ -454,6 +454,6 @@ class ConversationRunner(Responses, StreamingRunner):
             if not self._history_refused:
                 self._history_refused = True
                 message = f"{exc}: edits reach the conversation's items, not the model's context"
-                await self._error(OpenAIError("unsupported", message, None, None))
+                await self._error(ProtocolError("unsupported", message, None, None))
             return
         self._prefilled = False

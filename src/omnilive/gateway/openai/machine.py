@@ -3,7 +3,7 @@
 QUEUED → ACTIVE → CLOSED. The machine checks each client event against its
 typed schema (a bad one is an OpenAI-shaped ``error`` and the session goes
 on), and passes the good ones to the worker, where the session lives
-(``worker/runners/conversation.py``). It owns no session logic: while the
+(``worker/openai/runner.py``). It owns no session logic: while the
 session waits for a worker it keeps what the client sent (the configuration
 merged into one ``session.update``, other events in order, bounded), and
 tells the client where it stands in OpenAI's own ``rate_limits.updated``
@@ -19,8 +19,8 @@ from collections import deque
 from enum import StrEnum
 from typing import Any
 
-from omnilive.gateway.realtime_machine import Action, Close, IllegalTransition, ToClient, ToWorker
-from omnilive.protocol.common import EventRefused, decode_event
+from omnilive.gateway.realtime.machine import Action, Close, ToClient, ToWorker
+from omnilive.protocol.common import ProtocolError, decode_event
 from omnilive.protocol.internal import Envelope
 from omnilive.protocol.openai_realtime import (
     DIALECT,
@@ -32,10 +32,12 @@ from omnilive.protocol.openai_realtime import (
     error_event,
     parse_client_event,
     queue_rate_limits,
+    refusal_event,
     server_event,
     session_object,
 )
 from omnilive.protocol.realtime import CloseReason
+from omnilive.transitions import IllegalTransition
 
 # Events kept while queued besides the configuration; audio beyond this is
 # dropped oldest first (and counted), since a client streams its microphone
@@ -133,8 +135,8 @@ class OpenAIRealtimeMachine:
             return []
         try:
             event = decode_event(raw, self.max_message_bytes, parse_client_event)
-        except EventRefused as exc:
-            return [ToClient(error_event(exc.code, exc.message, exc.param, exc.event_id))]
+        except ProtocolError as exc:
+            return [ToClient(refusal_event(exc))]
         if isinstance(event, SessionUpdate):
             # The worker hears the whole session as it stands, so the two never differ.
             self.config = self.config.updated(event.session)

@@ -12,20 +12,20 @@ from __future__ import annotations
 from typing import Any
 
 from omnilive.engines.messages import ChatMessage, TextPart, ToolCall
-from omnilive.protocol.openai_realtime import OpenAIError
+from omnilive.protocol.common import ProtocolError
 
 Item = dict[str, Any]
 MAX_ITEMS = 4096
 
 
-def conversation_full(event_id: str | None) -> OpenAIError:
+def conversation_full(event_id: str | None) -> ProtocolError:
     message = f"the conversation holds its {MAX_ITEMS} items: delete some to add more"
-    return OpenAIError("conversation_full", message, None, event_id)
+    return ProtocolError("conversation_full", message, None, event_id)
 
 
-def _not_found(item_id: str, event_id: str | None) -> OpenAIError:
+def _not_found(item_id: str, event_id: str | None) -> ProtocolError:
     message = f"no item with id {item_id[:64]!r} in the conversation"
-    return OpenAIError("item_not_found", message, "item_id", event_id)
+    return ProtocolError("item_not_found", message, "item_id", event_id)
 
 
 class Conversation:
@@ -54,7 +54,7 @@ class Conversation:
         session goes on, and deleting items makes room); an ``answer``'s own
         items, of a response that began with room, still join it."""
         if item["id"] in self.items:
-            raise OpenAIError(
+            raise ProtocolError(
                 "item_already_exists", f"item {item['id']!r} exists", "item.id", event_id
             )
         if self.full and not answer:
@@ -98,15 +98,15 @@ class Conversation:
         content = item.get("content") or []
         if item.get("role") != "assistant" or content_index >= len(content):
             message = "only an assistant message's content can be truncated"
-            raise OpenAIError("invalid_value", message, "content_index", event_id)
+            raise ProtocolError("invalid_value", message, "content_index", event_id)
         part = content[content_index]
         if part.get("type") != "output_audio":
-            raise OpenAIError(
+            raise ProtocolError(
                 "invalid_value", "that content has no audio", "content_index", event_id
             )
         if audio_end_ms > spoken_ms + 1:
             message = f"audio_end_ms {audio_end_ms} is past the audio's {spoken_ms:.0f} ms"
-            raise OpenAIError("invalid_value", message, "audio_end_ms", event_id)
+            raise ProtocolError("invalid_value", message, "audio_end_ms", event_id)
         words = (part.get("transcript") or "").split()
         share = audio_end_ms / spoken_ms if spoken_ms else 0.0
         part["transcript"] = " ".join(words[: round(len(words) * share)])

@@ -23,8 +23,8 @@ from omnilive.engines.messages import DuplexUnit
 from omnilive.protocol.common import ErrorCode
 from omnilive.protocol.openai_realtime import SessionConfig, error_event, server_event
 from omnilive.worker.chunk_buffer import PendingChunk
-from omnilive.worker.conversation_items import Conversation
-from omnilive.worker.presenter_openai import ResponsePresenter, usage
+from omnilive.worker.openai.items import Conversation
+from omnilive.worker.openai.presenter import ResponsePresenter, usage
 from omnilive.worker.presenters import UnitTiming
 
 Event = dict[str, Any]

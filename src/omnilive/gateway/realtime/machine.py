@@ -4,7 +4,7 @@ QUEUED → CONNECTED → ACTIVE → CLOSED. Feed it client frames, queue message
 and the types of worker events; it answers with actions: an event for the
 client, a message for the worker (the Realtime API is served by translating
 to the duplex protocol), or closing the connection. The newer dialect's
-machine (``realtime_v2_machine.py``) has the same shape and takes the same
+machine (``v2_machine.py``) has the same shape and takes the same
 actions.
 """
 
@@ -22,7 +22,6 @@ from omnilive.protocol.realtime import (
     QUEUE_EVENT_NAMES,
     Append,
     CloseReason,
-    RealtimeError,
     RealtimeErrorCode,
     ResponseCancel,
     SessionClose,
@@ -31,7 +30,9 @@ from omnilive.protocol.realtime import (
     closed_event,
     error_event,
     parse_event,
+    refusal_event,
 )
+from omnilive.transitions import IllegalTransition
 
 
 class RealtimeState(StrEnum):
@@ -66,10 +67,6 @@ Action = ToClient | ToWorker | Close
 # Session ends in the duplex dialect, as a worker announces them before it
 # has been told that the session speaks the Realtime API.
 _DUPLEX_ENDS = {"timeout": CloseReason.TIMEOUT, "stopped": CloseReason.STOPPED}
-
-
-class IllegalTransition(Exception):
-    pass
 
 
 class DuplexRealtimeMachine:
@@ -189,8 +186,8 @@ class RealtimeMachine(DuplexRealtimeMachine):
         """One decoded client event."""
         try:
             event = parse_event(data)
-        except RealtimeError as exc:
-            return [self._error(exc.code, exc.message)]
+        except ProtocolError as exc:
+            return [ToClient(refusal_event(exc))]
         if isinstance(event, SessionClose):
             return self._close_requested()
         if isinstance(event, SessionUpdate):

@@ -1,0 +1,2 @@
+"""OpenAI's Live dialect (full duplex, delegation) at the gateway: its machine
+and connection."""

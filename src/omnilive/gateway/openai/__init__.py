@@ -1,0 +1,1 @@
+"""OpenAI's Realtime GA dialect at the gateway: its machine and connection."""
