@@ -24,7 +24,12 @@ def voice_files() -> set[Path]:
 
 
 @pytest.mark.parametrize("factory", [None, FakeUnifiedMiniCPMO], ids=["checkpoint", "unified"])
-def test_fifty_sessions_leave_no_state_behind(make_engine: EngineFactory, factory):
+def test_fifty_sessions_leave_no_state_behind(
+    make_engine: EngineFactory, factory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    # The voices' files in a folder of this test's: other tests running beside
+    # it write theirs in the system's temporary folder.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     engine, backend = make_engine(**({"factory": factory} if factory else {}))
     model = backend.model
     files_before = voice_files()
