@@ -42,6 +42,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from PIL import Image
@@ -79,6 +80,9 @@ from omnilive.engines.messages import (
     VideoPart,
     Voice,
 )
+
+if TYPE_CHECKING:
+    from omnilive.config import Settings
 
 _DIRECTIVE = re.compile(r"#([a-z-]+):([A-Za-z0-9_.]+)")
 AUDIO_SECONDS_PER_CHAR = 0.05
@@ -470,6 +474,11 @@ class ScriptedEngine(Engine):
             slots=settings.slots,
             context_window=ContextWindow.of(settings.duplex_window),
         )
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ScriptedEngine:
+        """The engine of ``settings.scripted`` (the registry's factory)."""
+        return cls(settings.scripted, settings.data_dir)
 
     def load(self, progress: ProgressCallback) -> None:
         if self._settings.load_latency_s:
