@@ -35,19 +35,17 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-import os
 import re
-import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 from PIL import Image
 
 from omnilive.audio import INPUT_RATE, OUTPUT_RATE, rms, tone
+from omnilive.config import Settings
 from omnilive.engine_settings import ScriptedSettings
 from omnilive.engines.appends import ContextNote, NoteKind
 from omnilive.engines.base import (
@@ -56,11 +54,11 @@ from omnilive.engines.base import (
     DuplexSession,
     Engine,
     EngineError,
-    EngineUnavailable,
     HalfDuplexSession,
     ProgressCallback,
 )
 from omnilive.engines.context_window import ContextLedger
+from omnilive.engines.load_faults import fail_load
 from omnilive.engines.messages import (
     AudioPart,
     ChatMessage,
@@ -80,9 +78,6 @@ from omnilive.engines.messages import (
     VideoPart,
     Voice,
 )
-
-if TYPE_CHECKING:
-    from omnilive.config import Settings
 
 _DIRECTIVE = re.compile(r"#([a-z-]+):([A-Za-z0-9_.]+)")
 AUDIO_SECONDS_PER_CHAR = 0.05
@@ -445,17 +440,6 @@ class ScriptedDuplex(DuplexSession):
             if schedule[self._cursor % len(schedule)] == "L":
                 return
             self._cursor += 1
-
-
-def fail_load(fault: str) -> None:
-    """The load faults tests ask for: a crash as a native library's would be
-    (the process dies by a signal), a configuration problem, a bug."""
-    if fault == "crash":
-        os.kill(os.getpid(), signal.SIGSEGV)
-        time.sleep(5)  # the signal arrives asynchronously
-    if fault == "unavailable":
-        raise EngineUnavailable("scripted load fault: the configured model is missing")
-    raise RuntimeError("scripted load fault: a bug while loading")
 
 
 class ScriptedEngine(Engine):
