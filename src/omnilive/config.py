@@ -29,7 +29,7 @@ from omnilive.engine_settings import (
     Section,
     TranscriptionSettings,
 )
-from omnilive.engines.registry import ENGINE_NAMES
+from omnilive.engines.registry import ENGINE_NAMES, engine_entry
 from omnilive.live_settings import LiveSettings
 from omnilive.session_settings import (
     DuplexSettings,
@@ -246,7 +246,7 @@ class RaySettings(Section):
     def gpus_per_worker(self, engine: str) -> float:
         if self.worker_gpus is not None:
             return self.worker_gpus
-        return 1.0 if engine == "minicpmo" else 0.0
+        return engine_entry(engine).gpus
 
 
 class Settings(Section):

@@ -106,3 +106,13 @@ def test_an_openmp_spin_the_operator_set_wins(monkeypatch: pytest.MonkeyPatch, t
     monkeypatch.setenv("GOMP_SPINCOUNT", "50")
     _load_until_the_models(monkeypatch, tmp_path)
     assert os.environ["GOMP_SPINCOUNT"] == "50"
+
+
+def test_a_ray_worker_asks_for_the_gpus_its_engine_is_registered_with():
+    ray = Settings().ray
+    assert {name: ray.gpus_per_worker(name) for name in ENGINE_NAMES} == {
+        "cascade": 0.0,
+        "scripted": 0.0,
+        "minicpmo": 1.0,
+    }
+    assert Settings(ray={"worker_gpus": 0.5}).ray.gpus_per_worker("minicpmo") == 0.5

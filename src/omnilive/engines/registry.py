@@ -1,7 +1,8 @@
 """The engines a worker can load, by name: the one list the settings, the
 command line and :func:`create_engine` read.
 
-Each entry names a class as ``"module:Class"``; the module is imported only
+Each entry names a class as ``"module:Class"`` (and the GPUs a worker of it
+asks a Ray cluster for); the module is imported only
 when that engine is built, so that the scripted engine needs none of the
 model packages and the cascade none of the GPU ones (nor does reading the
 settings import any engine). A new engine is its package, whose engine class
@@ -14,17 +15,28 @@ takes the names from this module while it is itself being imported.
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from omnilive.config import Settings
     from omnilive.engines.base import Engine
 
+
+@dataclass(frozen=True)
+class EngineEntry:
+    """One engine: its class as ``"module:Class"``, and the GPUs a worker of it
+    asks a Ray cluster for unless ``ray.worker_gpus`` says otherwise."""
+
+    target: str
+    gpus: float = 0.0
+
+
 # The order is the order the settings' error and the reference pages list them in.
-ENGINES: dict[str, str] = {
-    "cascade": "omnilive.engines.cascade:CascadeEngine",
-    "scripted": "omnilive.engines.scripted:ScriptedEngine",
-    "minicpmo": "omnilive.engines.minicpmo:MiniCPMoEngine",
+ENGINES: dict[str, EngineEntry] = {
+    "cascade": EngineEntry("omnilive.engines.cascade:CascadeEngine"),
+    "scripted": EngineEntry("omnilive.engines.scripted:ScriptedEngine"),
+    "minicpmo": EngineEntry("omnilive.engines.minicpmo:MiniCPMoEngine", gpus=1.0),
 }
 ENGINE_NAMES: tuple[str, ...] = tuple(ENGINES)
 
@@ -37,13 +49,18 @@ class EngineClass(Protocol):
         ...
 
 
-def engine_class(name: str) -> EngineClass:
-    """The class registered as ``name``, its module imported now."""
-    target = ENGINES.get(name)
-    if target is None:
+def engine_entry(name: str) -> EngineEntry:
+    """The entry registered as ``name``; an unknown name is a ValueError naming the known."""
+    entry = ENGINES.get(name)
+    if entry is None:
         known = ", ".join(ENGINE_NAMES)
         raise ValueError(f"unknown engine {name!r} (known engines: {known})")
-    module, _, attribute = target.partition(":")
+    return entry
+
+
+def engine_class(name: str) -> EngineClass:
+    """The class registered as ``name``, its module imported now."""
+    module, _, attribute = engine_entry(name).target.partition(":")
     found: EngineClass = getattr(importlib.import_module(module), attribute)
     return found
 
