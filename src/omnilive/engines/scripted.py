@@ -35,9 +35,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-import os
 import re
-import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -47,6 +45,7 @@ import numpy as np
 from PIL import Image
 
 from omnilive.audio import INPUT_RATE, OUTPUT_RATE, rms, tone
+from omnilive.config import Settings
 from omnilive.engine_settings import ScriptedSettings
 from omnilive.engines.appends import ContextNote, NoteKind
 from omnilive.engines.base import (
@@ -55,11 +54,11 @@ from omnilive.engines.base import (
     DuplexSession,
     Engine,
     EngineError,
-    EngineUnavailable,
     HalfDuplexSession,
     ProgressCallback,
 )
 from omnilive.engines.context_window import ContextLedger
+from omnilive.engines.load_faults import fail_load
 from omnilive.engines.messages import (
     AudioPart,
     ChatMessage,
@@ -443,17 +442,6 @@ class ScriptedDuplex(DuplexSession):
             self._cursor += 1
 
 
-def fail_load(fault: str) -> None:
-    """The load faults tests ask for: a crash as a native library's would be
-    (the process dies by a signal), a configuration problem, a bug."""
-    if fault == "crash":
-        os.kill(os.getpid(), signal.SIGSEGV)
-        time.sleep(5)  # the signal arrives asynchronously
-    if fault == "unavailable":
-        raise EngineUnavailable("scripted load fault: the configured model is missing")
-    raise RuntimeError("scripted load fault: a bug while loading")
-
-
 class ScriptedEngine(Engine):
     """Deterministic stand-in for a model; see the module docstring."""
 
@@ -470,6 +458,11 @@ class ScriptedEngine(Engine):
             slots=settings.slots,
             context_window=ContextWindow.of(settings.duplex_window),
         )
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ScriptedEngine:
+        """The engine of ``settings.scripted`` (the registry's factory)."""
+        return cls(settings.scripted, settings.data_dir)
 
     def load(self, progress: ProgressCallback) -> None:
         if self._settings.load_latency_s:

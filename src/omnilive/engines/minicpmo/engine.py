@@ -7,6 +7,7 @@ import dataclasses
 import inspect
 import logging
 import os
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
@@ -43,9 +44,16 @@ from omnilive.engines.minicpmo.reference.half_duplex import MiniCPMoHalfDuplex
 from omnilive.engines.minicpmo.reference.host import ModelHost
 
 if TYPE_CHECKING:  # the slot views import torch; the engine loads it only in load()
+    from omnilive.config import Settings
     from omnilive.engines.minicpmo.sessions.views import SlotEngine
 
 log = logging.getLogger(__name__)
+# The worker's threads (the batch loop, the side lane, the sessions' event
+# loop, the server's) share one interpreter lock, and CPython lets a thread
+# keep it for up to its switch interval (5 ms by default) while another waits
+# for it: the batch loop, which gives it up at every graph replay and
+# synchronize, would wait that long each time a lane launches kernels.
+GIL_SWITCH_S = 0.0005
 
 
 def physical_gpu(device: str, visible: str | None) -> int | None:
@@ -108,7 +116,13 @@ class MiniCPMoEngine(Engine):
 
     # --- lifecycle ---------------------------------------------------------------
 
+    @classmethod
+    def from_settings(cls, settings: Settings) -> MiniCPMoEngine:
+        """The engine of ``settings.minicpmo`` (the registry's factory)."""
+        return cls(settings.minicpmo)
+
     def load(self, progress: ProgressCallback) -> None:
+        self._set_process_knobs()
         settings = self._settings
         progress("checking the checkpoint", 0.0)
         checkpoint = inspect_checkpoint(settings.model_path)
@@ -139,6 +153,13 @@ class MiniCPMoEngine(Engine):
             progress("warming up", 0.8)
             self._warm_up()
         progress("ready", 1.0)
+
+    def _set_process_knobs(self) -> None:
+        """The process-wide settings this engine runs under, made first in
+        load(): a worker process holds one engine, and nothing else (an
+        import, a view) changes them. The backend makes its library's own."""
+        sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_S))
+        self._backend.configure_process()
 
     def _allocate_slots(self, host: ModelHost) -> None:
         from omnilive.engines.minicpmo.sessions.views import SlotEngine, plan_slots, slot_bytes

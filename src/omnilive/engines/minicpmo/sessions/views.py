@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -29,7 +28,6 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
-import torch
 
 from omnilive.engines.base import (
     ChatSession,
@@ -68,12 +66,6 @@ SESSION_WORKING_BYTES = GIB // 4
 SPEECH_CAPACITY = 4096
 # How long a chat or half-duplex session waits for the simplex seat.
 SEAT_WAIT_S = 60.0
-# The worker's threads (the batch loop, the side lane, the sessions' event
-# loop, the server's) share one interpreter lock, and CPython lets a thread
-# keep it for up to its switch interval (5 ms by default) while another waits
-# for it: the batch loop, which gives it up at every graph replay and
-# synchronize, would wait that long each time a lane launches kernels.
-GIL_SWITCH_S = 0.0005
 
 
 # --- sizing ---------------------------------------------------------------------------
@@ -145,14 +137,6 @@ class SlotEngine:
         shared = SharedModel.of_duplex(host.duplex, rules)
         shared.encoder_graphs = host.settings.encoder_graphs
         batch = slot_loop(host.model, slots, context_length, SPEECH_CAPACITY)
-        sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_S))
-        # No cuDNN attention in this process: it builds an execution plan for
-        # every new shape (on an H200 up to ~0.8 s the first time), and the
-        # encoders' shapes keep changing (a session's Whisper cache grows by
-        # a chunk every second; each reference voice has its own length). The
-        # switch is process-wide (torch's sdpa_kernel() is not per thread), so
-        # it is made once, before any step graph is captured.
-        torch.backends.cuda.enable_cudnn_sdp(False)
         in_slots = speech_supported(host.model)
         if not in_slots:
             log.warning(
