@@ -34,6 +34,7 @@ from omnilive.engines.messages import (
 from omnilive.engines.minicpmo.content import content_of
 from omnilive.engines.minicpmo.reference.host import model_errors
 from omnilive.engines.minicpmo.runtime.batch import SlotError
+from omnilive.engines.minicpmo.sessions.sampling import answer_text
 from omnilive.engines.minicpmo.sessions.simplex import SlotSimplex
 from omnilive.engines.minicpmo.sessions.simplex_history import (
     Entry,
@@ -44,7 +45,6 @@ from omnilive.engines.minicpmo.sessions.simplex_history import (
     tools_block,
     wanted,
 )
-from omnilive.engines.minicpmo.sessions.simplex_rules import AnswerSampling
 
 if TYPE_CHECKING:
     from omnilive.engines.minicpmo.sessions.views import SlotEngine
@@ -111,7 +111,7 @@ class _SlotSimplexView:
     ) -> AsyncIterator[TextAudioChunk]:
         session = self._require()
         answer = session.answer(
-            AnswerSampling.of(generation),
+            answer_text(generation),
             generation.max_new_tokens,
             audio=self._audio,
             use_tts_template=self._audio,
