@@ -20,16 +20,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from omnilive.engines.job_queue import Job, JobQueue
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+P = ParamSpec("P")
 
 # Items a streamed step may run ahead of its reader (bounded: a reader that
 # stops reading holds the engine's thread, not unbounded memory).
@@ -55,14 +57,17 @@ class Lane:
     on_finished: Callable[[], None] | None = None
     _closing: bool = False
 
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(*args)`` as this session's next step and return its result."""
+    async def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run ``fn(*args, **kwargs)`` as this session's next step and return its result."""
         if self._closing:
             raise RuntimeError(f"lane {self.name} is finished")
-        result: T = await self.steps.jobs.submit(LaneStep(lane=self, fn=fn, args=args))
+        step = functools.partial(fn, *args, **kwargs)
+        result: T = await self.steps.jobs.submit(LaneStep(lane=self, fn=step))
         return result
 
-    async def stream(self, fn: Callable[..., Iterator[T]], *args: Any) -> AsyncIterator[T]:
+    async def stream(
+        self, fn: Callable[P, Iterator[T]], *args: P.args, **kwargs: P.kwargs
+    ) -> AsyncGenerator[T, None]:
         """Iterate ``fn(*args)`` as one step: the engine's thread produces items
         (at most :data:`STREAM_AHEAD` ahead of the reader), the caller reads them
         here. Leaving the loop early stops and closes the iterator, and
@@ -84,7 +89,7 @@ class Lane:
         def produce() -> None:
             iterator: Iterator[T] | None = None
             try:
-                iterator = fn(*args)  # a plain function may fail here, before any item
+                iterator = fn(*args, **kwargs)  # a plain function may fail here, before any item
                 made.append(iterator)
                 for item in iterator:
                     while not room.acquire(timeout=0.1):
@@ -174,11 +179,11 @@ class StepLoop:
         with self.jobs.lock:
             return id(lane) in self._running or self.jobs.any(lambda job: job.lane is lane)
 
-    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+    async def call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """One step outside any session (loading, warm-up)."""
         lane = self.lane("call")
         try:
-            return await lane.run(fn, *args)
+            return await lane.run(fn, *args, **kwargs)
         finally:
             lane.finish()
 
