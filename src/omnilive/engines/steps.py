@@ -1,8 +1,9 @@
 """The seam between sessions and an engine: sessions submit steps and await
 them; the engine's loop decides when and where they run.
 
-Every engine step (a prefill, a unit, a sentence of an answer) is blocking
-work that must stay off the event loop. A session holds a :class:`Lane`:
+A synchronous engine's step (a prefill, a unit, a sentence of an answer) is
+blocking work that must stay off the event loop
+(:mod:`omnilive.engines.sync_views` runs its views here). A session holds a :class:`Lane`:
 its steps run in the order it submitted them, one at a time, so the engine
 never sees two steps of one session at once. The :class:`StepLoop` owns the
 threads that run them; this one runs ready lanes on a fixed number of threads
