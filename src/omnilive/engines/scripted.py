@@ -50,11 +50,8 @@ from omnilive.engine_settings import ScriptedSettings
 from omnilive.engines.appends import ContextNote, NoteKind
 from omnilive.engines.base import (
     Capabilities,
-    ChatSession,
-    DuplexSession,
     Engine,
     EngineError,
-    HalfDuplexSession,
     ProgressCallback,
 )
 from omnilive.engines.context_window import ContextLedger
@@ -78,6 +75,7 @@ from omnilive.engines.messages import (
     VideoPart,
     Voice,
 )
+from omnilive.engines.sync_views import SyncChatSession, SyncDuplexSession, SyncHalfDuplexSession
 
 _DIRECTIVE = re.compile(r"#([a-z-]+):([A-Za-z0-9_.]+)")
 AUDIO_SECONDS_PER_CHAR = 0.05
@@ -168,7 +166,7 @@ def _count_tokens(parts: list[Part] | tuple[Part, ...]) -> int:
     return total
 
 
-class ScriptedChat(ChatSession):
+class ScriptedChat(SyncChatSession):
     def __init__(self, settings: ScriptedSettings) -> None:
         self._settings = settings
         self._answer = ""
@@ -196,7 +194,7 @@ class ScriptedChat(ChatSession):
             yield TextAudioChunk(text=piece, audio=audio, n_tokens=len(piece.split()) or 1)
 
 
-class ScriptedHalfDuplex(HalfDuplexSession):
+class ScriptedHalfDuplex(SyncHalfDuplexSession):
     def __init__(self, settings: ScriptedSettings) -> None:
         self._settings = settings
         self._knobs = _Knobs.parse("", settings)
@@ -309,7 +307,7 @@ class ScriptedHalfDuplex(HalfDuplexSession):
         self._turns = list(self._saved)
 
 
-class ScriptedDuplex(DuplexSession):
+class ScriptedDuplex(SyncDuplexSession):
     def __init__(self, settings: ScriptedSettings) -> None:
         self._settings = settings
         self._knobs = _Knobs.parse("", settings)
@@ -483,11 +481,11 @@ class ScriptedEngine(Engine):
         counter.write_text(str(done + 1))
         return done < limit
 
-    def open_chat(self) -> ChatSession:
+    def open_chat(self) -> SyncChatSession:
         return ScriptedChat(self._settings)
 
-    def open_half_duplex(self) -> HalfDuplexSession:
+    def open_half_duplex(self) -> SyncHalfDuplexSession:
         return ScriptedHalfDuplex(self._settings)
 
-    def open_duplex(self) -> DuplexSession:
+    def open_duplex(self) -> SyncDuplexSession:
         return ScriptedDuplex(self._settings)

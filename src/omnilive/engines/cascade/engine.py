@@ -11,12 +11,9 @@ from omnilive.end_of_turn import finished_judge
 from omnilive.engine_settings import CascadeSettings
 from omnilive.engines.base import (
     Capabilities,
-    ChatSession,
-    DuplexSession,
     Engine,
     EngineError,
     EngineUnavailable,
-    HalfDuplexSession,
     ProgressCallback,
 )
 from omnilive.engines.cascade.asr import WhisperASR
@@ -153,13 +150,13 @@ class CascadeEngine(Engine):
         """The loaded models (tests and benchmarks time them one by one)."""
         return self._loaded()
 
-    def open_chat(self) -> ChatSession:
+    def open_chat(self) -> CascadeChat:
         return CascadeChat(self._loaded(), self.require)
 
-    def open_half_duplex(self) -> HalfDuplexSession:
+    def open_half_duplex(self) -> CascadeHalfDuplex:
         return CascadeHalfDuplex(self._loaded(), self.require, self._settings.early_answer)
 
-    def open_duplex(self) -> DuplexSession:
+    def open_duplex(self) -> CascadeDuplex:
         return CascadeDuplex(self._loaded())
 
     def default_voice(self) -> Voice | None:

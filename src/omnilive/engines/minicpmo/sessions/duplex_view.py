@@ -86,10 +86,9 @@ class SlotDuplexSession(DuplexSession):
             raise EngineError("duplex step before prepare")
         return self._session
 
-    whole_units = True
-
     async def unit(self, given: UnitInput) -> tuple[PrefillStats, DuplexUnit]:
-        """A unit as one request of the engine's threads (:meth:`SlotDuplex.unit`)."""
+        """A unit as one request of the engine's threads (:meth:`SlotDuplex.unit`):
+        they pass it along without returning to the event loop in between."""
         session = self._require()
         start, started = session.handoffs, time.perf_counter()
         forced = self._forced(given.force_listen)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -108,7 +108,7 @@ class _SlotSimplexView:
 
     async def _answer(
         self, generation: GenerationOptions, tools: bool = False
-    ) -> AsyncIterator[TextAudioChunk]:
+    ) -> AsyncGenerator[TextAudioChunk, None]:
         session = self._require()
         answer = session.answer(
             answer_text(generation),
@@ -191,7 +191,7 @@ class SlotChat(_SlotSimplexView, ChatSession):
         with model_errors("prefill"):
             return await _with_voice(session, reference, messages_in())
 
-    async def generate(self) -> AsyncIterator[TextAudioChunk]:
+    async def generate(self) -> AsyncGenerator[TextAudioChunk, None]:
         async with aclosing(self._answer(self._generation)) as pieces:
             async for piece in pieces:
                 yield piece
@@ -241,7 +241,7 @@ class SlotHalfDuplex(_SlotSimplexView, HalfDuplexSession):
         self._pending = True
         return after - before
 
-    async def generate(self) -> AsyncIterator[TextAudioChunk]:
+    async def generate(self) -> AsyncGenerator[TextAudioChunk, None]:
         if not self._pending:
             raise EngineError("generate before prefill")
         self._pending = False

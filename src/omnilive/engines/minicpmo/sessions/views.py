@@ -22,7 +22,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -53,6 +53,7 @@ from omnilive.engines.minicpmo.sessions.simplex_speech import warm_answer_voices
 from omnilive.engines.minicpmo.sessions.unit_rules import (
     UnitRules,
 )
+from omnilive.engines.sync_views import SyncChatSession, SyncHalfDuplexSession
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -234,7 +235,7 @@ class _Seated:
         await self._sit()
         return await self._model.on_side_lane(fn, *args)
 
-    async def _stream(self, make: Callable[[], Iterator[T]]) -> AsyncIterator[T]:
+    async def _stream(self, make: Callable[[], Iterator[T]]) -> AsyncGenerator[T, None]:
         """The iterator ``make()`` returns, each item made on the side lane."""
         iterator = await self._run(make)
         done = object()
@@ -246,7 +247,7 @@ class _Seated:
             if close is not None:
                 self._model.on_side_lane_nowait(close)
 
-    async def generate(self) -> AsyncIterator[TextAudioChunk]:
+    async def generate(self) -> AsyncGenerator[TextAudioChunk, None]:
         async with aclosing(self._stream(self._inner.generate)) as items:
             async for item in items:
                 yield item
@@ -276,7 +277,7 @@ class _Seated:
 
 
 class SeatedChat(_Seated, ChatSession):
-    def __init__(self, model: SlotEngine, inner: ChatSession) -> None:
+    def __init__(self, model: SlotEngine, inner: SyncChatSession) -> None:
         super().__init__(model, inner)
 
     async def prefill(self, messages: list[ChatMessage], options: ChatOptions) -> int:
@@ -284,7 +285,7 @@ class SeatedChat(_Seated, ChatSession):
 
 
 class SeatedHalfDuplex(_Seated, HalfDuplexSession):
-    def __init__(self, model: SlotEngine, inner: HalfDuplexSession) -> None:
+    def __init__(self, model: SlotEngine, inner: SyncHalfDuplexSession) -> None:
         super().__init__(model, inner)
 
     async def prepare(self, system: list[Part], options: HalfDuplexOptions) -> int:
