@@ -27,7 +27,7 @@ import io
 import json
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -226,12 +226,9 @@ async def run_batched(
     """Every session at once, each in a slot, over the same modules (the
     encoders through CUDA graphs with ``encoder_graphs``, on CUDA)."""
     from omnilive.engines.minicpmo.sessions.duplex import SlotDuplex
+    from omnilive.engines.minicpmo.sessions.sampling import DUPLEX_SPEECH, DUPLEX_TEXT
     from omnilive.engines.minicpmo.sessions.shared import SharedModel, slot_loop
-    from omnilive.engines.minicpmo.sessions.unit_rules import (
-        SpeechSampling,
-        TextSampling,
-        UnitRules,
-    )
+    from omnilive.engines.minicpmo.sessions.unit_rules import UnitRules
 
     rules = UnitRules.unified() if flavour == "unified" else UnitRules()
     shared = SharedModel.of_duplex(duplex, rules)
@@ -245,8 +242,8 @@ async def run_batched(
             shared,
             loop,
             slot,
-            text=TextSampling(greedy=True),
-            speech=SpeechSampling(temperature=0.0),
+            text=replace(DUPLEX_TEXT, greedy=True),
+            speech=replace(DUPLEX_SPEECH, temperature=0.0),
             seed=index,
             max_speak_tokens=budget,
             keep_logits=True,

@@ -30,7 +30,7 @@ import json
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -250,9 +250,9 @@ async def run_batched(
     tie: float,
 ) -> tuple[list[list[TurnTrace]], dict[str, Any]]:
     """Every conversation at once, each in a slot, over the same modules."""
+    from omnilive.engines.minicpmo.sessions.sampling import ANSWER_SPEECH, ANSWER_TEXT
     from omnilive.engines.minicpmo.sessions.shared import SharedModel, slot_loop
     from omnilive.engines.minicpmo.sessions.simplex import SlotSimplex
-    from omnilive.engines.minicpmo.sessions.simplex_rules import AnswerSampling, ChunkSpeechSampling
     from omnilive.engines.minicpmo.sessions.unit_rules import UnitRules
 
     shared = SharedModel.of_duplex(processor_owner, UnitRules())
@@ -263,7 +263,7 @@ async def run_batched(
     async def conversation_of(index: int, given: Conversation) -> list[TurnTrace]:
         slot = await loop.acquire()
         session = SlotSimplex(shared, loop, slot, suppress_text_only=standalone,
-                              speech=ChunkSpeechSampling(temperature=1e-6),
+                              speech=replace(ANSWER_SPEECH, temperature=1e-6),
                               speech_per_chunk=speech_per_chunk, seed=index,
                               keep_trace=True)  # fmt: skip
         if reference is not None:
@@ -279,7 +279,7 @@ async def run_batched(
             await session.prefill("user", content, last=True, use_tts_template=template)
             if reference is not None:
                 follower.start(turn)
-            answer = session.answer(AnswerSampling(greedy=True), max_new_tokens,
+            answer = session.answer(replace(ANSWER_TEXT, greedy=True), max_new_tokens,
                                     audio=given.spoken, use_tts_template=template)  # fmt: skip
             async for _ in answer:
                 pass

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from omnilive.client import talk
 from omnilive.config import Settings, load_settings
+from omnilive.engines.registry import ENGINE_NAMES
 from omnilive.gateway.supervisor import SETTINGS_ENV, worker_sockets
 from omnilive.logs import configure_logging
 from omnilive.protocol.common import describe_validation_error
@@ -48,9 +49,7 @@ log = logging.getLogger("omnilive.cli")
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="TOML settings file")
-    parser.add_argument(
-        "--engine", choices=["cascade", "scripted", "minicpmo"], help="engine the workers load"
-    )
+    parser.add_argument("--engine", choices=ENGINE_NAMES, help="engine the workers load")
     parser.add_argument("--data-dir", type=Path, help="recordings, caches and state")
     parser.add_argument(
         "--log-level", choices=["debug", "info", "warning", "error"], help="how much to log"

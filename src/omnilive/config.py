@@ -17,7 +17,7 @@ import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
@@ -29,6 +29,7 @@ from omnilive.engine_settings import (
     Section,
     TranscriptionSettings,
 )
+from omnilive.engines.registry import ENGINE_NAMES, engine_entry
 from omnilive.live_settings import LiveSettings
 from omnilive.session_settings import (
     DuplexSettings,
@@ -38,7 +39,13 @@ from omnilive.session_settings import (
 )
 
 ENV_PREFIX = "OMNILIVE_"
-EngineName = Literal["cascade", "scripted", "minicpmo"]
+if TYPE_CHECKING:
+    EngineName = str
+else:
+    # The registry's names as a Literal: pydantic refuses any other with the
+    # names listed, and the reference page lists them. A type checker cannot
+    # read a Literal built at run time, hence a plain str for it.
+    EngineName = Literal[ENGINE_NAMES]
 RequestType = Literal["chat", "half_duplex", "audio_duplex", "omni_duplex"]
 REQUEST_TYPES: tuple[RequestType, ...] = ("chat", "half_duplex", "audio_duplex", "omni_duplex")
 # The reference calls half-duplex "half_duplex_audio" (its app id, preset folder
@@ -239,7 +246,7 @@ class RaySettings(Section):
     def gpus_per_worker(self, engine: str) -> float:
         if self.worker_gpus is not None:
             return self.worker_gpus
-        return 1.0 if engine == "minicpmo" else 0.0
+        return engine_entry(engine).gpus
 
 
 class Settings(Section):

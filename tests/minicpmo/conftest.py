@@ -60,6 +60,10 @@ class FakeBackend:
         self.model: FakeMiniCPMO | None = None
         self.releases = 0
         self.graphs: RecordingGraphs | None = None
+        self.configured = 0  # configure_process() calls
+
+    def configure_process(self) -> None:
+        self.configured += 1
 
     def check_device(self, device: str) -> DeviceInfo:
         return DeviceInfo("Fake GPU", int(self.free_gib * GIB), 80 * GIB)

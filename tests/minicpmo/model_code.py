@@ -48,6 +48,9 @@ class CpuBackend:
         self.ckpt = ckpt
         self.free_gib = free_gib
 
+    def configure_process(self) -> None:
+        pass  # nothing process-wide to set on the CPU
+
     def check_device(self, device: str) -> DeviceInfo:
         return DeviceInfo("CPU", int(self.free_gib * GIB), int(self.free_gib * GIB))
 

@@ -5,6 +5,8 @@ held to transformers' warpers in test_simplex_rules.py."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -20,10 +22,8 @@ from omnilive.engines.minicpmo.sessions.chunk_speech_choice import (
     table_row,
     unfiltered_scores,
 )
-from omnilive.engines.minicpmo.sessions.simplex_rules import (
-    SPEECH_PENALTY_WINDOW,
-    ChunkSpeechSampling,
-)
+from omnilive.engines.minicpmo.sessions.sampling import ANSWER_SPEECH
+from omnilive.engines.minicpmo.sessions.simplex_rules import SPEECH_PENALTY_WINDOW
 from omnilive.engines.minicpmo.sessions.unit_rules import (
     SPEECH_PENALTY_WINDOW as DUPLEX_WINDOW,
 )
@@ -43,7 +43,8 @@ def random_rows(seed: int, size: int, count: int = 12) -> list[SpeechRow]:
         logits = torch.from_numpy(rng.normal(0, scale, size).astype(np.float32))
         logits = logits.to(torch.bfloat16)
         logits[:4] = logits[4]  # ties
-        sampling = ChunkSpeechSampling(
+        sampling = replace(
+            ANSWER_SPEECH,
             temperature=float(rng.choice([0.8, 1e-6, 1.0, 0.3])),
             top_p=float(rng.choice([0.85, 1.0, 0.5, 0.99])),
             top_k=int(rng.choice([25, 0, 3, 10_000])),
@@ -82,7 +83,7 @@ def test_equal_scores_keep_their_ids_order_minus_zero_included() -> None:
     of the two zeros here the cut falls between, the first by id goes."""
     logits = torch.tensor([0.0, -0.0, 10.0, 10.0, 10.0])
     probability = float(np.exp(-10.0) / (3 + 2 * np.exp(-10.0)))
-    sampling = ChunkSpeechSampling(temperature=1.0, top_p=1 - 1.5 * probability, min_kept=1)
+    sampling = replace(ANSWER_SPEECH, temperature=1.0, top_p=1 - 1.5 * probability, min_kept=1)
     rows = [SpeechRow(logits.to(DEVICE), None, sampling, torch.Generator().manual_seed(0))]
     _, scores = choose_chunk_speech_tokens(rows)
     assert np.isfinite(scores[0].cpu().numpy()).tolist() == [False, True, True, True, True]
@@ -101,7 +102,7 @@ def test_rows_chosen_together_are_chosen_as_each_alone(seed: int) -> None:
 
 def test_top_k_keeps_every_token_tied_with_its_last() -> None:
     logits = torch.tensor([5.0, 4.0, 3.0, 3.0, 3.0, 1.0, 0.0, -1.0])
-    sampling = ChunkSpeechSampling(temperature=1.0, top_p=1.0, top_k=3, min_kept=1)
+    sampling = replace(ANSWER_SPEECH, temperature=1.0, top_p=1.0, top_k=3, min_kept=1)
     _, scores = choose_chunk_speech_token(logits, None, sampling)
     assert np.isfinite(scores).tolist() == [True] * 5 + [False] * 3
 
@@ -111,8 +112,8 @@ def test_unfiltered_scores_are_the_chosen_ones_before_top_p_and_top_k() -> None:
     tempered, penalised score, where the choice keeps only the best; no
     uniform number is drawn for it."""
     logits = torch.tensor([2.0, -1.0, 1.5, 0.5, 3.0])
-    sampling = ChunkSpeechSampling(
-        temperature=0.5, top_p=0.5, top_k=1, repetition_penalty=2.0, min_kept=1
+    sampling = replace(
+        ANSWER_SPEECH, temperature=0.5, top_p=0.5, top_k=1, repetition_penalty=2.0, min_kept=1
     )
     generator = torch.Generator().manual_seed(7)
     row = SpeechRow(logits.to(DEVICE), [0, 1, 0], sampling, generator)
@@ -130,5 +131,5 @@ def test_the_duplex_tables_layout_fits_the_simplex_window() -> None:
     """The two kernels share their launch and first steps, and so the
     table's layout: the penalty windows must be of one length."""
     assert SPEECH_PENALTY_WINDOW == DUPLEX_WINDOW
-    row = SpeechRow(torch.zeros(8), [1, 2], ChunkSpeechSampling())
+    row = SpeechRow(torch.zeros(8), [1, 2], ANSWER_SPEECH)
     assert len(table_row(row, 8)) == COLUMNS

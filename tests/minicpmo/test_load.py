@@ -14,7 +14,7 @@ from omnilive.engines.base import EngineError
 from omnilive.engines.minicpmo import MiniCPMoEngine
 from omnilive.engines.minicpmo.backend import GpuError, TorchBackend
 from omnilive.engines.minicpmo.checkpoint import CheckpointError
-from omnilive.engines.minicpmo.engine import physical_gpu
+from omnilive.engines.minicpmo.engine import GIL_SWITCH_S, physical_gpu
 from tests.minicpmo.conftest import EngineFactory, FakeBackend
 from tests.minicpmo.fake_model import FakeUnifiedMiniCPMO
 
@@ -132,3 +132,36 @@ def test_a_loaded_engine_names_its_gpu(make_engine: EngineFactory, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "6")
     engine, _ = make_engine()
     assert engine.gpu_id() == 6
+
+
+def test_load_sets_the_process_knobs_first(tmp_path: Path):
+    """The GIL switch interval and the backend's own switches (cuDNN attention
+    off) are made when the engine loads, before anything else: even a load
+    that fails at the checkpoint has made them."""
+    before = sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(0.005)
+        backend = FakeBackend()
+        with pytest.raises(CheckpointError):
+            load(MiniCPMoSettings(slots=1, model_path=tmp_path / "missing"), backend)
+        assert backend.configured == 1
+        assert sys.getswitchinterval() == pytest.approx(GIL_SWITCH_S)
+    finally:
+        sys.setswitchinterval(before)
+
+
+def test_building_the_engine_sets_no_process_knob(checkpoint: Path):
+    before = sys.getswitchinterval()
+    backend = FakeBackend()
+    MiniCPMoEngine(MiniCPMoSettings(slots=1, model_path=checkpoint), backend=backend)
+    assert backend.configured == 0 and sys.getswitchinterval() == before
+
+
+def test_the_torch_backend_turns_cudnn_attention_off(monkeypatch: pytest.MonkeyPatch):
+    switched: list[bool] = []
+    fake_torch = types.SimpleNamespace(
+        backends=types.SimpleNamespace(cuda=types.SimpleNamespace(enable_cudnn_sdp=switched.append))
+    )
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    TorchBackend().configure_process()
+    assert switched == [False]

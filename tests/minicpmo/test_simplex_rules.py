@@ -4,6 +4,8 @@ top-p and the draw's support, on hand-made and random logits."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -14,10 +16,9 @@ from omnilive.engines.minicpmo.sessions.chunk_speech_choice import (
     choose_chunk_speech_token,
     choose_chunk_speech_tokens,
 )
+from omnilive.engines.minicpmo.sessions.sampling import ANSWER_SPEECH, ANSWER_TEXT, SpeechSampling
 from omnilive.engines.minicpmo.sessions.simplex_rules import (
     AnswerRow,
-    AnswerSampling,
-    ChunkSpeechSampling,
     SimplexVocab,
     _divide,
     _divisor,
@@ -26,7 +27,7 @@ from omnilive.engines.minicpmo.sessions.simplex_rules import (
 )
 
 VOCAB = SimplexVocab(terminators=(30, 31), forbidden=(5, 6))
-GREEDY = AnswerSampling(greedy=True)
+GREEDY = replace(ANSWER_TEXT, greedy=True)
 DEVICES = [
     "cpu",
     pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")),
@@ -41,7 +42,7 @@ def test_greedy_takes_the_best_token_after_masking_the_forbidden() -> None:
 
 
 def test_the_repetition_penalty_divides_positive_and_multiplies_negative_logits() -> None:
-    sampling = AnswerSampling(greedy=True, repetition_penalty=2.0)
+    sampling = replace(ANSWER_TEXT, greedy=True, repetition_penalty=2.0)
     logits = torch.full((32,), -10.0)
     logits[1], logits[2] = 4.0, 2.5  # 1 repeated: 4 / 2 = 2 < 2.5
     assert choose_answer_token(logits, [1, 1], sampling, VOCAB, suppress=True)[0] == 2
@@ -51,7 +52,7 @@ def test_the_repetition_penalty_divides_positive_and_multiplies_negative_logits(
 
 
 def test_the_length_penalty_damps_the_terminators() -> None:
-    sampling = AnswerSampling(greedy=True, length_penalty=2.0)
+    sampling = replace(ANSWER_TEXT, greedy=True, length_penalty=2.0)
     logits = torch.zeros(32)
     logits[30], logits[3] = 3.0, 2.0
     assert choose_answer_token(logits, [], sampling, VOCAB, suppress=True)[0] == 3
@@ -59,7 +60,7 @@ def test_the_length_penalty_damps_the_terminators() -> None:
 
 
 def test_sampling_draws_only_what_top_k_and_top_p_keep() -> None:
-    sampling = AnswerSampling(temperature=0.7, top_k=4, top_p=0.8, repetition_penalty=1.0)
+    sampling = replace(ANSWER_TEXT, temperature=0.7, top_k=4, top_p=0.8, repetition_penalty=1.0)
     logits = torch.tensor([8.0, 7.5, 7.0, 6.9, 6.8] + [0.0] * 27)
     # The model code: temperature, top-k (4 kept), then the tokens whose
     # preceding cumulative probability is within top_p.
@@ -75,7 +76,7 @@ def test_sampling_draws_only_what_top_k_and_top_p_keep() -> None:
     assert drawn == allowed
 
 
-def hf_speech_support(logits: torch.Tensor, previous: list[int], s: ChunkSpeechSampling) -> set:
+def hf_speech_support(logits: torch.Tensor, previous: list[int], s: SpeechSampling) -> set:
     """What the model code's TTS sampling may draw: temperature, its
     repetition penalty over the last 16 tokens, then transformers' TopP and
     TopK warpers (min 3 kept)."""
@@ -94,7 +95,7 @@ def hf_speech_support(logits: torch.Tensor, previous: list[int], s: ChunkSpeechS
 @pytest.mark.parametrize("seed", range(5))
 def test_speech_choices_keep_what_the_warpers_keep(seed: int) -> None:
     rng = np.random.default_rng(seed)
-    sampling = ChunkSpeechSampling(top_k=6, top_p=0.7, repetition_penalty=1.5)
+    sampling = replace(ANSWER_SPEECH, top_k=6, top_p=0.7, repetition_penalty=1.5)
     logits = torch.from_numpy(rng.normal(0, 2, 64).astype(np.float32))
     previous = [int(t) for t in rng.integers(0, 64, 20)]
     allowed = hf_speech_support(logits, previous, sampling)
@@ -108,7 +109,7 @@ def test_speech_choices_keep_what_the_warpers_keep(seed: int) -> None:
 
 
 def test_a_turns_first_speech_token_is_not_penalized() -> None:
-    sampling = ChunkSpeechSampling(temperature=1e-6, repetition_penalty=10.0)
+    sampling = replace(ANSWER_SPEECH, temperature=1e-6, repetition_penalty=10.0)
     logits = torch.zeros(16)
     logits[3], logits[4] = 2.0, 1.9
     assert choose_chunk_speech_token(logits, [], sampling)[0] == 3
@@ -136,7 +137,8 @@ def _random_rows(seed: int, device: str) -> tuple[list[AnswerRow], list[SpeechRo
     answers, speech = [], []
     for k in range(6):
         logits = torch.from_numpy(rng.normal(0, 3, 300).astype(np.float32)).to(torch.bfloat16)
-        sampling = AnswerSampling(
+        sampling = replace(
+            ANSWER_TEXT,
             greedy=k % 3 == 0,
             temperature=(0.7, 1.0, 0.3)[k % 3],
             top_k=(100, 5, 0)[k % 3],
@@ -147,7 +149,8 @@ def _random_rows(seed: int, device: str) -> tuple[list[AnswerRow], list[SpeechRo
         window = [int(t) for t in rng.integers(0, 300, 3 * k)]
         generator = torch.Generator().manual_seed(seed * 10 + k)
         answers.append(AnswerRow(logits.to(device), window, sampling, VOCAB, k % 2 == 0, generator))
-        speech_sampling = ChunkSpeechSampling(
+        speech_sampling = replace(
+            ANSWER_SPEECH,
             temperature=(0.8, 1e-6, 1.0)[k % 3],
             top_p=(0.85, 1.0)[k % 2],
             top_k=(25, 0, 3)[k % 3],

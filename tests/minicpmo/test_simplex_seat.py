@@ -17,10 +17,11 @@ from typing import Any
 
 import pytest
 
-from omnilive.engines.base import ChatSession, EngineError
+from omnilive.engines.base import EngineError
 from omnilive.engines.messages import ChatMessage, ChatOptions, TextPart
 from omnilive.engines.minicpmo.sessions import views as slots
 from omnilive.engines.minicpmo.sessions.views import SeatedChat
+from omnilive.engines.sync_views import SyncChatSession
 
 WAIT_S = 5.0
 HELLO = [ChatMessage("user", (TextPart("Hello."),))]
@@ -40,7 +41,7 @@ class SeatModel:
         fn()
 
 
-class CountingChat(ChatSession):
+class CountingChat(SyncChatSession):
     """Answers ``words`` chunks; records its close."""
 
     def __init__(self, words: int = 3) -> None:

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
+from omnilive.engines.minicpmo.sessions.sampling import TextSampling
 from omnilive.engines.minicpmo.sessions.unit_rules import (
     DuplexVocab,
     TextChoice,
-    TextSampling,
     UnitRules,
     choose_token,
     choose_tokens,

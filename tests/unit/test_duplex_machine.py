@@ -4,6 +4,8 @@ of a finalize and the next prefill, what is recorded, how it ends)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -22,12 +24,8 @@ from omnilive.worker.machines.duplex import (
     End,
     Finalize,
     Finalized,
-    Generate,
-    Generated,
     GiveUp,
     Limits,
-    Prefill,
-    Prefilled,
     Present,
     RecordUnit,
     ReportError,
@@ -228,29 +226,28 @@ def kinds(actions: list) -> list[type]:
 STATS = PrefillStats(vision_slices=1, vision_tokens=64, audio_tokens=25, text_tokens=2)
 
 
-def run_split(machine: DuplexMachine, unit: DuplexUnit, index: int = 0, t: float = 10.0) -> list:
-    """One unit as prefill then generate (200 ms each, from ``t``); returns
-    what the machine answers to its result."""
+def ran(unit: DuplexUnit, t: float = 10.0, prefill_ms: float = 200.0, dropped: int = 0) -> UnitRan:
+    """A unit's result: begun at ``t``, its prefill ``prefill_ms`` of 400 ms."""
+    return UnitRan(dataclasses.replace(STATS, cost_ms=prefill_ms), unit, t, t + 0.4, dropped)
+
+
+def run_unit(machine: DuplexMachine, unit: DuplexUnit, index: int = 0, t: float = 10.0) -> list:
+    """One unit (400 ms from ``t``); returns what the machine answers to its result."""
     actions = machine.handle(ChunkReady(chunk(index)))
-    assert kinds(actions)[-1] is Prefill
-    assert machine.handle(Prefilled(STATS, t, t + 0.2)) == [Generate(False)]
-    return machine.handle(Generated(unit, t + 0.4, 0))
+    assert kinds(actions)[-1] is RunUnit
+    return machine.handle(ran(unit, t))
 
 
-def test_a_unit_is_the_appends_then_its_prefill_then_its_generate():
+def test_a_unit_is_the_appends_then_the_unit_as_one_step_its_prefill_share_its_cost():
     machine = prepared(5.0)
     machine.max_slice_nums = 2  # the prepare's
     given = chunk(frames=[b"jpeg"], force_listen=True)
-    between, prefill = machine.handle(ChunkReady(given))
-    assert between == BetweenUnits() and isinstance(prefill, Prefill)
-    assert (prefill.audio is given.audio, prefill.frames, prefill.max_slice_nums) == (
-        True,
-        [b"jpeg"],
-        2,
-    )
-    assert machine.handle(Prefilled(STATS, 10.0, 10.25)) == [Generate(force_listen=True)]
+    between, run = machine.handle(ChunkReady(given))
+    assert between == BetweenUnits() and isinstance(run, RunUnit)
+    assert run.given == UnitInput(given.audio, [b"jpeg"], 2, True)
     speak = DuplexUnit(False, "hi", None, True, 300, input_text_tokens=3)
-    present, record, send, finalize = machine.handle(Generated(speak, 10.75, 4))
+    stats = dataclasses.replace(STATS, cost_ms=250.0)
+    present, record, send, finalize = machine.handle(UnitRan(stats, speak, 10.0, 10.75, 4))
     assert isinstance(present, Present) and present.unit is speak and present.chunk is given
     timing = present.timing
     assert timing.prefill_ms == pytest.approx(250.0) and timing.generate_ms == pytest.approx(500.0)
@@ -263,72 +260,57 @@ def test_a_unit_is_the_appends_then_its_prefill_then_its_generate():
 
 def test_a_chunk_that_names_its_slices_overrides_the_sessions():
     machine = prepared()
-    *_, prefill = machine.handle(ChunkReady(chunk(max_slice_nums=5)))
-    assert prefill.max_slice_nums == 5
-
-
-def test_an_engine_that_runs_whole_units_is_given_one_step_and_its_prefill_share_is_its_cost():
-    machine = DuplexMachine(LIMITS, 0.0, whole_units=True)
-    machine.prepare()
-    machine.prepared(0.0)
-    given = chunk(frames=[b"jpeg"], force_listen=True)
-    between, run = machine.handle(ChunkReady(given))
-    assert between == BetweenUnits() and isinstance(run, RunUnit)
-    assert run.given == UnitInput(given.audio, [b"jpeg"], 1, True)
-    stats = PrefillStats(cost_ms=250.0)
-    present, *_ = machine.handle(UnitRan(stats, listen(), 10.0, 10.6, 0))
-    assert present.timing.prefill_ms == pytest.approx(250.0)
-    assert present.timing.generate_ms == pytest.approx(350.0)
-    with pytest.raises(IllegalTransition):
-        machine.handle(Prefilled(STATS, 11.0, 11.1))  # no unit is being computed
+    *_, run = machine.handle(ChunkReady(chunk(max_slice_nums=5)))
+    assert run.given.max_slice_nums == 5
 
 
 def test_a_deferred_finalize_runs_after_the_send_and_before_the_next_prefill():
     machine = prepared()
-    assert kinds(run_split(machine, listen(100))) == [Present, RecordUnit, SendPresented, Finalize]
+    assert kinds(run_unit(machine, listen(100))) == [Present, RecordUnit, SendPresented, Finalize]
     assert machine.finalizing
-    # The next chunk came while the finalize runs: its prefill waits for it...
-    assert kinds(machine.handle(ChunkReady(chunk(1)))) == [AwaitFinalize, BetweenUnits, Prefill]
+    # The next chunk came while the finalize runs: its unit waits for it...
+    assert kinds(machine.handle(ChunkReady(chunk(1)))) == [AwaitFinalize, BetweenUnits, RunUnit]
     with pytest.raises(IllegalTransition, match="finalize"):
-        machine.handle(Prefilled(STATS, 11.0, 11.2))  # ...and may not pass it
+        machine.handle(ran(listen(200), 11.0))  # ...and may not pass it
     machine2 = prepared()
-    run_split(machine2, listen(100))
+    run_unit(machine2, listen(100))
     assert machine2.handle(Finalized()) == [] and not machine2.finalizing
     # A finalize that ended before the next chunk came: nothing to wait for.
-    assert kinds(machine2.handle(ChunkReady(chunk(1)))) == [BetweenUnits, Prefill]
-    assert machine2.handle(Prefilled(STATS, 11.0, 11.2)) == [Generate(False)]
+    assert kinds(machine2.handle(ChunkReady(chunk(1)))) == [BetweenUnits, RunUnit]
+    assert kinds(machine2.handle(ran(listen(200), 11.0)))[0] is Present
 
 
 def test_without_deferral_the_finalize_runs_before_the_send():
     machine = prepared()
     machine.deferred_finalize = False
-    actions = run_split(machine, listen(100))
+    actions = run_unit(machine, listen(100))
     assert kinds(actions) == [Present, RecordUnit, Finalize, SendPresented]
     assert actions[2] == Finalize(deferred=False) and not machine.finalizing
     assert machine.handle(Finalized()) == []
-    assert kinds(machine.handle(ChunkReady(chunk(1)))) == [BetweenUnits, Prefill]
+    assert kinds(machine.handle(ChunkReady(chunk(1)))) == [BetweenUnits, RunUnit]
 
 
 def test_a_failed_finalize_is_reported_and_the_loop_goes_on():
     machine = prepared()
-    run_split(machine, listen(100))
+    run_unit(machine, listen(100))
     assert machine.handle(Finalized("oom")) == [
         ReportError(ErrorCode.INFERENCE_ERROR, "finalize failed: oom")
     ]
-    assert kinds(machine.handle(ChunkReady(chunk(1)))) == [BetweenUnits, Prefill]
+    assert kinds(machine.handle(ChunkReady(chunk(1)))) == [BetweenUnits, RunUnit]
 
 
 def test_what_a_unit_records():
     machine = prepared()
     given = chunk(dropped_before=2)
     machine.handle(ChunkReady(given))
-    machine.handle(Prefilled(STATS, 10.0, 10.12345))
     speak = DuplexUnit(False, "hello", np.zeros(24_000, np.float32), True, 321)
-    _, record, *_ = machine.handle(Generated(speak, 10.5, 0))
+    _, record, *_ = machine.handle(
+        UnitRan(dataclasses.replace(STATS, cost_ms=123.46), speak, 10.0, 10.5, 0)
+    )
     assert record.chunk is given and record.unit is speak and record.mode == "SPEAK"
     assert record.timing == {"prefill_ms": 123.5, "generate_ms": 376.5, "kv_cache_length": 321}
     machine.handle(Finalized())
-    _, heard, *_ = run_split(machine, listen(400), index=1)
+    _, heard, *_ = run_unit(machine, listen(400), index=1)
     assert heard.mode == "LISTEN"
 
 
@@ -343,7 +325,7 @@ def test_units_failing_in_a_row_end_the_session_once():
     assert fail(0, errors[0]) == [SkipUnit(0, errors[0])]  # no finalize: nothing to finalize
     assert SkipUnit(0, errors[0]).message == "unit failed: bad 0"
     assert fail(1, errors[1]) == [SkipUnit(1, errors[1])]
-    run_split(machine, listen(100), index=2)  # a unit that succeeds starts the count again
+    run_unit(machine, listen(100), index=2)  # a unit that succeeds starts the count again
     machine.handle(Finalized())
     for n in range(MAX_FAILED_UNITS - 1):
         assert fail(3 + n, errors[2 + n]) == [SkipUnit(3 + n, errors[2 + n])]
@@ -351,22 +333,21 @@ def test_units_failing_in_a_row_end_the_session_once():
     assert fail(9, last) == [GiveUp(last)]  # the third in a row
 
 
-def test_a_generate_that_fails_fails_its_unit():
+def test_a_unit_that_failed_is_over():
     machine = prepared()
     machine.handle(ChunkReady(chunk(0)))
-    machine.handle(Prefilled(STATS, 10.0, 10.1))
     error = EngineError("no")
     assert machine.handle(UnitFailed(error)) == [SkipUnit(0, error)]
     with pytest.raises(IllegalTransition):
-        machine.handle(Generated(listen(), 10.2, 0))  # that unit is over
+        machine.handle(ran(listen()))  # that unit is over
 
 
 def test_a_full_context_ends_the_session_after_the_result_is_sent_without_its_finalize():
     machine = prepared()
     machine.context_limit = 150
-    assert kinds(run_split(machine, listen(100))) == [Present, RecordUnit, SendPresented, Finalize]
+    assert kinds(run_unit(machine, listen(100))) == [Present, RecordUnit, SendPresented, Finalize]
     machine.handle(Finalized())
-    actions = run_split(machine, listen(150), index=1)
+    actions = run_unit(machine, listen(150), index=1)
     assert kinds(actions) == [Present, RecordUnit, SendPresented, End]
     assert actions[-1] == End(Ended("context_full")) and machine.phase is DuplexPhase.ENDED
     assert not machine.finalizing
@@ -374,12 +355,12 @@ def test_a_full_context_ends_the_session_after_the_result_is_sent_without_its_fi
 
 def test_a_context_without_room_for_two_more_units_ends_it_as_the_engine_says():
     machine = prepared()
-    assert kinds(run_split(machine, listen(1000, context_capacity=2200)))[-1] is Finalize
+    assert kinds(run_unit(machine, listen(1000, context_capacity=2200)))[-1] is Finalize
     machine.handle(Finalized())
-    actions = run_split(machine, listen(1400, context_capacity=2200), index=1)  # a unit of 400
+    actions = run_unit(machine, listen(1400, context_capacity=2200), index=1)  # a unit of 400
     assert kinds(actions)[-1] is Finalize  # 1400 + 2 * 400 fits, just
     machine.handle(Finalized())
-    actions = run_split(machine, listen(1401, context_capacity=2200), index=2)
+    actions = run_unit(machine, listen(1401, context_capacity=2200), index=2)
     assert actions[-1] == End(Ended("context_full"))
 
 
@@ -388,8 +369,6 @@ def test_the_loop_cannot_take_a_chunk_while_a_unit_runs():
     machine.handle(ChunkReady(chunk(0)))
     with pytest.raises(IllegalTransition):
         machine.handle(ChunkReady(chunk(1)))
-    with pytest.raises(IllegalTransition):
-        machine.handle(Generated(listen(), 10.0, 0))  # before its prefill
     with pytest.raises(TypeError):
         machine.handle("chunk")  # type: ignore[arg-type]
 
@@ -406,4 +385,4 @@ def test_the_prepare_sets_the_loop_and_a_sliding_window_lifts_the_context_limit(
     assert machine.context_limit == 150
     machine.configure_units(True, 1, ContextWindow(WindowMode.BASIC, 4000, 3500))
     assert machine.context_limit is None  # it slides: nothing to end at
-    assert kinds(run_split(machine, listen(10_000)))[-1] is Finalize
+    assert kinds(run_unit(machine, listen(10_000)))[-1] is Finalize

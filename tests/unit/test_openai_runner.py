@@ -18,15 +18,15 @@ from starlette.websockets import WebSocketState
 
 from omnilive.audio import tone
 from omnilive.config import load_settings
-from omnilive.engines.base import HalfDuplexSession
 from omnilive.engines.messages import TextAudioChunk
 from omnilive.engines.scripted import ScriptedEngine
+from omnilive.engines.sync_views import SyncHalfDuplexSession
 from omnilive.protocol.internal import Envelope
 from omnilive.worker.app import _serve
 from omnilive.worker.runtime import WorkerRuntime
 
 
-class Minimal(HalfDuplexSession):
+class Minimal(SyncHalfDuplexSession):
     """Only the required steps, like an engine that keeps its own context."""
 
     def prepare(self, system: list, options: Any) -> int:
@@ -46,7 +46,7 @@ class Minimal(HalfDuplexSession):
 
 
 class MinimalEngine(ScriptedEngine):
-    def open_half_duplex(self) -> HalfDuplexSession:
+    def open_half_duplex(self) -> SyncHalfDuplexSession:
         return Minimal()
 
 

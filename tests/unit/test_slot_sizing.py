@@ -89,7 +89,7 @@ async def test_a_worker_serves_as_many_sessions_as_its_engine_has_slots_once_loa
             asyncio.timeout(5),  # a fourth slot would hang here
             runtime.session("c", "chat") as third,
         ):
-            assert await runtime.step(third, lambda: 42) == 42
+            assert await runtime.step(third.lane.run, lambda: 42) == 42
             assert len(runtime.status().sessions) == 3
     finally:
         runtime.close()

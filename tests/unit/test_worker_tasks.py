@@ -21,8 +21,10 @@ from fastapi.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from omnilive.config import Settings, load_settings
-from omnilive.engines.messages import DuplexUnit, PrefillStats, UnitInput
+from omnilive.engines.base import DuplexSession
+from omnilive.engines.messages import DuplexOptions, DuplexUnit, PrefillStats, UnitInput
 from omnilive.engines.scripted import ScriptedEngine
+from omnilive.engines.sync_views import SyncDuplexSession
 from omnilive.protocol.internal import CLOSE_SESSION_FAILED, Envelope
 from omnilive.tasks import leaf_errors
 from omnilive.worker.app import _serve, create_worker_app
@@ -184,30 +186,44 @@ async def test_a_duplex_session_names_its_tasks_and_leaves_none(runtime, setting
     assert session_tasks() == [] and errors(caplog) == []
 
 
+class WholeUnitDuplex(DuplexSession):
+    """The scripted duplex view as an async one that runs a unit as one step
+    (as the GPU engine does): the runner must call :meth:`unit`, nothing else."""
+
+    def __init__(self, inner: SyncDuplexSession, units: list[bool]) -> None:
+        self.inner, self.units = inner, units
+
+    async def prepare(self, system_prompt: str, options: DuplexOptions) -> int:
+        return self.inner.prepare(system_prompt, options)
+
+    async def unit(self, given: UnitInput) -> tuple[PrefillStats, DuplexUnit]:
+        self.units.append(given.force_listen)
+        stats = self.inner.prefill(given.audio, given.frames, given.max_slice_nums)
+        stats.cost_ms = 250.0
+        return stats, self.inner.generate(given.force_listen)
+
+    async def prefill(self, *args: Any) -> PrefillStats:
+        raise Bug("a whole unit's parts were called apart")
+
+    async def generate(self, force_listen: bool = False) -> DuplexUnit:
+        raise Bug("a whole unit's parts were called apart")
+
+    async def finalize(self) -> None:
+        self.inner.finalize()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
 class WholeUnits(FaultyEngine):
-    """The scripted engine as one that runs a duplex unit as one step (as
-    the GPU engine does): the runner must call :meth:`unit`, nothing else."""
+    """The scripted engine with an async duplex view that runs whole units."""
 
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings, None)
         self.units: list[bool] = []
 
     def open_duplex(self) -> Any:
-        session = super().open_duplex()
-        inner_prefill, inner_generate = session.prefill, session.generate
-
-        async def unit(given: UnitInput) -> tuple[PrefillStats, DuplexUnit]:
-            self.units.append(given.force_listen)
-            stats = inner_prefill(given.audio, given.frames, given.max_slice_nums)
-            stats.cost_ms = 250.0
-            return stats, inner_generate(given.force_listen)
-
-        def apart(*args: Any) -> None:
-            raise Bug("a whole unit's parts were called apart")
-
-        session.whole_units, session.unit = True, unit
-        session.prefill = session.generate = apart
-        return session
+        return WholeUnitDuplex(super().open_duplex(), self.units)
 
 
 async def test_an_engine_that_runs_whole_units_is_given_each_unit_as_one_step(settings, caplog):

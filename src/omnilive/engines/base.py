@@ -1,14 +1,17 @@
 """The engine interface: a model (or cascade of models) behind three views.
 
-Every method here may be slow. A synchronous one is called off the event
-loop, one step at a time, so that control messages are read while a step
-runs. A view may instead make its steps coroutine functions (``generate`` an
-async generator): the worker then awaits them on its own event loop, and the
-engine keeps its blocking work on threads of its own (the GPU engine's batch
-loop and lanes), with no thread per session. A session object holds one
-conversation's state; an engine with ``capabilities.slots > 1`` hands out
-several at once. What the views take and return (messages, options,
-answers' chunks, duplex units) is plain data, in :mod:`omnilive.engines.messages`.
+A view's steps (a prefill, an answer, a unit) may be slow, and the event
+loop must go on reading control messages while one runs: they are
+coroutines (``generate`` an async generator), and the worker awaits them.
+An engine whose work is already off the loop (the GPU engine's batch loop
+and lanes) implements these views and needs no thread per session. An
+engine whose steps are blocking calls implements the synchronous views of
+:mod:`omnilive.engines.sync_views` instead; the worker runs their methods
+on the session's lane, one step at a time, through one adapter. A session
+object holds one conversation's state; an engine with
+``capabilities.slots > 1`` hands out several at once. What the views take
+and return (messages, options, answers' chunks, duplex units) is plain
+data, in :mod:`omnilive.engines.messages`.
 
 Audio in is float32 mono at 16 kHz; audio out is float32 mono at 24 kHz.
 """
@@ -17,10 +20,11 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import time
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
@@ -41,6 +45,13 @@ from omnilive.engines.messages import (
     Voice,
 )
 from omnilive.engines.steps import StepLoop
+
+if TYPE_CHECKING:  # sync_views builds on this module's views
+    from omnilive.engines.sync_views import (
+        SyncChatSession,
+        SyncDuplexSession,
+        SyncHalfDuplexSession,
+    )
 
 T = TypeVar("T")
 
@@ -138,20 +149,14 @@ class Interruptible(Iterator[T]):
             close()
 
 
-class ChatSession(abc.ABC):
-    """Stateless turn-based chat: one prefill of all messages, then generation."""
+class ViewBasics:
+    """What every view has, whether its steps are coroutines or plain
+    methods run on a lane (:mod:`omnilive.engines.sync_views`): a release,
+    and what the runners read between steps, on the event loop."""
 
-    @abc.abstractmethod
-    def prefill(self, messages: list[ChatMessage], options: ChatOptions) -> int:
-        """Encode every message; returns the input token count."""
-
-    @abc.abstractmethod
-    def generate(self) -> Iterator[TextAudioChunk]:
-        """Stream the answer. Each ``next()`` should be short (a token or a
-        sentence). The iterator may be :class:`Interruptible`."""
-
-    def close(self) -> None:  # noqa: B027 - optional hook
-        """Release per-request state."""
+    def close(self) -> None:
+        """Release the session's state (caches, GPU memory). Not a step: the
+        worker runs it as the session lane's last step, from a thread."""
 
     @property
     def warnings(self) -> list[str]:
@@ -160,67 +165,16 @@ class ChatSession(abc.ABC):
         return []
 
 
-class HalfDuplexSession(abc.ABC):
-    """Voice turns with context kept across turns of one session."""
-
-    @abc.abstractmethod
-    def prepare(self, system: list[Part], options: HalfDuplexOptions) -> int:
-        """Prefill the system content; returns the prompt length in tokens."""
-
-    @abc.abstractmethod
-    def prefill(self, speech: np.ndarray) -> int:
-        """Add one user speech segment (16 kHz); returns tokens added."""
-
-    @abc.abstractmethod
-    def generate(self) -> Iterator[TextAudioChunk]:
-        """Stream the answer to the last speech segment (the iterator may be
-        :class:`Interruptible`)."""
-
-    def hear(self, speech_so_far: np.ndarray, paused: bool) -> None:  # noqa: B027
-        """Optional early work while the user is still speaking.
-
-        Called with the current turn's speech so far (16 kHz), off the event
-        loop, whenever new speech arrives; ``paused`` is True when the VAD has
-        just heard silence after speech, so the turn may be over. An engine may
-        transcribe (and, when paused, start answering) ahead of time. A later
-        :meth:`prefill` whose speech starts with the same samples may reuse that
-        work; otherwise the engine must discard it.
-        """
-
-    # Whether :meth:`end_of_turn` gives an opinion (from the words it heard):
-    # the words do not change with more silence, so the worker reads them at
-    # a shorter silence than it waits before judging by sound alone.
-    judges_words: bool = False
-
-    def end_of_turn(self, speech: np.ndarray) -> float | None:
-        """The engine's own estimate (0–1), from the words it understood in
-        ``speech`` (the turn so far, its silence included), that the user has
-        finished; None: no opinion, the worker's audio model judges alone.
-        Called off the event loop at each of the VAD's turn checks; it may
-        wait briefly for the early work of :meth:`hear`."""
-        return None
-
-    def keep_heard(self, text: str) -> bool:
-        """Cut the last answer in the context to ``text``, the part the user
-        heard (docs/resume.md); False when the engine cannot roll its context
-        back (it then keeps the whole answer)."""
-        return False
-
-    @abc.abstractmethod
-    def snapshot(self) -> None:
-        """Remember the context as it is now (before a turn)."""
-
-    @abc.abstractmethod
-    def rollback(self) -> None:
-        """Restore the context to the last snapshot (after a failed turn)."""
-
-    def close(self) -> None:  # noqa: B027 - optional hook
-        """Release the session's state."""
+class HalfDuplexBasics(ViewBasics):
+    """What a half-duplex view tells between its steps."""
 
     @property
-    def warnings(self) -> list[str]:
-        """See :attr:`ChatSession.warnings`."""
-        return []
+    def judges_words(self) -> bool:
+        """Whether :meth:`HalfDuplexSession.end_of_turn` gives an opinion (from
+        the words it heard): the words do not change with more silence, so the
+        worker reads them at a shorter silence than it waits before judging by
+        sound alone."""
+        return False
 
     @property
     def turn_timings(self) -> dict[str, float]:
@@ -228,92 +182,156 @@ class HalfDuplexSession(abc.ABC):
         benchmarks and logs; runners add them to ``turn_done``."""
         return {}
 
+    @property
+    def transcript(self) -> str | None:
+        """What the user said in the last prefill, when the engine
+        transcribes speech on its way (the cascade's Whisper); else None."""
+        return None
+
+
+class ChatSession(ViewBasics, abc.ABC):
+    """Stateless turn-based chat: one prefill of all messages, then generation."""
+
+    @abc.abstractmethod
+    async def prefill(self, messages: list[ChatMessage], options: ChatOptions) -> int:
+        """Encode every message; returns the input token count."""
+
+    @abc.abstractmethod
+    def generate(self) -> AsyncGenerator[TextAudioChunk, None]:
+        """Stream the answer (an async generator). Each item should come soon
+        (a token or a sentence); a reader that leaves closes it, and the
+        engine stops at its next step."""
+
+
+class HalfDuplexSession(HalfDuplexBasics, abc.ABC):
+    """Voice turns with context kept across turns of one session."""
+
+    @abc.abstractmethod
+    async def prepare(self, system: list[Part], options: HalfDuplexOptions) -> int:
+        """Prefill the system content; returns the prompt length in tokens."""
+
+    @abc.abstractmethod
+    async def prefill(self, speech: np.ndarray) -> int:
+        """Add one user speech segment (16 kHz); returns tokens added."""
+
+    @abc.abstractmethod
+    def generate(self) -> AsyncGenerator[TextAudioChunk, None]:
+        """Stream the answer to the last speech segment (see
+        :meth:`ChatSession.generate`)."""
+
+    async def hear(self, speech_so_far: np.ndarray, paused: bool) -> None:
+        """Optional early work while the user is still speaking.
+
+        Called with the current turn's speech so far (16 kHz) whenever new
+        speech arrives; ``paused`` is True when the VAD has just heard
+        silence after speech, so the turn may be over. An engine may
+        transcribe (and, when paused, start answering) ahead of time. A later
+        :meth:`prefill` whose speech starts with the same samples may reuse that
+        work; otherwise the engine must discard it.
+        """
+
+    async def end_of_turn(self, speech: np.ndarray) -> float | None:
+        """The engine's own estimate (0–1), from the words it understood in
+        ``speech`` (the turn so far, its silence included), that the user has
+        finished; None: no opinion, the worker's audio model judges alone.
+        Called at each of the VAD's turn checks; it may wait briefly for the
+        early work of :meth:`hear`."""
+        return None
+
+    async def keep_heard(self, text: str) -> bool:
+        """Cut the last answer in the context to ``text``, the part the user
+        heard (docs/resume.md); False when the engine cannot roll its context
+        back (it then keeps the whole answer)."""
+        return False
+
+    @abc.abstractmethod
+    async def snapshot(self) -> None:
+        """Remember the context as it is now (before a turn)."""
+
+    @abc.abstractmethod
+    async def rollback(self) -> None:
+        """Restore the context to the last snapshot (after a failed turn)."""
+
     # --- conversations a client edits (the Realtime API's items) ---------------
     # Optional: an engine without them refuses with CapabilityError, which the
     # session reports as an error and goes on.
 
-    @property
-    def transcript(self) -> str | None:
-        """What the user said in the last :meth:`prefill`, when the engine
-        transcribes speech on its way (the cascade's Whisper); else None."""
-        return None
-
-    def set_history(self, messages: list[ChatMessage]) -> None:
+    async def set_history(self, messages: list[ChatMessage]) -> None:
         """Replace the conversation (system message first) with ``messages``:
         text, and tool calls with their results. Speech already in the
         context is given as its transcript."""
         raise CapabilityError(type(self).__name__, "conversation items")
 
-    def respond(self, instructions: str | None = None) -> None:
+    async def respond(self, instructions: str | None = None) -> None:
         """Make :meth:`generate` answer the conversation as it stands, with
         no new speech; ``instructions`` are added for this answer only."""
         raise CapabilityError(type(self).__name__, "responses without speech")
 
-    def set_tools(self, tools: Tools) -> None:
+    async def set_tools(self, tools: Tools) -> None:
         """Offer functions to the model from the next answer on."""
         if tools.functions:
             raise CapabilityError(type(self).__name__, "tools")
 
-    def set_options(self, options: HalfDuplexOptions) -> None:
+    async def set_options(self, options: HalfDuplexOptions) -> None:
         """New generation options (speech on or off, voice, length) from the
         next answer on, the conversation kept."""
         raise CapabilityError(type(self).__name__, "session updates")
 
 
-class DuplexSession(abc.ABC):
-    """The per-second unit loop of full duplex: prefill, generate, finalize."""
+class DuplexSession(ViewBasics, abc.ABC):
+    """The per-second unit loop of full duplex: a unit (its prefill, then its
+    generate), then its finalize."""
 
     @abc.abstractmethod
-    def prepare(self, system_prompt: str, options: DuplexOptions) -> int:
+    async def prepare(self, system_prompt: str, options: DuplexOptions) -> int:
         """Reset and prefill the system prompt; returns the prompt length."""
 
     @abc.abstractmethod
-    def prefill(
+    async def prefill(
         self, audio: np.ndarray, frames: list[bytes], max_slice_nums: int | None = None
     ) -> PrefillStats:
         """Feed one unit of audio (16 kHz) and JPEG frames."""
 
     @abc.abstractmethod
-    def generate(self, force_listen: bool = False) -> DuplexUnit:
+    async def generate(self, force_listen: bool = False) -> DuplexUnit:
         """Decide to listen or speak for this unit."""
 
-    # True where the engine runs a unit's prefill and generate best as one
-    # request (:meth:`unit`, then a coroutine function): its threads pass the
-    # unit along without returning to the event loop in between.
-    whole_units: bool = False
-
     async def unit(self, given: UnitInput) -> tuple[PrefillStats, DuplexUnit]:
-        """:meth:`prefill` then :meth:`generate` as one step (only where
-        :attr:`whole_units`); the stats' ``cost_ms`` is the prefill's part."""
-        raise NotImplementedError("this engine runs a unit as prefill, then generate")
+        """One unit, the worker's one entry: :meth:`prefill`, then
+        :meth:`generate`. The stats' ``cost_ms`` is the prefill's part as
+        this caller saw it. An engine that runs a unit best as one request
+        (its threads pass the unit along without returning to the event
+        loop in between) overrides it."""
+        started = time.perf_counter()
+        stats = await self.prefill(given.audio, given.frames, given.max_slice_nums)
+        cost_ms = (time.perf_counter() - started) * 1000
+        result = await self.generate(given.force_listen)
+        return dataclasses.replace(stats, cost_ms=cost_ms), result
 
-    def finalize(self) -> None:  # noqa: B027 - optional hook
+    async def finalize(self) -> None:
         """Bookkeeping after a unit's result is sent (deferred finalize)."""
 
-    def update(self, system_prompt: str | None, tts_voice: Voice | None) -> list[str]:
+    async def update(self, system_prompt: str | None, tts_voice: Voice | None) -> list[str]:
         """Change the instructions or the voice mid-session, from the next turn
         on, where the engine can; returns what it could not change (warnings)."""
-        unchanged = []
-        if system_prompt is not None:
-            unchanged.append("this engine keeps the session's instructions until it ends")
-        if tts_voice is not None:
-            unchanged.append("this engine keeps the session's voice until it ends")
-        return unchanged
+        return unchanged_by_update(system_prompt, tts_voice)
 
-    def append(self, note: ContextNote) -> int:
+    async def append(self, note: ContextNote) -> int:
         """Write ``note`` into the context, between two units (the worker
         calls it after one unit's finalize, before the next one's prefill);
         returns the tokens it added. Commentary is for the model to say
         (the Live API's appends: :mod:`omnilive.engines.appends`)."""
         raise CapabilityError(type(self).__name__, "text appended to the context")
 
-    def close(self) -> None:  # noqa: B027 - optional hook
-        """Release the session's state (caches, GPU memory)."""
 
-    @property
-    def warnings(self) -> list[str]:
-        """See :attr:`ChatSession.warnings`."""
-        return []
+def unchanged_by_update(system_prompt: str | None, tts_voice: Voice | None) -> list[str]:
+    """What :meth:`DuplexSession.update` answers where the engine changes nothing."""
+    unchanged = []
+    if system_prompt is not None:
+        unchanged.append("this engine keeps the session's instructions until it ends")
+    if tts_voice is not None:
+        unchanged.append("this engine keeps the session's voice until it ends")
+    return unchanged
 
 
 ProgressCallback = Callable[[str, float], None]
@@ -330,14 +348,16 @@ class Engine(abc.ABC):
     def load(self, progress: ProgressCallback) -> None:
         """Load weights and warm up. Called once, off the event loop."""
 
+    # A view, in either form: the worker runs a synchronous one's steps on
+    # the session's lane (sync_views.on_lane).
     @abc.abstractmethod
-    def open_chat(self) -> ChatSession: ...
+    def open_chat(self) -> ChatSession | SyncChatSession: ...
 
     @abc.abstractmethod
-    def open_half_duplex(self) -> HalfDuplexSession: ...
+    def open_half_duplex(self) -> HalfDuplexSession | SyncHalfDuplexSession: ...
 
     @abc.abstractmethod
-    def open_duplex(self) -> DuplexSession: ...
+    def open_duplex(self) -> DuplexSession | SyncDuplexSession: ...
 
     def default_voice(self) -> Voice | None:
         """The voice used when a request names none."""

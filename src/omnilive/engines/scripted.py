@@ -35,9 +35,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-import os
 import re
-import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -47,19 +45,17 @@ import numpy as np
 from PIL import Image
 
 from omnilive.audio import INPUT_RATE, OUTPUT_RATE, rms, tone
+from omnilive.config import Settings
 from omnilive.engine_settings import ScriptedSettings
 from omnilive.engines.appends import ContextNote, NoteKind
 from omnilive.engines.base import (
     Capabilities,
-    ChatSession,
-    DuplexSession,
     Engine,
     EngineError,
-    EngineUnavailable,
-    HalfDuplexSession,
     ProgressCallback,
 )
 from omnilive.engines.context_window import ContextLedger
+from omnilive.engines.load_faults import fail_load
 from omnilive.engines.messages import (
     AudioPart,
     ChatMessage,
@@ -79,6 +75,7 @@ from omnilive.engines.messages import (
     VideoPart,
     Voice,
 )
+from omnilive.engines.sync_views import SyncChatSession, SyncDuplexSession, SyncHalfDuplexSession
 
 _DIRECTIVE = re.compile(r"#([a-z-]+):([A-Za-z0-9_.]+)")
 AUDIO_SECONDS_PER_CHAR = 0.05
@@ -169,7 +166,7 @@ def _count_tokens(parts: list[Part] | tuple[Part, ...]) -> int:
     return total
 
 
-class ScriptedChat(ChatSession):
+class ScriptedChat(SyncChatSession):
     def __init__(self, settings: ScriptedSettings) -> None:
         self._settings = settings
         self._answer = ""
@@ -197,7 +194,7 @@ class ScriptedChat(ChatSession):
             yield TextAudioChunk(text=piece, audio=audio, n_tokens=len(piece.split()) or 1)
 
 
-class ScriptedHalfDuplex(HalfDuplexSession):
+class ScriptedHalfDuplex(SyncHalfDuplexSession):
     def __init__(self, settings: ScriptedSettings) -> None:
         self._settings = settings
         self._knobs = _Knobs.parse("", settings)
@@ -310,7 +307,7 @@ class ScriptedHalfDuplex(HalfDuplexSession):
         self._turns = list(self._saved)
 
 
-class ScriptedDuplex(DuplexSession):
+class ScriptedDuplex(SyncDuplexSession):
     def __init__(self, settings: ScriptedSettings) -> None:
         self._settings = settings
         self._knobs = _Knobs.parse("", settings)
@@ -443,17 +440,6 @@ class ScriptedDuplex(DuplexSession):
             self._cursor += 1
 
 
-def fail_load(fault: str) -> None:
-    """The load faults tests ask for: a crash as a native library's would be
-    (the process dies by a signal), a configuration problem, a bug."""
-    if fault == "crash":
-        os.kill(os.getpid(), signal.SIGSEGV)
-        time.sleep(5)  # the signal arrives asynchronously
-    if fault == "unavailable":
-        raise EngineUnavailable("scripted load fault: the configured model is missing")
-    raise RuntimeError("scripted load fault: a bug while loading")
-
-
 class ScriptedEngine(Engine):
     """Deterministic stand-in for a model; see the module docstring."""
 
@@ -470,6 +456,11 @@ class ScriptedEngine(Engine):
             slots=settings.slots,
             context_window=ContextWindow.of(settings.duplex_window),
         )
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ScriptedEngine:
+        """The engine of ``settings.scripted`` (the registry's factory)."""
+        return cls(settings.scripted, settings.data_dir)
 
     def load(self, progress: ProgressCallback) -> None:
         if self._settings.load_latency_s:
@@ -490,11 +481,11 @@ class ScriptedEngine(Engine):
         counter.write_text(str(done + 1))
         return done < limit
 
-    def open_chat(self) -> ChatSession:
+    def open_chat(self) -> SyncChatSession:
         return ScriptedChat(self._settings)
 
-    def open_half_duplex(self) -> HalfDuplexSession:
+    def open_half_duplex(self) -> SyncHalfDuplexSession:
         return ScriptedHalfDuplex(self._settings)
 
-    def open_duplex(self) -> DuplexSession:
+    def open_duplex(self) -> SyncDuplexSession:
         return ScriptedDuplex(self._settings)

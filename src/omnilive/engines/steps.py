@@ -1,8 +1,9 @@
 """The seam between sessions and an engine: sessions submit steps and await
 them; the engine's loop decides when and where they run.
 
-Every engine step (a prefill, a unit, a sentence of an answer) is blocking
-work that must stay off the event loop. A session holds a :class:`Lane`:
+A synchronous engine's step (a prefill, a unit, a sentence of an answer) is
+blocking work that must stay off the event loop
+(:mod:`omnilive.engines.sync_views` runs its views here). A session holds a :class:`Lane`:
 its steps run in the order it submitted them, one at a time, so the engine
 never sees two steps of one session at once. The :class:`StepLoop` owns the
 threads that run them; this one runs ready lanes on a fixed number of threads
@@ -20,16 +21,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from omnilive.engines.job_queue import Job, JobQueue
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+P = ParamSpec("P")
 
 # Items a streamed step may run ahead of its reader (bounded: a reader that
 # stops reading holds the engine's thread, not unbounded memory).
@@ -55,14 +58,17 @@ class Lane:
     on_finished: Callable[[], None] | None = None
     _closing: bool = False
 
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(*args)`` as this session's next step and return its result."""
+    async def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run ``fn(*args, **kwargs)`` as this session's next step and return its result."""
         if self._closing:
             raise RuntimeError(f"lane {self.name} is finished")
-        result: T = await self.steps.jobs.submit(LaneStep(lane=self, fn=fn, args=args))
+        step = functools.partial(fn, *args, **kwargs)
+        result: T = await self.steps.jobs.submit(LaneStep(lane=self, fn=step))
         return result
 
-    async def stream(self, fn: Callable[..., Iterator[T]], *args: Any) -> AsyncIterator[T]:
+    async def stream(
+        self, fn: Callable[P, Iterator[T]], *args: P.args, **kwargs: P.kwargs
+    ) -> AsyncGenerator[T, None]:
         """Iterate ``fn(*args)`` as one step: the engine's thread produces items
         (at most :data:`STREAM_AHEAD` ahead of the reader), the caller reads them
         here. Leaving the loop early stops and closes the iterator, and
@@ -84,7 +90,7 @@ class Lane:
         def produce() -> None:
             iterator: Iterator[T] | None = None
             try:
-                iterator = fn(*args)  # a plain function may fail here, before any item
+                iterator = fn(*args, **kwargs)  # a plain function may fail here, before any item
                 made.append(iterator)
                 for item in iterator:
                     while not room.acquire(timeout=0.1):
@@ -174,11 +180,11 @@ class StepLoop:
         with self.jobs.lock:
             return id(lane) in self._running or self.jobs.any(lambda job: job.lane is lane)
 
-    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+    async def call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """One step outside any session (loading, warm-up)."""
         lane = self.lane("call")
         try:
-            return await lane.run(fn, *args)
+            return await lane.run(fn, *args, **kwargs)
         finally:
             lane.finish()
 

@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import os
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, TypeVar, cast, overload
+from typing import Any, ParamSpec, TypeVar
 
 from omnilive.end_of_turn import TurnJudge
-from omnilive.engines.base import Engine, EngineUnavailable
+from omnilive.engines.base import (
+    ChatSession,
+    DuplexSession,
+    Engine,
+    EngineUnavailable,
+    HalfDuplexSession,
+)
 from omnilive.engines.steps import Lane
+from omnilive.engines.sync_views import on_lane
 from omnilive.protocol.internal import (
     LoadOutcome,
     LoadProgress,
@@ -27,6 +33,7 @@ from omnilive.worker.transcriber import SideTranscriber
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 class WorkerNotReady(Exception):
@@ -78,11 +85,12 @@ class SessionRecord:
 
 
 class WorkerRuntime:
-    """Owns the engine. Model steps run on the engine's step loop, never on
-    the event loop: each session submits its steps to its own lane and awaits
-    them. A session that ends leaves its last step (the engine session's
-    release) to the lane; its slot is free once that has run, so the engine is
-    never used by two sessions of one slot, and the session never waits."""
+    """Owns the engine. Model steps never run on the event loop: a session
+    awaits its views' steps, and a synchronous engine's views run them on the
+    session's own lane of the engine's step loop (:func:`on_lane`). A session
+    that ends leaves its last step (the engine session's release) to the
+    lane; its slot is free once that has run, so the engine is never used by
+    two sessions of one slot, and the session never waits."""
 
     def __init__(self, engine: Engine, worker_id: str) -> None:
         self.engine = engine
@@ -173,45 +181,34 @@ class WorkerRuntime:
         record.state = state
         self._refresh()
 
-    # An engine's view makes a step a plain function or a coroutine function
-    # (engines/base.py): either way the caller gets the step's result.
-    @overload
-    async def step(
-        self, record: SessionRecord, fn: Callable[..., Awaitable[T]], *args: Any
-    ) -> T: ...
+    # An engine's views, as the runners call them: a synchronous view's
+    # steps on the session's lane, an async view's awaited as they are.
+    def open_chat(self, record: SessionRecord) -> ChatSession:
+        return on_lane(self.engine.open_chat(), record.lane)
 
-    @overload
-    async def step(self, record: SessionRecord, fn: Callable[..., T], *args: Any) -> T: ...
+    def open_half_duplex(self, record: SessionRecord) -> HalfDuplexSession:
+        return on_lane(self.engine.open_half_duplex(), record.lane)
 
-    async def step(self, record: SessionRecord, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run one model step of ``record``'s session: awaited here when the
-        engine's step is a coroutine function (the engine keeps its blocking
-        work on threads of its own), else on the session's lane."""
+    def open_duplex(self, record: SessionRecord) -> DuplexSession:
+        return on_lane(self.engine.open_duplex(), record.lane)
+
+    async def step(self, fn: Callable[P, Awaitable[T]], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run one model step: a view's coroutine (a plain function goes as
+        ``record.lane.run``), its time counted as the worker's inference."""
         started = time.perf_counter()
         try:
-            if inspect.iscoroutinefunction(fn):  # the engine's own async step: no thread here
-                return await fn(*args)
-            return await record.lane.run(fn, *args)
+            return await fn(*args, **kwargs)
         finally:
             self.total_inference_s += time.perf_counter() - started
 
     async def stream(
-        self,
-        record: SessionRecord,
-        fn: Callable[..., Iterator[T]] | Callable[..., AsyncIterator[T]],
-        *args: Any,
+        self, fn: Callable[P, AsyncGenerator[T, None]], *args: P.args, **kwargs: P.kwargs
     ) -> AsyncGenerator[T, None]:
-        """Iterate a streamed step of ``record``'s session (an answer's chunks)."""
+        """Iterate a streamed step (an answer's chunks); leaving early closes it."""
         started = time.perf_counter()
         try:
-            if inspect.isasyncgenfunction(fn):  # the engine's own async answer
-                async with aclosing(fn(*args)) as items:
-                    async for item in items:
-                        yield item
-            else:
-                # Not an async generator function: a plain iterator's.
-                plain = cast("Callable[..., Iterator[T]]", fn)
-                async for item in record.lane.stream(plain, *args):
+            async with aclosing(fn(*args, **kwargs)) as items:
+                async for item in items:
                     yield item
         finally:
             self.total_inference_s += time.perf_counter() - started

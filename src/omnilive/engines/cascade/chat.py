@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from omnilive.engines.base import ChatSession, EngineError
+from omnilive.engines.base import EngineError
 from omnilive.engines.cascade.answer import AnswerStream
 from omnilive.engines.cascade.asr import Transcript
 from omnilive.engines.cascade.conversation import Conversation
@@ -19,12 +19,13 @@ from omnilive.engines.messages import (
     TextPart,
     modalities_of,
 )
+from omnilive.engines.sync_views import SyncChatSession
 
 ROLES = ("system", "user", "assistant")
 ANSWER_ROOM = 64  # the least context left for an answer, whatever max_new_tokens says
 
 
-class CascadeChat(ChatSession):
+class CascadeChat(SyncChatSession):
     """One chat request: :meth:`prefill` builds the prompt, :meth:`generate` answers.
 
     ``prompt`` (the messages given to the LLM, transcripts included),

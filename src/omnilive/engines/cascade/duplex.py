@@ -23,7 +23,7 @@ import numpy as np
 
 from omnilive.audio import OUTPUT_RATE
 from omnilive.engines.appends import ContextNote, system_text
-from omnilive.engines.base import DuplexSession, EngineError
+from omnilive.engines.base import EngineError
 from omnilive.engines.cascade._vad import FrameVAD
 from omnilive.engines.cascade.answer import DUPLEX_FIRST_WORDS, SentenceSplitter, SpokenSentence
 from omnilive.engines.cascade.conversation import ConversationView
@@ -45,6 +45,7 @@ from omnilive.engines.messages import (
     PrefillStats,
     Voice,
 )
+from omnilive.engines.sync_views import SyncDuplexSession
 
 FIRST_AUDIO_WAIT_S = 0.4
 NEXT_AUDIO_WAIT_S = 0.3
@@ -54,7 +55,7 @@ GAP_SILENCE_S = 0.05  # a unit with no audio ready while speaking
 GENERATION = GenerationOptions(max_new_tokens=SPOKEN_MAX_TOKENS)
 
 
-class CascadeDuplex(ConversationView, DuplexSession):
+class CascadeDuplex(ConversationView, SyncDuplexSession):
     """One duplex conversation; see the module docstring."""
 
     def __init__(self, stack: ModelStack, turn_taking: TurnTaking | None = None) -> None:

@@ -4,25 +4,23 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from omnilive.audio import INPUT_RATE, OUTPUT_RATE, resample
 from omnilive.end_of_turn import finished_judge
 from omnilive.engine_settings import CascadeSettings
 from omnilive.engines.base import (
     Capabilities,
-    ChatSession,
-    DuplexSession,
     Engine,
     EngineError,
     EngineUnavailable,
-    HalfDuplexSession,
     ProgressCallback,
 )
 from omnilive.engines.cascade.asr import WhisperASR
 from omnilive.engines.cascade.chat import CascadeChat
 from omnilive.engines.cascade.duplex import CascadeDuplex
 from omnilive.engines.cascade.half_duplex import CascadeHalfDuplex
-from omnilive.engines.cascade.llm import N_CTX, LlamaChat, Message
+from omnilive.engines.cascade.llm import N_CTX, LlamaChat, Message, set_process_knobs
 from omnilive.engines.cascade.models import prepare_models
 from omnilive.engines.cascade.piper import PiperVoice, packaged_voice
 from omnilive.engines.cascade.remote_llm import RemoteChat
@@ -31,6 +29,9 @@ from omnilive.engines.cascade.tts import EspeakTTS, Speech
 from omnilive.engines.cascade.utterance import TurnJudging
 from omnilive.engines.messages import GenerationOptions, Modality, Voice
 from omnilive.session_settings import EndOfTurnSettings
+
+if TYPE_CHECKING:
+    from omnilive.config import Settings
 
 WARMUP_PHRASE = "Hello."
 
@@ -63,7 +64,13 @@ class CascadeEngine(Engine):
             slots=1,
         )
 
+    @classmethod
+    def from_settings(cls, settings: Settings) -> CascadeEngine:
+        """The engine of ``settings.cascade`` (the registry's factory)."""
+        return cls(settings.cascade, settings.data_dir, settings.end_of_turn)
+
     def load(self, progress: ProgressCallback) -> None:
+        set_process_knobs()
         started = time.perf_counter()
         files = prepare_models(self._data_dir, progress)
         joined = time.perf_counter()
@@ -143,13 +150,13 @@ class CascadeEngine(Engine):
         """The loaded models (tests and benchmarks time them one by one)."""
         return self._loaded()
 
-    def open_chat(self) -> ChatSession:
+    def open_chat(self) -> CascadeChat:
         return CascadeChat(self._loaded(), self.require)
 
-    def open_half_duplex(self) -> HalfDuplexSession:
+    def open_half_duplex(self) -> CascadeHalfDuplex:
         return CascadeHalfDuplex(self._loaded(), self.require, self._settings.early_answer)
 
-    def open_duplex(self) -> DuplexSession:
+    def open_duplex(self) -> CascadeDuplex:
         return CascadeDuplex(self._loaded())
 
     def default_voice(self) -> Voice | None:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from omnilive.engines.base import CapabilityError, EngineError, HalfDuplexSession
+from omnilive.engines.base import CapabilityError, EngineError
 from omnilive.engines.cascade._vad import FRAME, RATE, FrameVAD
 from omnilive.engines.cascade.answer import AnswerStream, SpokenSentence
 from omnilive.engines.cascade.asr import Transcript
@@ -54,6 +54,7 @@ from omnilive.engines.messages import (
     Tools,
     modalities_of,
 )
+from omnilive.engines.sync_views import SyncHalfDuplexSession
 
 PARTIAL_STEP_S = 1.0  # new speech between two partial transcripts
 QUIET_TAIL_S = 0.2  # this much trailing audio without speech triggers a transcript
@@ -74,7 +75,7 @@ class _Turn:
     head: list[TextAudioChunk]
 
 
-class CascadeHalfDuplex(ConversationView, HalfDuplexSession):
+class CascadeHalfDuplex(ConversationView, SyncHalfDuplexSession):
     """A voice conversation whose history persists across turns, within the context."""
 
     def __init__(

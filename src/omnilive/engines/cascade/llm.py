@@ -70,11 +70,20 @@ SHIFT_MIN_MATCH = 16  # cached tokens that must line up after a gap to shift the
 # a token takes ~11.5 ms at 1,000 against ~10 at the default; beside a busy
 # process ~31 ms at 1,000, ~140 at 10,000 and ~3 s at the default.
 OPENMP_SPIN_COUNT = "1000"
-# Read once, when llama.cpp's OpenMP library loads, so set on import of the
-# engine (omnilive.engines.cascade imports this module); a value the operator
-# set wins.
-os.environ.setdefault("GOMP_SPINCOUNT", OPENMP_SPIN_COUNT)
 T = TypeVar("T")
+
+
+def set_process_knobs() -> None:
+    """The process-wide settings the cascade engine runs under, made first in
+    its load() (and by :meth:`LlamaChat.load`, for a model used on its own).
+
+    ``GOMP_SPINCOUNT`` (see :data:`OPENMP_SPIN_COUNT`) is read once, when the
+    OpenMP library loads, which happens when llama.cpp's (or another model
+    library's) shared library is first loaded: so it is set before any of them
+    is imported, and never on import of this module. A value the operator set
+    wins.
+    """
+    os.environ.setdefault("GOMP_SPINCOUNT", OPENMP_SPIN_COUNT)
 
 
 def _without_extra_buffer_types(llama_class: type) -> type:
@@ -140,6 +149,7 @@ class LlamaChat:
         self._runner: ThreadPoolExecutor | None = None  # the one thread that runs the model
 
     def load(self) -> None:
+        set_process_knobs()
         import llama_cpp
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 

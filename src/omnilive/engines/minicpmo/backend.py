@@ -46,6 +46,11 @@ class StepGraphSet(Protocol):
 class Backend(Protocol):
     """Loads the model and manages device memory."""
 
+    def configure_process(self) -> None:
+        """Make the process-wide settings the backend's library needs; called
+        once, first when the engine loads, before any model code runs."""
+        ...
+
     def check_device(self, device: str) -> DeviceInfo:
         """Raise :class:`GpuError` if the device cannot be used."""
         ...
@@ -81,6 +86,16 @@ def _import_torch() -> Any:
 
 class TorchBackend:
     """The real backend: ``AutoModel.from_pretrained(..., trust_remote_code=True)`` in bf16."""
+
+    def configure_process(self) -> None:
+        torch = _import_torch()
+        # No cuDNN attention in this process: it builds an execution plan for
+        # every new shape (on an H200 up to ~0.8 s the first time), and the
+        # encoders' shapes keep changing (a session's Whisper cache grows by
+        # a chunk every second; each reference voice has its own length). The
+        # switch is process-wide (torch's sdpa_kernel() is not per thread), so
+        # it is made once, before any step graph is captured.
+        torch.backends.cuda.enable_cudnn_sdp(False)
 
     def check_device(self, device: str) -> DeviceInfo:
         torch = _import_torch()

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import inspect
 import logging
 import os
+import sys
 import time
-from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -41,11 +40,25 @@ from omnilive.engines.minicpmo.reference.chat import MiniCPMoChat
 from omnilive.engines.minicpmo.reference.duplex import MiniCPMoDuplex
 from omnilive.engines.minicpmo.reference.half_duplex import MiniCPMoHalfDuplex
 from omnilive.engines.minicpmo.reference.host import ModelHost
+from omnilive.engines.steps import Lane, StepLoop
+from omnilive.engines.sync_views import (
+    SyncChatSession,
+    SyncDuplexSession,
+    SyncHalfDuplexSession,
+    on_lane,
+)
 
 if TYPE_CHECKING:  # the slot views import torch; the engine loads it only in load()
+    from omnilive.config import Settings
     from omnilive.engines.minicpmo.sessions.views import SlotEngine
 
 log = logging.getLogger(__name__)
+# The worker's threads (the batch loop, the side lane, the sessions' event
+# loop, the server's) share one interpreter lock, and CPython lets a thread
+# keep it for up to its switch interval (5 ms by default) while another waits
+# for it: the batch loop, which gives it up at every graph replay and
+# synchronize, would wait that long each time a lane launches kernels.
+GIL_SWITCH_S = 0.0005
 
 
 def physical_gpu(device: str, visible: str | None) -> int | None:
@@ -61,12 +74,6 @@ def physical_gpu(device: str, visible: str | None) -> int | None:
     if index >= len(names) or not names[index].isdigit():
         return None
     return int(names[index])
-
-
-async def _step(fn: Callable[..., Any], *args: Any) -> Any:
-    """A view's step, whether the view's steps are coroutines (slots) or not."""
-    result = fn(*args)
-    return await result if inspect.isawaitable(result) else result
 
 
 # The context the reference implementation serves (its Realtime API ends a
@@ -108,7 +115,13 @@ class MiniCPMoEngine(Engine):
 
     # --- lifecycle ---------------------------------------------------------------
 
+    @classmethod
+    def from_settings(cls, settings: Settings) -> MiniCPMoEngine:
+        """The engine of ``settings.minicpmo`` (the registry's factory)."""
+        return cls(settings.minicpmo)
+
     def load(self, progress: ProgressCallback) -> None:
+        self._set_process_knobs()
         settings = self._settings
         progress("checking the checkpoint", 0.0)
         checkpoint = inspect_checkpoint(settings.model_path)
@@ -139,6 +152,13 @@ class MiniCPMoEngine(Engine):
             progress("warming up", 0.8)
             self._warm_up()
         progress("ready", 1.0)
+
+    def _set_process_knobs(self) -> None:
+        """The process-wide settings this engine runs under, made first in
+        load(): a worker process holds one engine, and nothing else (an
+        import, a view) changes them. The backend makes its library's own."""
+        sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_S))
+        self._backend.configure_process()
 
     def _allocate_slots(self, host: ModelHost) -> None:
         from omnilive.engines.minicpmo.sessions.views import SlotEngine, plan_slots, slot_bytes
@@ -171,8 +191,9 @@ class MiniCPMoEngine(Engine):
     def _warm_up(self) -> None:
         """One short chat answer and one duplex unit, so that kernel selection,
         allocator growth and lazy imports happen before the first client. The
-        slot views' steps are coroutines: run here on an event loop that
-        lives as long as the warm-up (the worker's loop is not serving yet)."""
+        views' steps are coroutines (the model code's on a lane of the
+        warm-up's own, as the worker runs them): run here on an event loop
+        that lives as long as the warm-up (the worker's loop is not serving yet)."""
         started = time.perf_counter()
         asyncio.run(self._warm_up_views())
         log.info("warm-up done in %.1f s", time.perf_counter() - started)
@@ -180,27 +201,31 @@ class MiniCPMoEngine(Engine):
     async def _warm_up_views(self) -> None:
         if self._slots is not None:
             await self._slots.warm_graphs(self._default_voice)
-        chat = self.open_chat()
+        steps = StepLoop(1, name="minicpmo-warm-up")
+        lane = steps.lane("warm-up")
+        try:
+            await self._warm_up_on(lane)
+        finally:
+            lane.finish()
+            steps.close()
+
+    async def _warm_up_on(self, lane: Lane) -> None:
+        chat = on_lane(self.open_chat(), lane)
         try:
             options = ChatOptions(generation=GenerationOptions(max_new_tokens=8))
-            await _step(chat.prefill, [ChatMessage("user", (TextPart("Hello."),))], options)
-            answer = chat.generate()
-            if isinstance(answer, AsyncIterator):
-                async with aclosing(answer) as pieces:
-                    async for _ in pieces:
-                        pass
-            else:
-                for _ in answer:
+            await chat.prefill([ChatMessage("user", (TextPart("Hello."),))], options)
+            async with aclosing(chat.generate()) as pieces:
+                async for _ in pieces:
                     pass
         finally:
             chat.close()
-        duplex = self._duplex(force_listen_units=0)
+        duplex = on_lane(self._duplex(force_listen_units=0), lane)
         try:
-            await _step(duplex.prepare, "You are a helpful assistant.", DuplexOptions())
+            await duplex.prepare("You are a helpful assistant.", DuplexOptions())
             noise = np.random.default_rng(0).normal(0, 0.01, 16_000).astype(np.float32)
-            await _step(duplex.prefill, noise, [])
-            await _step(duplex.generate)
-            await _step(duplex.finalize)
+            await duplex.prefill(noise, [])
+            await duplex.generate()
+            await duplex.finalize()
         finally:
             duplex.close()
 
@@ -219,7 +244,7 @@ class MiniCPMoEngine(Engine):
             raise EngineError("the minicpmo engine is not loaded")
         return self._host
 
-    def _duplex(self, force_listen_units: int | None = None) -> DuplexSession:
+    def _duplex(self, force_listen_units: int | None = None) -> DuplexSession | SyncDuplexSession:
         if self._slots is not None:
             from omnilive.engines.minicpmo.sessions.duplex_view import SlotDuplexSession
 
@@ -227,7 +252,7 @@ class MiniCPMoEngine(Engine):
             return SlotDuplexSession(self._slots, voice, settings, force_listen_units)
         return MiniCPMoDuplex(self._require_host(), self._default_voice, force_listen_units)
 
-    def open_chat(self) -> ChatSession:
+    def open_chat(self) -> ChatSession | SyncChatSession:
         if self._slots is not None and self._slots.simplex_in_slots:
             from omnilive.engines.minicpmo.sessions.simplex_views import SlotChat
 
@@ -239,7 +264,7 @@ class MiniCPMoEngine(Engine):
 
         return SeatedChat(self._slots, chat)
 
-    def open_half_duplex(self) -> HalfDuplexSession:
+    def open_half_duplex(self) -> HalfDuplexSession | SyncHalfDuplexSession:
         if self._slots is not None and self._slots.simplex_in_slots:
             from omnilive.engines.minicpmo.sessions.simplex_views import SlotHalfDuplex
 
@@ -251,7 +276,7 @@ class MiniCPMoEngine(Engine):
 
         return SeatedHalfDuplex(self._slots, half)
 
-    def open_duplex(self) -> DuplexSession:
+    def open_duplex(self) -> DuplexSession | SyncDuplexSession:
         return self._duplex()
 
     def gpu_id(self) -> int | None:

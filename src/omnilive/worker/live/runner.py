@@ -225,7 +225,7 @@ class LiveRunner(DuplexRunner):
         while self.notes:
             pending = self.notes.popleft()
             try:
-                await self.runtime.step(self.record, self.session.append, pending.note)
+                await self.runtime.step(self.session.append, pending.note)
             except EngineError as exc:  # CapabilityError included: the engine cannot
                 if pending.event_id is not None:
                     error = ProtocolError("unsupported", str(exc), None, pending.event_id)

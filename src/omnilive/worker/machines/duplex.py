@@ -9,8 +9,8 @@ prepared wait for it (``hold``) instead of being refused.
 
 The unit loop is the machine's too (:meth:`DuplexMachine.handle`): for each
 chunk the buffer hands out it answers the steps to run — the dialect's
-appends, then the unit as one request where the engine runs whole units,
-else its prefill and its generate — and, once the unit's result is in, what
+appends, then the unit (:meth:`DuplexSession.unit`: its prefill, then its
+generate) — and, once the unit's result is in, what
 to do with it, in order: present it, record it, finalize it (before the
 result is sent unless the session defers it), send it, and end the session
 when its context is full. A deferred finalize runs beside the loop, and the
@@ -24,8 +24,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from enum import StrEnum
-
-import numpy as np
 
 from omnilive.engines.base import EngineError
 from omnilive.engines.messages import (
@@ -77,28 +75,10 @@ class ChunkReady:
 
 
 @dataclass(frozen=True, eq=False)
-class Prefilled:
-    """The unit's prefill (begun at ``started``) is done."""
-
-    stats: PrefillStats
-    started: float
-    now: float
-
-
-@dataclass(frozen=True, eq=False)
-class Generated:
-    """The unit's generate is done; ``dropped_total``: the chunks the buffer
-    has dropped so far."""
-
-    unit: DuplexUnit
-    now: float
-    dropped_total: int
-
-
-@dataclass(frozen=True, eq=False)
 class UnitRan:
-    """A whole unit (begun at ``started``) is done; the stats' ``cost_ms``
-    is its prefill's part."""
+    """The unit (begun at ``started``) is done; the stats' ``cost_ms`` is
+    its prefill's part; ``dropped_total``: the chunks the buffer has
+    dropped so far."""
 
     stats: PrefillStats
     unit: DuplexUnit
@@ -121,7 +101,7 @@ class Finalized:
     error: str | None = None
 
 
-UnitEvent = ChunkReady | Prefilled | Generated | UnitRan | UnitFailed | Finalized
+UnitEvent = ChunkReady | UnitRan | UnitFailed | Finalized
 
 # --- the unit loop's actions ---------------------------------------------------------
 
@@ -142,22 +122,6 @@ class RunUnit:
     """Run the unit as one step (:meth:`DuplexSession.unit`); report :class:`UnitRan`."""
 
     given: UnitInput
-
-
-@dataclass(frozen=True, eq=False)
-class Prefill:
-    """Run the unit's prefill; report :class:`Prefilled`."""
-
-    audio: np.ndarray  # 16 kHz
-    frames: list[bytes]
-    max_slice_nums: int
-
-
-@dataclass(frozen=True)
-class Generate:
-    """Run the unit's generate; report :class:`Generated`."""
-
-    force_listen: bool
 
 
 @dataclass(frozen=True, eq=False)
@@ -229,8 +193,6 @@ UnitAction = (
     AwaitFinalize
     | BetweenUnits
     | RunUnit
-    | Prefill
-    | Generate
     | Present
     | RecordUnit
     | Finalize
@@ -247,21 +209,18 @@ class _InFlight:
     """The unit being computed."""
 
     chunk: PendingChunk
-    stats: PrefillStats | None = None
     started: float = 0.0
     prefilled: float = 0.0
 
 
 class DuplexMachine(SessionMachine[DuplexPhase]):
-    """One duplex session: its phases and deadlines, and its unit loop
-    (``whole_units``: the engine runs a unit best as one request)."""
+    """One duplex session: its phases and deadlines, and its unit loop."""
 
     phases = DUPLEX_PHASES
 
-    def __init__(self, limits: Limits, now: float, whole_units: bool = False) -> None:
+    def __init__(self, limits: Limits, now: float) -> None:
         super().__init__(limits.first_message_s, now)
         self.limits = limits
-        self.whole_units = whole_units
         self.last_audio = now
         self.pause_deadline: float | None = None
         self.context_limit: int | None = None
@@ -336,20 +295,9 @@ class DuplexMachine(SessionMachine[DuplexPhase]):
         match event:
             case ChunkReady(chunk):
                 return self._next_unit(chunk)
-            case Prefilled(stats, started, now):
-                unit = self._running(event)
-                if self.finalizing:
-                    raise IllegalTransition("a prefill before the previous unit's finalize")
-                unit.stats, unit.started, unit.prefilled = stats, started, now
-                return [Generate(unit.chunk.force_listen)]
-            case Generated(result, now, dropped_total):
-                unit = self._running(event)
-                if unit.stats is None:
-                    raise IllegalTransition("Generated before Prefilled")
-                return self._result(unit, unit.stats, result, now, dropped_total)
             case UnitRan(stats, result, started, now, dropped_total):
                 unit = self._running(event)
-                if self.finalizing:
+                if self.finalizing:  # its prefill came before the previous unit's finalize
                     raise IllegalTransition("a unit before the previous unit's finalize")
                 unit.started, unit.prefilled = started, started + stats.cost_ms / 1000
                 return self._result(unit, stats, result, now, dropped_total)
@@ -377,11 +325,7 @@ class DuplexMachine(SessionMachine[DuplexPhase]):
         actions: list[UnitAction] = [AwaitFinalize()] if self.finalizing else []
         actions.append(BetweenUnits())
         slices = chunk.max_slice_nums or self.max_slice_nums
-        if self.whole_units:
-            given = UnitInput(chunk.audio, chunk.frames, slices, chunk.force_listen)
-            actions.append(RunUnit(given))
-        else:
-            actions.append(Prefill(chunk.audio, chunk.frames, slices))
+        actions.append(RunUnit(UnitInput(chunk.audio, chunk.frames, slices, chunk.force_listen)))
         return actions
 
     def _running(self, event: UnitEvent) -> _InFlight:

@@ -113,7 +113,7 @@ class Responses:
         presenter: ResponsePresenter,
         context: list[ChatMessage] | None,
     ) -> None:
-        record, session = self.record, self.session
+        session = self.session
         out_tokens, status, reason = 0, "completed", None
         error: dict[str, str] | None = None
         own_tools, own_options = rules.overrides(params)
@@ -123,20 +123,18 @@ class Responses:
             if own_tools:
                 await self._apply_tools(params)
             if own_options:
-                await self.runtime.step(
-                    record, session.set_options, rules.options(self.config, params)
-                )
+                await self.runtime.step(session.set_options, rules.options(self.config, params))
             if context is not None:
-                await self.runtime.step(record, session.set_history, context)
+                await self.runtime.step(session.set_history, context)
                 self._prefilled = False
             elif self.conversation.dirty:
                 await self._sync_history()
-            await self.runtime.step(record, session.snapshot)
+            await self.runtime.step(session.snapshot)
             if not self._prefilled or params.instructions or out_of_band:
                 instructions = None if context is not None else params.instructions
-                await self.runtime.step(record, session.respond, instructions)
+                await self.runtime.step(session.respond, instructions)
             self._prefilled = False
-            async for chunk in self.runtime.stream(record, session.generate):
+            async for chunk in self.runtime.stream(session.generate):
                 out_tokens += chunk.n_tokens
                 if chunk.tool_call is not None:
                     events = presenter.tool_call(chunk.tool_call)
@@ -150,7 +148,7 @@ class Responses:
         except EngineError as exc:
             status = "failed"
             log.warning("response %s of %s failed: %s", presenter.id, self.session_id, exc)
-            await self.runtime.step(record, session.rollback)
+            await self.runtime.step(session.rollback)
             failed = f"the response failed: {exc}"
             code = rules.engine_error_code(exc)
             kind = "server_error" if code == "inference_error" else "invalid_request_error"
@@ -186,9 +184,7 @@ class Responses:
         if own_tools:
             await self._apply_tools()
         if own_options:
-            await self.runtime.step(
-                self.record, self.session.set_options, rules.options(self.config)
-            )
+            await self.runtime.step(self.session.set_options, rules.options(self.config))
         self.conversation.dirty = self.conversation.dirty or bool(params.instructions)
 
     async def _cancel(self, event: ResponseCancel) -> None:

@@ -24,7 +24,7 @@ import numpy as np
 from omnilive.audio import INPUT_RATE, AudioDecodeError
 from omnilive.audio_codecs import decode_input
 from omnilive.engines.base import CapabilityError, EngineError
-from omnilive.engines.messages import TextPart
+from omnilive.engines.messages import Part, TextPart
 from omnilive.protocol.common import ProtocolError, parse_json_object
 from omnilive.protocol.openai_realtime import (
     AudioAppend,
@@ -80,7 +80,7 @@ class OpenAIRealtimeRunner(Responses, StreamingRunner):
         self.machine = ConversationMachine(
             self.settings.limits.first_message_timeout_s, time.monotonic()
         )
-        self.session = self.runtime.engine.open_half_duplex()
+        self.session = self.runtime.open_half_duplex(self.record)
         self.hearing = EarlyHearing(self.runtime, self.record, self.session, self.spawn)
         self.record.closer = self.session.close
         self.config = SessionConfig()
@@ -168,8 +168,8 @@ class OpenAIRealtimeRunner(Responses, StreamingRunner):
             self.machine.client_event()
         wanted = SessionConfig.model_validate(data.get("session") or {})
         self.machine.prepare()
-        system = [TextPart(rules.instructions(wanted))]
-        await self.runtime.step(self.record, self.session.prepare, system, rules.options(wanted))
+        system: list[Part] = [TextPart(rules.instructions(wanted))]
+        await self.runtime.step(self.session.prepare, system, rules.options(wanted))
         self.machine.prepared(time.monotonic())
         update = SessionUpdate(type="session.update", session=wanted, event_id=data.get("event_id"))
         await self._update(update, tell=bool(data.get("updated")), prepared=True)
@@ -211,7 +211,7 @@ class OpenAIRealtimeRunner(Responses, StreamingRunner):
     async def _apply_tools(self, params: ResponseParams | None = None) -> None:
         """Offer the session's functions (or one response's) to the model."""
         offered = rules.tools(self.config, params)
-        await self.runtime.step(self.record, self.session.set_tools, offered)
+        await self.runtime.step(self.session.set_tools, offered)
 
     async def _update(
         self, event: SessionUpdate, tell: bool = True, prepared: bool = False
@@ -258,7 +258,7 @@ class OpenAIRealtimeRunner(Responses, StreamingRunner):
         """One engine step of an update; refused, the fields it served keep
         their former values (``kept``) and the client is told."""
         try:
-            await self.runtime.step(self.record, step, argument)
+            await self.runtime.step(step, argument)
         except EngineError as exc:
             self.config = self.config.model_copy(update=kept)
             param = "session." + next(iter(kept))
@@ -376,7 +376,7 @@ class OpenAIRealtimeRunner(Responses, StreamingRunner):
         history, so the history is brought up to date first."""
         if self.conversation.dirty:
             await self._sync_history()
-        self._input_tokens += await self.runtime.step(self.record, self.session.prefill, speech)
+        self._input_tokens += await self.runtime.step(self.session.prefill, speech)
         self._prefilled = True
         set_transcript(item, await self._transcript(speech))
 
@@ -449,7 +449,7 @@ class OpenAIRealtimeRunner(Responses, StreamingRunner):
         messages = self.conversation.messages(rules.instructions(self.config))
         self.conversation.dirty = False
         try:
-            await self.runtime.step(self.record, self.session.set_history, messages)
+            await self.runtime.step(self.session.set_history, messages)
         except CapabilityError as exc:
             if not self._history_refused:
                 self._history_refused = True

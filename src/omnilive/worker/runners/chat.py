@@ -116,7 +116,7 @@ class _ChatRun:
         runtime, record, request = self.runtime, self.record, self.request
         try:
             data_dir = self.settings.data_dir if self.settings is not None else None
-            messages, options = await runtime.step(record, decode_chat, request, data_dir)
+            messages, options = await runtime.step(record.lane.run, decode_chat, request, data_dir)
             runtime.engine.require(modalities_of(messages))
         except DecodeError as exc:
             yield rules.DecodeFailed(str(exc))
@@ -133,12 +133,12 @@ class _ChatRun:
         self.recorder = recorder
         yield rules.PrefillStarted(recorder.recording_id if recorder is not None else None)
         try:
-            session = runtime.engine.open_chat()
+            session = runtime.open_chat(record)
             record.closer = session.close  # the lane's last step
-            input_tokens = await runtime.step(record, session.prefill, messages, options)
+            input_tokens = await runtime.step(session.prefill, messages, options)
             yield rules.Prefilled(input_tokens, time.perf_counter())
             # Closed when the run leaves early, so the engine stops producing.
-            async with aclosing(runtime.stream(record, session.generate)) as chunks:
+            async with aclosing(runtime.stream(session.generate)) as chunks:
                 async for chunk in chunks:
                     now, wall = time.perf_counter(), time.time()
                     yield rules.Chunk(chunk.text, chunk.audio, chunk.n_tokens, now, wall)

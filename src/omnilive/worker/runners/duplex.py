@@ -79,9 +79,9 @@ class DuplexRunner(StreamingRunner):
             pause_s=settings.duplex.pause_timeout_s,
             max_pause_s=settings.duplex.max_pause_s,
         )
-        self.session: DuplexSession = self.runtime.engine.open_duplex()
+        self.session: DuplexSession = self.runtime.open_duplex(self.record)
         self.record.closer = self.session.close  # the lane's last step
-        self.machine = DuplexMachine(limits, time.monotonic(), self.session.whole_units)
+        self.machine = DuplexMachine(limits, time.monotonic())
         self.buffer = ChunkBuffer(self.settings.duplex.max_pending_chunks)
         self.presenter: Presenter = DuplexPresenter()
         self.dialect = "duplex"
@@ -185,7 +185,7 @@ class DuplexRunner(StreamingRunner):
         )
         try:
             prompt_length = await self.runtime.step(
-                self.record, self.session.prepare, message.system_prompt, options
+                self.session.prepare, message.system_prompt, options
             )
         except EngineError as exc:
             await self.send_error(ErrorCode.INFERENCE_ERROR, f"prepare failed: {exc}")
@@ -249,7 +249,7 @@ class DuplexRunner(StreamingRunner):
         tts_voice = Voice(reference=voice) if voice is not None else None
         try:
             unchanged = await self.runtime.step(
-                self.record, self.session.update, message.system_prompt, tts_voice
+                self.session.update, message.system_prompt, tts_voice
             )
         except EngineError as exc:
             await self.send_error(ErrorCode.INFERENCE_ERROR, f"update failed: {exc}")
@@ -354,27 +354,12 @@ class DuplexRunner(StreamingRunner):
             case rules.RunUnit(given):
                 started = time.perf_counter()
                 try:
-                    stats, unit = await self.runtime.step(record, session.unit, given)
+                    stats, unit = await self.runtime.step(session.unit, given)
                 except EngineError as exc:
                     return rules.UnitFailed(exc)
                 return rules.UnitRan(
                     stats, unit, started, time.perf_counter(), self.buffer.dropped_total
                 )
-            case rules.Prefill(audio, frames, max_slice_nums):
-                started = time.perf_counter()
-                try:
-                    stats = await self.runtime.step(
-                        record, session.prefill, audio, frames, max_slice_nums
-                    )
-                except EngineError as exc:
-                    return rules.UnitFailed(exc)
-                return rules.Prefilled(stats, started, time.perf_counter())
-            case rules.Generate(force_listen):
-                try:
-                    unit = await self.runtime.step(record, session.generate, force_listen)
-                except EngineError as exc:
-                    return rules.UnitFailed(exc)
-                return rules.Generated(unit, time.perf_counter(), self.buffer.dropped_total)
             case rules.Present(unit, chunk, timing):
                 record.kv_cache_length = unit.kv_cache_length
                 self._presented = self.presenter.unit(unit, chunk, timing)
@@ -421,7 +406,7 @@ class DuplexRunner(StreamingRunner):
         """The unit's finalize; the machine hears how it went (beside the
         loop, where it is deferred)."""
         try:
-            await self.runtime.step(self.record, self.session.finalize)
+            await self.runtime.step(self.session.finalize)
         except EngineError as exc:
             await self._do(self.machine.handle(rules.Finalized(str(exc))))
         else:

@@ -117,7 +117,7 @@ class HalfDuplexRunner(StreamingRunner):
     def _init_state(self) -> None:
         first_message_s = self.settings.limits.first_message_timeout_s
         self.machine = HalfDuplexMachine(first_message_s, time.monotonic())
-        self.session: HalfDuplexSession = self.runtime.engine.open_half_duplex()
+        self.session: HalfDuplexSession = self.runtime.open_half_duplex(self.record)
         self.hearing = EarlyHearing(self.runtime, self.record, self.session, self.spawn)
         self.record.closer = self.session.close  # the lane's last step
         self.vad: StreamingVad | None = None
@@ -232,7 +232,7 @@ class HalfDuplexRunner(StreamingRunner):
         vad_config = await with_turn_checks(self.runtime, vad_config, rule_is_servers, words)
         self.vad = StreamingVad(await asyncio.to_thread(SileroModel), vad_config)
         try:
-            await self.runtime.step(self.record, self.session.prepare, parts, options)
+            await self.runtime.step(self.session.prepare, parts, options)
         except EngineError as exc:
             await self.send(error_message(f"prepare failed: {exc}", ErrorCode.INFERENCE_ERROR))
             return None
@@ -325,7 +325,7 @@ class HalfDuplexRunner(StreamingRunner):
         heard = heard_text(answer.chunks, message.played_ms)
         cut = False
         if message.played_ms < answer.audio_ms:
-            cut = await self.runtime.step(self.record, self.session.keep_heard, heard)
+            cut = await self.runtime.step(self.session.keep_heard, heard)
             self.last_answer = None  # cut once
         else:
             heard = answer.text
@@ -357,7 +357,6 @@ class HalfDuplexRunner(StreamingRunner):
     async def _answer(self, ended: SpeechEnded, ended_ts: float) -> None:
         await self.hearing.stop()  # one model step per session at a time
         speech = ended.segment
-        record = self.record
         started = time.perf_counter()
         output = TurnOutput()
         spoken = SpokenAnswer(self.turns)
@@ -366,10 +365,10 @@ class HalfDuplexRunner(StreamingRunner):
         status: TurnStatus = "interrupted"  # until it completes or fails
         failure: str | None = None
         try:
-            await self.runtime.step(record, self.session.snapshot)
-            await self.runtime.step(record, self.session.prefill, speech)
+            await self.runtime.step(self.session.snapshot)
+            await self.runtime.step(self.session.prefill, speech)
             timing["prefill_ms"] = round((time.perf_counter() - started) * 1000, 1)
-            async for chunk in self.runtime.stream(record, self.session.generate):
+            async for chunk in self.runtime.stream(self.session.generate):
                 timing.setdefault("first_chunk_ms", (time.perf_counter() - started) * 1000)
                 audio = pcm_to_b64(chunk.audio) if chunk.audio is not None else None
                 await self.send(chunk_message(chunk.text, audio))
@@ -386,7 +385,7 @@ class HalfDuplexRunner(StreamingRunner):
         except EngineError as exc:
             status, failure = "failed", str(exc)
             log.warning("turn %d of %s failed: %s", self.turns, self.record.session_id, exc)
-            await self.runtime.step(record, self.session.rollback)
+            await self.runtime.step(self.session.rollback)
             await self.send(error_message(f"turn failed: {exc}", ErrorCode.INFERENCE_ERROR))
         except asyncio.CancelledError:
             self.last_answer = spoken  # what was sent of it, for a playback report
@@ -446,4 +445,4 @@ class HalfDuplexRunner(StreamingRunner):
         self.outbox.flush()
         turn.cancel()
         await asyncio.wait([turn])  # how it ended is the group's to read
-        await self.runtime.step(self.record, self.session.rollback)
+        await self.runtime.step(self.session.rollback)

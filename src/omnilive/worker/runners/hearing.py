@@ -47,7 +47,7 @@ class EarlyHearing:
         while self._wanted is not None:
             (speech, paused), self._wanted = self._wanted, None
             try:
-                await self._runtime.step(self._record, self._session.hear, speech, paused)
+                await self._runtime.step(self._session.hear, speech, paused)
             except EngineError as exc:
                 log.warning("early hearing of %s failed: %s", self._record.session_id, exc)
 
@@ -113,7 +113,7 @@ async def judged_end(
     if judge is None or vad is None:
         return None
     try:
-        words_p = await runtime.step(record, session.end_of_turn, check.speech)
+        words_p = await runtime.step(session.end_of_turn, check.speech)
     except EngineError as exc:  # optional: the audio model judges alone
         log.warning("judging the words of %s failed: %s", record.session_id, exc)
         words_p = None

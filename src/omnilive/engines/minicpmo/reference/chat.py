@@ -6,14 +6,14 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from omnilive.engines.base import ChatSession
 from omnilive.engines.messages import ChatMessage, ChatOptions, GenerationOptions, TextAudioChunk
 from omnilive.engines.minicpmo.content import content_of
 from omnilive.engines.minicpmo.reference.host import ModelHost
 from omnilive.engines.minicpmo.reference.simplex import SimplexContext
+from omnilive.engines.sync_views import SyncChatSession
 
 
-class MiniCPMoChat(ChatSession):
+class MiniCPMoChat(SyncChatSession):
     """One chat request: ``streaming_prefill`` per message, ``streaming_generate`` once."""
 
     def __init__(self, host: ModelHost, default_voice: np.ndarray | None) -> None:

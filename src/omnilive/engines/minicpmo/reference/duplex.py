@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from omnilive.engines.appends import ContextNote
-from omnilive.engines.base import DuplexSession, EngineError
+from omnilive.engines.base import EngineError
 from omnilive.engines.messages import (
     ContextWindow,
     DuplexOptions,
@@ -32,6 +32,7 @@ from omnilive.engines.minicpmo.reference.host import (
     model_errors,
     to_samples,
 )
+from omnilive.engines.sync_views import SyncDuplexSession
 
 # The reference implementation's sampling for duplex units.
 SAMPLING = {
@@ -106,7 +107,7 @@ def feed_between_units(duplex: Any, token_ids: list[int]) -> None:
         decoder.enforce_window()
 
 
-class MiniCPMoDuplex(DuplexSession):
+class MiniCPMoDuplex(SyncDuplexSession):
     """One audio or omni duplex session on the shared model."""
 
     def __init__(

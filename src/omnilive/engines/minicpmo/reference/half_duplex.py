@@ -6,14 +6,15 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from omnilive.engines.base import EngineError, HalfDuplexSession
+from omnilive.engines.base import EngineError
 from omnilive.engines.messages import HalfDuplexOptions, Part, TextAudioChunk
 from omnilive.engines.minicpmo.content import content_of
 from omnilive.engines.minicpmo.reference.host import ContextMark, ModelHost, model_errors
 from omnilive.engines.minicpmo.reference.simplex import SimplexContext
+from omnilive.engines.sync_views import SyncHalfDuplexSession
 
 
-class MiniCPMoHalfDuplex(HalfDuplexSession):
+class MiniCPMoHalfDuplex(SyncHalfDuplexSession):
     """System content once, then per turn the user's speech and a streamed answer.
 
     The context lives in the model's KV cache under one session id, so each

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from omnilive.engines.minicpmo.runtime.kernels import AVAILABLE
-from omnilive.engines.minicpmo.sessions.simplex_rules import ChunkSpeechSampling
+from omnilive.engines.minicpmo.sessions.sampling import ANSWER_SPEECH, SpeechSampling
 from omnilive.engines.minicpmo.sessions.speech_choice import (
     COLUMNS,
     FACTORS,
@@ -59,7 +59,7 @@ class SpeechRow(NamedTuple):
 
     logits: torch.Tensor
     previous: list[int] | None
-    sampling: ChunkSpeechSampling
+    sampling: SpeechSampling
     generator: torch.Generator | None = None
 
 
@@ -102,7 +102,7 @@ def _logits_and_table(rows: Sequence[SpeechRow]) -> tuple[torch.Tensor, torch.Te
 def choose_chunk_speech_token(
     logits: torch.Tensor,
     previous: list[int] | None,
-    sampling: ChunkSpeechSampling,
+    sampling: SpeechSampling,
     generator: torch.Generator | None = None,
 ) -> tuple[int, np.ndarray]:
     """:func:`choose_chunk_speech_tokens` of one answer: its token and scores
@@ -128,7 +128,7 @@ def warm(device: torch.device, size: int, dtypes: Sequence[torch.dtype]) -> None
     """Compile the kernel for logits of ``size`` tokens in each of ``dtypes``
     now, not at the first answer's first speech token (a second or so)."""
     for dtype in dtypes:
-        row = SpeechRow(torch.zeros(size, dtype=dtype, device=device), None, ChunkSpeechSampling())
+        row = SpeechRow(torch.zeros(size, dtype=dtype, device=device), None, ANSWER_SPEECH)
         KERNEL.warm(lambda row=row: choose_chunk_speech_tokens([row]), device)
 
 

@@ -56,6 +56,12 @@ from omnilive.engines.minicpmo.sessions.encoders import (
     kept_voice_embeddings,
     prepare_unit,
 )
+from omnilive.engines.minicpmo.sessions.sampling import (
+    DUPLEX_SPEECH,
+    DUPLEX_TEXT,
+    SpeechSampling,
+    TextSampling,
+)
 from omnilive.engines.minicpmo.sessions.shared import SharedModel
 from omnilive.engines.minicpmo.sessions.speech_choice import (
     SpeechPick,
@@ -67,9 +73,7 @@ from omnilive.engines.minicpmo.sessions.unit_rules import (
     NOTHING_FED,
     SPEECH_TOKENS_PER_UNIT,
     Decided,
-    SpeechSampling,
     TextChoice,
-    TextSampling,
     UnitOutcome,
     choose_tokens,
     text_picks,
@@ -93,8 +97,8 @@ class SlotDuplex:
         loop: BatchLoop,
         slot: int,
         *,
-        text: TextSampling | None = None,
-        speech: SpeechSampling | None = None,
+        text: TextSampling = DUPLEX_TEXT,
+        speech: SpeechSampling = DUPLEX_SPEECH,
         seed: int | None = None,
         max_speak_tokens: int = 20,
         keep_logits: bool = False,
@@ -103,8 +107,10 @@ class SlotDuplex:
         self.shared = shared
         self.loop = loop
         self.slot = slot
-        self.text = text or TextSampling()
-        self.speech = speech or SpeechSampling()
+        if speech.warps:
+            raise ValueError("a duplex session's speech sampling has no top-k or top-p")
+        self.text = text
+        self.speech = speech
         self.max_speak_tokens = max_speak_tokens
         self.keep_logits = keep_logits
         # Not torch.seed(): it reseeds the process's default generators, which a

@@ -25,7 +25,8 @@ from omnilive.engines.minicpmo.reference.duplex import system_prompt_parts
 from omnilive.engines.minicpmo.reference.host import model_errors
 from omnilive.engines.minicpmo.runtime.batch import SlotError
 from omnilive.engines.minicpmo.sessions.duplex import SlotDuplex
-from omnilive.engines.minicpmo.sessions.unit_rules import SpeechSampling, TextSampling, UnitOutcome
+from omnilive.engines.minicpmo.sessions.sampling import DUPLEX_SPEECH, DUPLEX_TEXT
+from omnilive.engines.minicpmo.sessions.unit_rules import UnitOutcome
 from omnilive.engines.minicpmo.sessions.views import SlotEngine
 
 log = logging.getLogger(__name__)
@@ -64,8 +65,8 @@ class SlotDuplexSession(DuplexSession):
             self._model.shared,
             self._model.batch,
             slot,
-            text=TextSampling(),  # its defaults are the reference's duplex sampling
-            speech=SpeechSampling(),
+            text=DUPLEX_TEXT,
+            speech=DUPLEX_SPEECH,
             max_speak_tokens=self._settings.max_speak_tokens_per_unit,
             window=options.window or ContextWindow.of(self._settings.duplex_window),
         )
@@ -85,10 +86,9 @@ class SlotDuplexSession(DuplexSession):
             raise EngineError("duplex step before prepare")
         return self._session
 
-    whole_units = True
-
     async def unit(self, given: UnitInput) -> tuple[PrefillStats, DuplexUnit]:
-        """A unit as one request of the engine's threads (:meth:`SlotDuplex.unit`)."""
+        """A unit as one request of the engine's threads (:meth:`SlotDuplex.unit`):
+        they pass it along without returning to the event loop in between."""
         session = self._require()
         start, started = session.handoffs, time.perf_counter()
         forced = self._forced(given.force_listen)

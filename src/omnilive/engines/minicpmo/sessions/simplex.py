@@ -70,12 +70,11 @@ from omnilive.engines.minicpmo.sessions.prompts import (
     prompt_embeddings,
     prompt_inputs,
 )
+from omnilive.engines.minicpmo.sessions.sampling import ANSWER_SPEECH, SpeechSampling, TextSampling
 from omnilive.engines.minicpmo.sessions.shared import SharedModel
 from omnilive.engines.minicpmo.sessions.simplex_rules import (
     PENALTY_WINDOW,
     AnswerRow,
-    AnswerSampling,
-    ChunkSpeechSampling,
     SimplexVocab,
     choose_answer_tokens,
 )
@@ -109,7 +108,7 @@ class AnswerTrace:
 class _TextChoice(NamedTuple):
     session: SlotSimplex
     window: list[int]
-    sampling: AnswerSampling
+    sampling: TextSampling
     suppress: bool
 
 
@@ -129,7 +128,7 @@ class SlotSimplex:
         slot: int,
         *,
         suppress_text_only: bool = True,
-        speech: ChunkSpeechSampling | None = None,
+        speech: SpeechSampling = ANSWER_SPEECH,
         speech_per_chunk: int = SPEECH_PER_CHUNK,
         seed: int | None = None,
         keep_trace: bool = False,
@@ -139,7 +138,7 @@ class SlotSimplex:
         self.slot = slot
         # The unified code masks the forbidden punctuation only when it speaks.
         self.suppress_text_only = suppress_text_only
-        self.speech_sampling = speech or ChunkSpeechSampling()
+        self.speech_sampling = speech
         self.speech_per_chunk = speech_per_chunk
         self.vocab = SimplexVocab.of(shared.tokenizer)
         self.think = str(getattr(shared.model, "think_str", "")).replace("\\n", "\n")
@@ -308,7 +307,7 @@ class SlotSimplex:
 
     async def answer(
         self,
-        sampling: AnswerSampling,
+        sampling: TextSampling,
         max_new_tokens: int,
         *,
         audio: bool,
@@ -372,7 +371,7 @@ class SlotSimplex:
     def _decode(
         self,
         bos: list[int],
-        sampling: AnswerSampling,
+        sampling: TextSampling,
         max_new_tokens: int,
         voice: VoiceStream | None,
         tools: bool = False,

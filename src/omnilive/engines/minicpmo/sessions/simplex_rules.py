@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from omnilive.engines.messages import GenerationOptions
+from omnilive.engines.minicpmo.sessions.sampling import TextSampling
 from omnilive.engines.minicpmo.sessions.unit_rules import draw, kept_count
 
 # The punctuation the published code never lets an answer say.
@@ -29,38 +29,6 @@ TOOL_CALL = "<tool_call>"  # a token of its own in the model's vocabulary
 PENALTY_WINDOW = 128
 # The speech LM's repetition penalty looks at this many previous tokens.
 SPEECH_PENALTY_WINDOW = 16
-
-
-@dataclass(frozen=True)
-class AnswerSampling:
-    """How an answer's text tokens are chosen (``chunk_generate``'s arguments)."""
-
-    greedy: bool = False
-    temperature: float = 0.7
-    top_p: float = 0.8
-    top_k: int = 100
-    repetition_penalty: float = 1.02
-    length_penalty: float = 1.0
-
-    @classmethod
-    def of(cls, options: GenerationOptions) -> AnswerSampling:
-        return cls(
-            greedy=options.greedy,
-            temperature=options.temperature,
-            top_p=options.top_p,
-            length_penalty=options.length_penalty,
-        )
-
-
-@dataclass(frozen=True)
-class ChunkSpeechSampling:
-    """How the speech LM's tokens are chosen (``TTSSamplingParams``)."""
-
-    temperature: float = 0.8
-    top_p: float = 0.85
-    top_k: int = 25
-    repetition_penalty: float = 1.05
-    min_kept: int = 3  # the warpers never keep fewer
 
 
 @dataclass(frozen=True)
@@ -111,7 +79,7 @@ class AnswerRow(NamedTuple):
 
     logits: torch.Tensor
     window: list[int]
-    sampling: AnswerSampling
+    sampling: TextSampling
     vocab: SimplexVocab
     suppress: bool
     generator: torch.Generator | None = None
@@ -189,7 +157,7 @@ def choose_answer_tokens(rows: Sequence[AnswerRow]) -> tuple[list[int], torch.Te
 def choose_answer_token(
     logits: torch.Tensor,
     window: list[int],
-    sampling: AnswerSampling,
+    sampling: TextSampling,
     vocab: SimplexVocab,
     suppress: bool,
     generator: torch.Generator | None = None,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -34,6 +34,7 @@ from omnilive.engines.messages import (
 from omnilive.engines.minicpmo.content import content_of
 from omnilive.engines.minicpmo.reference.host import model_errors
 from omnilive.engines.minicpmo.runtime.batch import SlotError
+from omnilive.engines.minicpmo.sessions.sampling import answer_text
 from omnilive.engines.minicpmo.sessions.simplex import SlotSimplex
 from omnilive.engines.minicpmo.sessions.simplex_history import (
     Entry,
@@ -44,7 +45,6 @@ from omnilive.engines.minicpmo.sessions.simplex_history import (
     tools_block,
     wanted,
 )
-from omnilive.engines.minicpmo.sessions.simplex_rules import AnswerSampling
 
 if TYPE_CHECKING:
     from omnilive.engines.minicpmo.sessions.views import SlotEngine
@@ -108,10 +108,10 @@ class _SlotSimplexView:
 
     async def _answer(
         self, generation: GenerationOptions, tools: bool = False
-    ) -> AsyncIterator[TextAudioChunk]:
+    ) -> AsyncGenerator[TextAudioChunk, None]:
         session = self._require()
         answer = session.answer(
-            AnswerSampling.of(generation),
+            answer_text(generation),
             generation.max_new_tokens,
             audio=self._audio,
             use_tts_template=self._audio,
@@ -191,7 +191,7 @@ class SlotChat(_SlotSimplexView, ChatSession):
         with model_errors("prefill"):
             return await _with_voice(session, reference, messages_in())
 
-    async def generate(self) -> AsyncIterator[TextAudioChunk]:
+    async def generate(self) -> AsyncGenerator[TextAudioChunk, None]:
         async with aclosing(self._answer(self._generation)) as pieces:
             async for piece in pieces:
                 yield piece
@@ -241,7 +241,7 @@ class SlotHalfDuplex(_SlotSimplexView, HalfDuplexSession):
         self._pending = True
         return after - before
 
-    async def generate(self) -> AsyncIterator[TextAudioChunk]:
+    async def generate(self) -> AsyncGenerator[TextAudioChunk, None]:
         if not self._pending:
             raise EngineError("generate before prefill")
         self._pending = False

@@ -34,7 +34,8 @@ import numpy as np
 import torch
 
 from omnilive.engines.minicpmo.runtime.kernels import AVAILABLE
-from omnilive.engines.minicpmo.sessions.unit_rules import SPEECH_PENALTY_WINDOW, SpeechSampling
+from omnilive.engines.minicpmo.sessions.sampling import DUPLEX_SPEECH, SpeechSampling
+from omnilive.engines.minicpmo.sessions.unit_rules import SPEECH_PENALTY_WINDOW
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +211,7 @@ def warm(device: torch.device, size: int, dtypes: Sequence[torch.dtype]) -> None
     now, not at the first session's first speech token (a second or so)."""
     for dtype in dtypes:
         rows = torch.zeros(1, size, dtype=dtype, device=device)
-        pick = SpeechPick([], True, size - 1, SpeechSampling(), Uniforms(None, 1), None)
+        pick = SpeechPick([], True, size - 1, DUPLEX_SPEECH, Uniforms(None, 1), None)
         KERNEL.warm(lambda rows=rows, pick=pick: choose_speech_tokens([(rows[0], pick)]), device)
 
 

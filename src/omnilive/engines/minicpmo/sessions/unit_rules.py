@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 import torch
 
+from omnilive.engines.minicpmo.sessions.sampling import TextSampling
+
 if TYPE_CHECKING:
     from omnilive.engines.minicpmo.runtime.batch import StepResult
 
@@ -110,29 +112,6 @@ class UnitRules:
     @classmethod
     def unified(cls) -> UnitRules:
         return cls(char_limit=28, close_turn_on_forced_listen=True, always_flush=True)
-
-
-@dataclass(frozen=True)
-class TextSampling:
-    """How the LLM's next token is chosen (the model code's ``decode``)."""
-
-    greedy: bool = False
-    temperature: float = 0.7
-    top_k: int = 20
-    top_p: float = 0.8
-    repetition_penalty: float = 1.05
-    repetition_window: int = 512
-    length_penalty: float = 1.1
-    listen_prob_scale: float = 1.0
-
-
-@dataclass(frozen=True)
-class SpeechSampling:
-    """How the speech LM's next token is chosen: temperature 0 takes the most
-    likely token (the model code always samples, at 0.8)."""
-
-    temperature: float = 0.8
-    repetition_penalty: float = 1.05
 
 
 @dataclass(frozen=True)

@@ -20,16 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
-import torch
 
 from omnilive.engines.base import (
     ChatSession,
@@ -55,6 +53,7 @@ from omnilive.engines.minicpmo.sessions.simplex_speech import warm_answer_voices
 from omnilive.engines.minicpmo.sessions.unit_rules import (
     UnitRules,
 )
+from omnilive.engines.sync_views import SyncChatSession, SyncHalfDuplexSession
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -68,12 +67,6 @@ SESSION_WORKING_BYTES = GIB // 4
 SPEECH_CAPACITY = 4096
 # How long a chat or half-duplex session waits for the simplex seat.
 SEAT_WAIT_S = 60.0
-# The worker's threads (the batch loop, the side lane, the sessions' event
-# loop, the server's) share one interpreter lock, and CPython lets a thread
-# keep it for up to its switch interval (5 ms by default) while another waits
-# for it: the batch loop, which gives it up at every graph replay and
-# synchronize, would wait that long each time a lane launches kernels.
-GIL_SWITCH_S = 0.0005
 
 
 # --- sizing ---------------------------------------------------------------------------
@@ -145,14 +138,6 @@ class SlotEngine:
         shared = SharedModel.of_duplex(host.duplex, rules)
         shared.encoder_graphs = host.settings.encoder_graphs
         batch = slot_loop(host.model, slots, context_length, SPEECH_CAPACITY)
-        sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_S))
-        # No cuDNN attention in this process: it builds an execution plan for
-        # every new shape (on an H200 up to ~0.8 s the first time), and the
-        # encoders' shapes keep changing (a session's Whisper cache grows by
-        # a chunk every second; each reference voice has its own length). The
-        # switch is process-wide (torch's sdpa_kernel() is not per thread), so
-        # it is made once, before any step graph is captured.
-        torch.backends.cuda.enable_cudnn_sdp(False)
         in_slots = speech_supported(host.model)
         if not in_slots:
             log.warning(
@@ -250,7 +235,7 @@ class _Seated:
         await self._sit()
         return await self._model.on_side_lane(fn, *args)
 
-    async def _stream(self, make: Callable[[], Iterator[T]]) -> AsyncIterator[T]:
+    async def _stream(self, make: Callable[[], Iterator[T]]) -> AsyncGenerator[T, None]:
         """The iterator ``make()`` returns, each item made on the side lane."""
         iterator = await self._run(make)
         done = object()
@@ -262,7 +247,7 @@ class _Seated:
             if close is not None:
                 self._model.on_side_lane_nowait(close)
 
-    async def generate(self) -> AsyncIterator[TextAudioChunk]:
+    async def generate(self) -> AsyncGenerator[TextAudioChunk, None]:
         async with aclosing(self._stream(self._inner.generate)) as items:
             async for item in items:
                 yield item
@@ -292,7 +277,7 @@ class _Seated:
 
 
 class SeatedChat(_Seated, ChatSession):
-    def __init__(self, model: SlotEngine, inner: ChatSession) -> None:
+    def __init__(self, model: SlotEngine, inner: SyncChatSession) -> None:
         super().__init__(model, inner)
 
     async def prefill(self, messages: list[ChatMessage], options: ChatOptions) -> int:
@@ -300,7 +285,7 @@ class SeatedChat(_Seated, ChatSession):
 
 
 class SeatedHalfDuplex(_Seated, HalfDuplexSession):
-    def __init__(self, model: SlotEngine, inner: HalfDuplexSession) -> None:
+    def __init__(self, model: SlotEngine, inner: SyncHalfDuplexSession) -> None:
         super().__init__(model, inner)
 
     async def prepare(self, system: list[Part], options: HalfDuplexOptions) -> int:
