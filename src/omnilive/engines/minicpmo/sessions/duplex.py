@@ -46,6 +46,7 @@ from omnilive.engines.messages import ContextWindow, WindowMode
 from omnilive.engines.minicpmo.runtime.batch import StepResult
 from omnilive.engines.minicpmo.runtime.loop import BatchLoop
 from omnilive.engines.minicpmo.runtime.programs import Pick, Program, Step
+from omnilive.engines.minicpmo.sessions import sampling
 from omnilive.engines.minicpmo.sessions.encoders import (
     UNIT_KEY,
     AudioStream,
@@ -55,12 +56,6 @@ from omnilive.engines.minicpmo.sessions.encoders import (
     encode_requests,
     kept_voice_embeddings,
     prepare_unit,
-)
-from omnilive.engines.minicpmo.sessions.sampling import (
-    DUPLEX_SPEECH,
-    DUPLEX_TEXT,
-    SpeechSampling,
-    TextSampling,
 )
 from omnilive.engines.minicpmo.sessions.shared import SharedModel
 from omnilive.engines.minicpmo.sessions.speech_choice import (
@@ -97,8 +92,8 @@ class SlotDuplex:
         loop: BatchLoop,
         slot: int,
         *,
-        text: TextSampling = DUPLEX_TEXT,
-        speech: SpeechSampling = DUPLEX_SPEECH,
+        text: sampling.TextSampling = sampling.DUPLEX_TEXT,
+        speech: sampling.SpeechSampling = sampling.DUPLEX_SPEECH,
         seed: int | None = None,
         max_speak_tokens: int = 20,
         keep_logits: bool = False,
@@ -107,10 +102,8 @@ class SlotDuplex:
         self.shared = shared
         self.loop = loop
         self.slot = slot
-        if speech.warps:
-            raise ValueError("a duplex session's speech sampling has no top-k or top-p")
         self.text = text
-        self.speech = speech
+        self.speech = sampling.duplex_speech(speech)
         self.max_speak_tokens = max_speak_tokens
         self.keep_logits = keep_logits
         # Not torch.seed(): it reseeds the process's default generators, which a

@@ -70,3 +70,11 @@ def answer_text(options: GenerationOptions) -> TextSampling:
         top_p=options.top_p,
         length_penalty=options.length_penalty,
     )
+
+
+def duplex_speech(speech: SpeechSampling) -> SpeechSampling:
+    """``speech`` for a duplex session, whose speech choice applies no top-k or
+    top-p: a sampling that asks for them is refused, not silently ignored."""
+    if speech.warps:
+        raise ValueError("a duplex session's speech sampling has no top-k or top-p")
+    return speech
