@@ -3,7 +3,7 @@
 The model's duplex object (either flavour of the published code: the
 checkpoint's ``MiniCPMODuplex`` or the unified code's ``DuplexCapability``)
 runs each session alone, one after another; then the same sessions run all at
-once as :class:`~omnilive.engines.minicpmo.sessions.duplex.SlotDuplex` sessions in
+once as :class:`~omnilive.engines.minicpmo.sessions.duplex.session.SlotDuplex` sessions in
 the slots of one :class:`BatchLoop`, over the same loaded modules. With greedy
 text decoding and the speech LM at temperature ~0 (the model code samples the
 speech LM always; a near-zero temperature makes its draw the best token), every
@@ -225,10 +225,10 @@ async def run_batched(
 ) -> tuple[list[list[UnitTrace]], dict[str, Any]]:
     """Every session at once, each in a slot, over the same modules (the
     encoders through CUDA graphs with ``encoder_graphs``, on CUDA)."""
-    from omnilive.engines.minicpmo.sessions.duplex import SlotDuplex
+    from omnilive.engines.minicpmo.sessions.duplex.session import SlotDuplex
+    from omnilive.engines.minicpmo.sessions.duplex.unit_rules import UnitRules
     from omnilive.engines.minicpmo.sessions.sampling import DUPLEX_SPEECH, DUPLEX_TEXT
     from omnilive.engines.minicpmo.sessions.shared import SharedModel, slot_loop
-    from omnilive.engines.minicpmo.sessions.unit_rules import UnitRules
 
     rules = UnitRules.unified() if flavour == "unified" else UnitRules()
     shared = SharedModel.of_duplex(duplex, rules)

@@ -68,8 +68,8 @@ class TieFollower:
 def follow_ties(followers: dict[int, TieFollower]) -> Any:
     """Wrap the engine's choice functions so each session (found by its
     generator) follows the reference through ties; returns the undo."""
-    from omnilive.engines.minicpmo.sessions import duplex as duplex_slots
-    from omnilive.engines.minicpmo.sessions import speech_choice, unit_rules
+    from omnilive.engines.minicpmo.sessions.duplex import session as duplex_slots
+    from omnilive.engines.minicpmo.sessions.duplex import speech_choice, unit_rules
 
     text, speech = unit_rules.choose_tokens, speech_choice.choose_speech_tokens
 

@@ -5,7 +5,7 @@ For ``--sessions`` sessions, each with a 640x480 camera frame and one second
 of audio per unit, over ``--units`` units:
 
 - the vision encoder one session at a time, then over every session's frame
-  as ONE call (:func:`~omnilive.engines.minicpmo.sessions.encoders.vision_pieces`, what
+  as ONE call (:func:`~omnilive.engines.minicpmo.sessions.encoders.units.vision_pieces`, what
   the side lane gathers), its layers through CUDA graphs as the engine runs
   them, and one session at a time again with eager layers (the largest
   difference of their embeddings is saved: graphs replay the same kernels);
@@ -115,7 +115,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from PIL import Image
 
-    from omnilive.engines.minicpmo.sessions.encoders import (
+    from omnilive.engines.minicpmo.sessions.duplex.unit_rules import UnitRules
+    from omnilive.engines.minicpmo.sessions.encoders.units import (
         AudioStream,
         Frames,
         audio_embeddings,
@@ -124,7 +125,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         vision_pieces,
     )
     from omnilive.engines.minicpmo.sessions.shared import SharedModel
-    from omnilive.engines.minicpmo.sessions.unit_rules import UnitRules
 
     duplex = load_reference(args.ckpt, "unified", args.device, args.dtype, 20, 0)
     torch.backends.cuda.enable_cudnn_sdp(False)  # as the engine runs

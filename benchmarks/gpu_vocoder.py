@@ -33,8 +33,8 @@ import torch
 
 from benchmarks.gpu_checkpoint import STANDINS, synthetic_voice
 from omnilive.audio import wav_bytes
-from omnilive.engines.minicpmo.sessions.flow import FlowRunner
-from omnilive.engines.minicpmo.sessions.vocoder import (
+from omnilive.engines.minicpmo.sessions.voice.flow import FlowRunner
+from omnilive.engines.minicpmo.sessions.voice.vocoder import (
     VOCODER_CHUNK,
     ChunkRunner,
     ModelCodeRunner,

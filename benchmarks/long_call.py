@@ -150,9 +150,9 @@ async def cpu(args: argparse.Namespace) -> dict[str, Any]:
 
     from benchmarks.duplex_equality import load_reference, load_voice
     from omnilive.engines.messages import ContextWindow, WindowMode
-    from omnilive.engines.minicpmo.sessions.duplex import SlotDuplex
+    from omnilive.engines.minicpmo.sessions.duplex.session import SlotDuplex
+    from omnilive.engines.minicpmo.sessions.duplex.unit_rules import UnitRules
     from omnilive.engines.minicpmo.sessions.shared import SharedModel, slot_loop
-    from omnilive.engines.minicpmo.sessions.unit_rules import UnitRules
 
     sys.path.insert(0, str(args.ckpt / "standin"))
     duplex = load_reference(args.ckpt, "unified", "cpu", "float32", budget=8, forced=0)

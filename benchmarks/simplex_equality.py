@@ -3,7 +3,7 @@
 The model's simplex API (``streaming_prefill`` / ``streaming_generate``, of
 either published flavour) runs each conversation alone, one after another;
 then the same conversations run all at once as
-:class:`~omnilive.engines.minicpmo.sessions.simplex.SlotSimplex` sessions in the
+:class:`~omnilive.engines.minicpmo.sessions.simplex.session.SlotSimplex` sessions in the
 slots of one batch loop, over the same loaded modules. With greedy text
 decoding and the speech LM at temperature ~0 (the model code samples it
 always; a near-zero temperature makes its draw the best token), every answer
@@ -250,10 +250,10 @@ async def run_batched(
     tie: float,
 ) -> tuple[list[list[TurnTrace]], dict[str, Any]]:
     """Every conversation at once, each in a slot, over the same modules."""
+    from omnilive.engines.minicpmo.sessions.duplex.unit_rules import UnitRules
     from omnilive.engines.minicpmo.sessions.sampling import ANSWER_SPEECH, ANSWER_TEXT
     from omnilive.engines.minicpmo.sessions.shared import SharedModel, slot_loop
-    from omnilive.engines.minicpmo.sessions.simplex import SlotSimplex
-    from omnilive.engines.minicpmo.sessions.unit_rules import UnitRules
+    from omnilive.engines.minicpmo.sessions.simplex.session import SlotSimplex
 
     shared = SharedModel.of_duplex(processor_owner, UnitRules())
     loop = slot_loop(model, len(inputs), capacity)

@@ -93,7 +93,8 @@ def reproducible_sampling(request: pytest.FixtureRequest, monkeypatch: pytest.Mo
     tiny model ends at a sampled end token, and one in forty ended within its
     first second (CI saw a spoken answer of one piece), so a test that needs
     a long answer failed now and then, and never again when run alone."""
-    from omnilive.engines.minicpmo.sessions import duplex, simplex
+    from omnilive.engines.minicpmo.sessions.duplex import session as duplex
+    from omnilive.engines.minicpmo.sessions.simplex import session as simplex
 
     seeds = itertools.count(zlib.crc32(request.node.nodeid.encode()))
     fixed = SimpleNamespace(randbits=lambda bits: next(seeds) % (1 << bits))
@@ -183,8 +184,8 @@ def tiny_shared(tiny_checkpoint: Path) -> Any:
     through the unified model code, on the CPU in float32."""
     from benchmarks.duplex_equality import load_reference
 
+    from omnilive.engines.minicpmo.sessions.duplex.unit_rules import UnitRules
     from omnilive.engines.minicpmo.sessions.shared import SharedModel
-    from omnilive.engines.minicpmo.sessions.unit_rules import UnitRules
 
     owner = load_reference(tiny_checkpoint, "unified", "cpu", "float32", budget=8, forced=0)
     return SharedModel.of_duplex(owner, UnitRules())

@@ -12,7 +12,12 @@ import pytest
 import torch
 
 from omnilive.engines.minicpmo.runtime import kernels
-from omnilive.engines.minicpmo.sessions.chunk_speech_choice import (
+from omnilive.engines.minicpmo.sessions.duplex.unit_rules import (
+    SPEECH_PENALTY_WINDOW as DUPLEX_WINDOW,
+)
+from omnilive.engines.minicpmo.sessions.sampling import ANSWER_SPEECH
+from omnilive.engines.minicpmo.sessions.simplex.rules import SPEECH_PENALTY_WINDOW
+from omnilive.engines.minicpmo.sessions.simplex.speech_choice import (
     COLUMNS,
     SpeechRow,
     choose_chunk_fused,
@@ -21,11 +26,6 @@ from omnilive.engines.minicpmo.sessions.chunk_speech_choice import (
     choose_chunk_speech_tokens,
     table_row,
     unfiltered_scores,
-)
-from omnilive.engines.minicpmo.sessions.sampling import ANSWER_SPEECH
-from omnilive.engines.minicpmo.sessions.simplex_rules import SPEECH_PENALTY_WINDOW
-from omnilive.engines.minicpmo.sessions.unit_rules import (
-    SPEECH_PENALTY_WINDOW as DUPLEX_WINDOW,
 )
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -75,7 +75,8 @@ def test_the_encoders_graphs_wiring_decides_as_the_model_code_alone(
     from benchmarks.duplex_equality import check
 
     from omnilive.engines.minicpmo.runtime import block_graphs
-    from omnilive.engines.minicpmo.sessions import shared, whisper_graphs
+    from omnilive.engines.minicpmo.sessions import shared
+    from omnilive.engines.minicpmo.sessions.encoders import whisper_graphs
 
     def block_graph(self, key):  # type: ignore[no-untyped-def]
         static = [self.arena.view(index, *shape).zero_() for index, shape in enumerate(key)]

@@ -19,15 +19,19 @@ import numpy as np
 import pytest
 import torch
 
-from omnilive.engines.minicpmo.sessions.flow import (
+from omnilive.engines.minicpmo.sessions.duplex.unit_rules import SILENCE_TOKEN
+from omnilive.engines.minicpmo.sessions.voice.flow import (
     PROMPT_TAIL_FRAMES,
     FlowRunner,
     FlowState,
     graph_model_code_flow,
     keep_frequencies,
 )
-from omnilive.engines.minicpmo.sessions.unit_rules import SILENCE_TOKEN
-from omnilive.engines.minicpmo.sessions.vocoder import VOCODER_CHUNK, VoiceStream, voice_together
+from omnilive.engines.minicpmo.sessions.voice.vocoder import (
+    VOCODER_CHUNK,
+    VoiceStream,
+    voice_together,
+)
 
 SPEECH_TOKENS = 6561
 STEPS = 10  # the flow's Euler steps, as the real vocoder
@@ -225,7 +229,7 @@ def test_the_warm_up_voices_answers_together_at_every_batch_size(vocoder: SmallV
     """What the engine's warm-up runs on CUDA (warm_answer_voices): every
     batch size given, each twice (a graphed shape runs eagerly, then is
     captured), each push of an answer's start one batched chunk."""
-    from omnilive.engines.minicpmo.sessions.simplex_speech import warm_answer_voices
+    from omnilive.engines.minicpmo.sessions.simplex.speech import warm_answer_voices
 
     runner = FlowRunner(vocoder, graphs=False)
     base = runner.open("voice-a.wav")

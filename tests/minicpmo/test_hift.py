@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from omnilive.engines.minicpmo.sessions.hift import BUCKETS, Hift
+from omnilive.engines.minicpmo.sessions.voice.hift import BUCKETS, Hift
 from tests.minicpmo.test_flow_batch import package
 
 

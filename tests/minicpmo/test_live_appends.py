@@ -57,10 +57,10 @@ def reference_run(duplex: Any, inputs: Any, voice: np.ndarray, wav: str, ids: li
 
 
 async def slot_run(duplex: Any, inputs: Any, voice: np.ndarray, ids: list[int] | None):
-    from omnilive.engines.minicpmo.sessions.duplex import SlotDuplex
+    from omnilive.engines.minicpmo.sessions.duplex.session import SlotDuplex
+    from omnilive.engines.minicpmo.sessions.duplex.unit_rules import UnitRules
     from omnilive.engines.minicpmo.sessions.sampling import SpeechSampling, TextSampling
     from omnilive.engines.minicpmo.sessions.shared import SharedModel, slot_loop
-    from omnilive.engines.minicpmo.sessions.unit_rules import UnitRules
 
     shared = SharedModel.of_duplex(duplex, UnitRules())
     loop = slot_loop(duplex.model, 1, 4096)

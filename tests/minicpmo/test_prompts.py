@@ -22,7 +22,7 @@ def shared(tiny_shared: Any) -> Any:
 
 
 def inputs(shared: Any, text: str, seconds: float | None, seed: int) -> Any:
-    from omnilive.engines.minicpmo.sessions.prompts import prompt_inputs
+    from omnilive.engines.minicpmo.sessions.simplex.prompts import prompt_inputs
 
     audios = []
     prompt = f"<|im_start|>user\n{text}"
@@ -43,7 +43,7 @@ def alone(shared: Any, given: Any) -> torch.Tensor:
 
 
 def test_prompts_of_mixed_lengths_encode_together_as_each_alone(shared: Any) -> None:
-    from omnilive.engines.minicpmo.sessions.prompts import prompt_embeddings
+    from omnilive.engines.minicpmo.sessions.simplex.prompts import prompt_embeddings
 
     lengths = [2.0, None, 1.5, 2.0, 1.0, 2.0]  # three of one width, one text-only
     batch = [inputs(shared, f"question {i}", s, i) for i, s in enumerate(lengths)]
@@ -61,8 +61,8 @@ def test_prompts_of_mixed_lengths_encode_together_as_each_alone(shared: Any) -> 
 
 
 def test_a_prompt_whose_placeholders_do_not_fit_its_audio_fails_alone(shared: Any) -> None:
-    from omnilive.engines.minicpmo.sessions.encoders import Failed
-    from omnilive.engines.minicpmo.sessions.prompts import prompt_embeddings
+    from omnilive.engines.minicpmo.sessions.encoders.units import Failed
+    from omnilive.engines.minicpmo.sessions.simplex.prompts import prompt_embeddings
 
     good = inputs(shared, "fine", 1.0, 0)
     bad = inputs(shared, "broken", 1.0, 1)
@@ -75,8 +75,8 @@ def test_a_prompt_whose_placeholders_do_not_fit_its_audio_fails_alone(shared: An
 
 
 def test_a_prompt_that_breaks_its_width_groups_whisper_call_fails_alone(shared: Any) -> None:
-    from omnilive.engines.minicpmo.sessions.encoders import Failed
-    from omnilive.engines.minicpmo.sessions.prompts import prompt_embeddings
+    from omnilive.engines.minicpmo.sessions.encoders.units import Failed
+    from omnilive.engines.minicpmo.sessions.simplex.prompts import prompt_embeddings
 
     first = inputs(shared, "first", 1.0, 0)
     bad = inputs(shared, "broken", 1.0, 1)

@@ -38,7 +38,7 @@ def test_an_answer_takes_the_requests_options_over_its_preset() -> None:
 
 
 def test_a_duplex_session_refuses_speech_warpers_it_cannot_apply() -> None:
-    from omnilive.engines.minicpmo.sessions.duplex import SlotDuplex
+    from omnilive.engines.minicpmo.sessions.duplex.session import SlotDuplex
 
     with pytest.raises(ValueError, match="top-k or top-p"):
         SlotDuplex(None, None, 0, speech=ANSWER_SPEECH)  # type: ignore[arg-type]

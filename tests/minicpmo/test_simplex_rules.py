@@ -11,19 +11,19 @@ import pytest
 import torch
 from transformers import TopKLogitsWarper, TopPLogitsWarper
 
-from omnilive.engines.minicpmo.sessions.chunk_speech_choice import (
-    SpeechRow,
-    choose_chunk_speech_token,
-    choose_chunk_speech_tokens,
-)
 from omnilive.engines.minicpmo.sessions.sampling import ANSWER_SPEECH, ANSWER_TEXT, SpeechSampling
-from omnilive.engines.minicpmo.sessions.simplex_rules import (
+from omnilive.engines.minicpmo.sessions.simplex.rules import (
     AnswerRow,
     SimplexVocab,
     _divide,
     _divisor,
     choose_answer_token,
     choose_answer_tokens,
+)
+from omnilive.engines.minicpmo.sessions.simplex.speech_choice import (
+    SpeechRow,
+    choose_chunk_speech_token,
+    choose_chunk_speech_tokens,
 )
 
 VOCAB = SimplexVocab(terminators=(30, 31), forbidden=(5, 6))

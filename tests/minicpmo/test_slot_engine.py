@@ -37,7 +37,7 @@ from omnilive.engines.messages import (
     Voice,
 )
 from omnilive.engines.minicpmo import MiniCPMoEngine
-from omnilive.engines.minicpmo.sessions.simplex_speech import FIRST_PIECE
+from omnilive.engines.minicpmo.sessions.simplex.speech import FIRST_PIECE
 from tests.minicpmo.conftest import voice, write_checkpoint
 from tests.minicpmo.model_code import CpuBackend, needs_model_code
 from tests.minicpmo.model_code import tiny_checkpoint as build_tiny
@@ -167,7 +167,7 @@ async def test_a_spoken_unit_whose_voice_makes_no_audio_yet_ends_there(
 ) -> None:
     # The vocoder may hold a unit's few speech tokens back (no audio yet):
     # the unit ends with its voice leg all the same.
-    from omnilive.engines.minicpmo.sessions import duplex
+    from omnilive.engines.minicpmo.sessions.duplex import session as duplex
 
     monkeypatch.setattr(duplex, "voice_together", lambda runner, pushes: [None] * len(pushes))
     session = engine.open_duplex()
@@ -387,7 +387,7 @@ async def test_a_reader_cancelled_while_a_piece_is_decoded_leaves_the_program_to
     """A client that leaves while the next piece is being decoded cancels
     its reader's task inside ``await``: the answer's program is still on the
     batch loop's thread then, which closes it; the answer must not."""
-    from omnilive.engines.minicpmo.sessions import simplex
+    from omnilive.engines.minicpmo.sessions.simplex import session as simplex
 
     armed, inside, release = threading.Event(), threading.Event(), threading.Event()
     pieces_init = simplex._Pieces.__init__

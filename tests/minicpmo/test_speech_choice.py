@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from omnilive.engines.minicpmo.runtime import kernels
-from omnilive.engines.minicpmo.sessions.sampling import SpeechSampling
-from omnilive.engines.minicpmo.sessions.speech_choice import (
+from omnilive.engines.minicpmo.sessions.duplex.speech_choice import (
     KernelChoice,
     SpeechPick,
     Uniforms,
@@ -22,6 +21,7 @@ from omnilive.engines.minicpmo.sessions.speech_choice import (
     choose_speech_tokens,
     table_row,
 )
+from omnilive.engines.minicpmo.sessions.sampling import SpeechSampling
 
 EOS = 299
 

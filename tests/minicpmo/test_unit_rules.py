@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from omnilive.engines.minicpmo.sessions.sampling import TextSampling
-from omnilive.engines.minicpmo.sessions.unit_rules import (
+from omnilive.engines.minicpmo.sessions.duplex.unit_rules import (
     DuplexVocab,
     TextChoice,
     UnitRules,
@@ -16,6 +15,7 @@ from omnilive.engines.minicpmo.sessions.unit_rules import (
     choose_tokens,
     kept_count,
 )
+from omnilive.engines.minicpmo.sessions.sampling import TextSampling
 
 VOCAB = DuplexVocab(
     unit=10, unit_end=11, image_start=12, image_end=13, slice_start=14, slice_end=15,

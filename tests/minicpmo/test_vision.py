@@ -35,7 +35,7 @@ def largest_difference(shared: Any, images: list[Image.Image], slices: int) -> t
     in one call: the slices compared and their largest difference."""
     import torch
 
-    from omnilive.engines.minicpmo.sessions.vision import fused_vision, vision_embeddings
+    from omnilive.engines.minicpmo.sessions.encoders.vision import fused_vision, vision_embeddings
 
     assert fused_vision(shared.model)
     made = [shared.processor.process_image([image], max_slice_nums=slices) for image in images]
@@ -76,9 +76,9 @@ def test_the_layers_graphs_give_the_eager_layers_embeddings_to_the_bit(
     import torch
     from benchmarks.duplex_equality import load_reference
 
+    from omnilive.engines.minicpmo.sessions.duplex.unit_rules import UnitRules
+    from omnilive.engines.minicpmo.sessions.encoders.vision import vision_embeddings
     from omnilive.engines.minicpmo.sessions.shared import SharedModel
-    from omnilive.engines.minicpmo.sessions.unit_rules import UnitRules
-    from omnilive.engines.minicpmo.sessions.vision import vision_embeddings
 
     owner = load_reference(tiny_checkpoint, "unified", "cuda", "bfloat16", budget=8, forced=0)
     cuda = SharedModel.of_duplex(owner, UnitRules())

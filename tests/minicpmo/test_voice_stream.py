@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from omnilive.engines.minicpmo.sessions.unit_rules import SILENCE_TOKEN
-from omnilive.engines.minicpmo.sessions.vocoder import (
+from omnilive.engines.minicpmo.sessions.duplex.unit_rules import SILENCE_TOKEN
+from omnilive.engines.minicpmo.sessions.voice.vocoder import (
     OUT_RATE,
     VOCODER_CHUNK,
     ModelCodeRunner,

@@ -26,13 +26,13 @@ def run(shared: Any, starts: list[int], rounds: int) -> tuple[int, float, int]:
     own noise a round: every round's chunks batched, against each session
     alone through the model code. Returns the chunks compared, the largest
     difference and the largest batch."""
-    from omnilive.engines.minicpmo.sessions.encoders import (
+    from omnilive.engines.minicpmo.sessions.encoders.units import (
         AudioStream,
         audio_embeddings,
         audio_embeddings_together,
         audio_features,
     )
-    from omnilive.engines.minicpmo.sessions.whisper_batch import batchable
+    from omnilive.engines.minicpmo.sessions.encoders.whisper_batch import batchable
 
     assert batchable(shared.model)
     alone = [AudioStream(mel=shared.new_mel()) for _ in starts]
@@ -89,13 +89,13 @@ def test_the_graphs_between_attentions_give_the_eager_encoders_embeddings_to_the
     import torch
     from benchmarks.duplex_equality import load_reference
 
-    from omnilive.engines.minicpmo.sessions.encoders import (
+    from omnilive.engines.minicpmo.sessions.duplex.unit_rules import UnitRules
+    from omnilive.engines.minicpmo.sessions.encoders.units import (
         AudioStream,
         audio_embeddings_together,
         audio_features,
     )
     from omnilive.engines.minicpmo.sessions.shared import SharedModel
-    from omnilive.engines.minicpmo.sessions.unit_rules import UnitRules
 
     owner = load_reference(tiny_checkpoint, "unified", "cuda", "bfloat16", budget=8, forced=0)
     cuda = SharedModel.of_duplex(owner, UnitRules())

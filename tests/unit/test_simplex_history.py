@@ -10,8 +10,8 @@ import pytest
 
 from omnilive.engines.base import EngineError
 from omnilive.engines.messages import ChatMessage, TextPart, ToolCall, Tools
-from omnilive.engines.minicpmo.sessions import simplex_history
-from omnilive.engines.minicpmo.sessions.simplex_history import Entry, ToolCallScanner
+from omnilive.engines.minicpmo.sessions.simplex import history as simplex_history
+from omnilive.engines.minicpmo.sessions.simplex.history import Entry, ToolCallScanner
 
 call_text, first_difference = simplex_history.call_text, simplex_history.first_difference
 system_text, tools_block = simplex_history.system_text, simplex_history.tools_block

@@ -2,7 +2,7 @@
 MiniCPM-o's own duplex window (its ``StreamDecoder``: ``register_unit_end``,
 ``enforce_window``, ``enforce_window_with_context``), as the edits a session
 makes to its context. The GPU engine makes them to its slot
-(``minicpmo/sessions/window.py``); the scripted engine just counts.
+(``minicpmo/sessions/duplex/window.py``); the scripted engine just counts.
 
 The context is ``[system][unit][unit]...``; each unit spans ``<unit>`` to
 ``</unit>``, its terminator included. After a unit is closed:

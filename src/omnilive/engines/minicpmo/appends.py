@@ -3,7 +3,7 @@ Live API's appends): as the model's chat template writes a system turn,
 ``<|im_start|>system\\n{text}<|im_end|>\\n``, the turn the duplex context
 itself opens with. The model code's path
 (:func:`~omnilive.engines.minicpmo.reference.duplex.feed_between_units`) and
-the slot sessions (:meth:`~omnilive.engines.minicpmo.sessions.duplex.SlotDuplex.append`)
+the slot sessions (:meth:`~omnilive.engines.minicpmo.sessions.duplex.session.SlotDuplex.append`)
 write the same tokens at the same place: after one unit's ``</unit>``,
 before the next ``<unit>``, a unit of its own for the sliding window (one
 that said nothing: it leaves no words in a ``context`` window's note)."""

@@ -155,7 +155,7 @@ class TorchBackend:
         if not settings.cuda_graphs or settings.torch_compile:
             return None
         from omnilive.engines.minicpmo.reference.graphs import ModelGraphs
-        from omnilive.engines.minicpmo.sessions.flow import graph_model_code_flow
+        from omnilive.engines.minicpmo.sessions.voice.flow import graph_model_code_flow
 
         tokenizer = getattr(getattr(model, "tts", None), "audio_tokenizer", None)
         if tokenizer is not None and graph_model_code_flow(tokenizer):

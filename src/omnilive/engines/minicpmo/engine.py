@@ -246,7 +246,7 @@ class MiniCPMoEngine(Engine):
 
     def _duplex(self, force_listen_units: int | None = None) -> DuplexSession | SyncDuplexSession:
         if self._slots is not None:
-            from omnilive.engines.minicpmo.sessions.duplex_view import SlotDuplexSession
+            from omnilive.engines.minicpmo.sessions.duplex.view import SlotDuplexSession
 
             voice, settings = self._default_voice, self._settings
             return SlotDuplexSession(self._slots, voice, settings, force_listen_units)
@@ -254,7 +254,7 @@ class MiniCPMoEngine(Engine):
 
     def open_chat(self) -> ChatSession | SyncChatSession:
         if self._slots is not None and self._slots.simplex_in_slots:
-            from omnilive.engines.minicpmo.sessions.simplex_views import SlotChat
+            from omnilive.engines.minicpmo.sessions.simplex.views import SlotChat
 
             return SlotChat(self._slots, self._default_voice)
         chat = MiniCPMoChat(self._require_host(), self._default_voice)
@@ -266,7 +266,7 @@ class MiniCPMoEngine(Engine):
 
     def open_half_duplex(self) -> HalfDuplexSession | SyncHalfDuplexSession:
         if self._slots is not None and self._slots.simplex_in_slots:
-            from omnilive.engines.minicpmo.sessions.simplex_views import SlotHalfDuplex
+            from omnilive.engines.minicpmo.sessions.simplex.views import SlotHalfDuplex
 
             return SlotHalfDuplex(self._slots, self._default_voice)
         half = MiniCPMoHalfDuplex(self._require_host(), self._default_voice)

@@ -23,11 +23,11 @@ from omnilive.engines.minicpmo.runtime.fused_decoder import FusedDecoder
 from omnilive.engines.minicpmo.runtime.lanes import SideLane
 from omnilive.engines.minicpmo.runtime.loop import BatchLoop
 from omnilive.engines.minicpmo.runtime.tensors import swapped
-from omnilive.engines.minicpmo.sessions.unit_rules import DuplexVocab, UnitRules
-from omnilive.engines.minicpmo.sessions.vision import Layers, encoder_layers, fused_vision
-from omnilive.engines.minicpmo.sessions.vocoder import VoiceStream, runner_for
-from omnilive.engines.minicpmo.sessions.whisper_batch import batchable
-from omnilive.engines.minicpmo.sessions.whisper_graphs import WhisperGraphs
+from omnilive.engines.minicpmo.sessions.duplex.unit_rules import DuplexVocab, UnitRules
+from omnilive.engines.minicpmo.sessions.encoders.vision import Layers, encoder_layers, fused_vision
+from omnilive.engines.minicpmo.sessions.encoders.whisper_batch import batchable
+from omnilive.engines.minicpmo.sessions.encoders.whisper_graphs import WhisperGraphs
+from omnilive.engines.minicpmo.sessions.voice.vocoder import VoiceStream, runner_for
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ class SharedModel:
 
     def vision_layers(self) -> Layers | None:
         """The vision encoder's layers through CUDA graphs (on CUDA, where
-        :mod:`~omnilive.engines.minicpmo.sessions.vision` restates the
+        :mod:`~omnilive.engines.minicpmo.sessions.encoders.vision` restates the
         model's encoder) where ``encoder_graphs`` is on, made at the first
         use; None: eager."""
         if self.vision_graphs is None and self._encoder_graphs_on() and fused_vision(self.model):
@@ -123,7 +123,7 @@ class SharedModel:
 
     def audio_graphs(self) -> WhisperGraphs | None:
         """The streaming Whisper encoder through CUDA graphs (on CUDA, where
-        :mod:`~omnilive.engines.minicpmo.sessions.whisper_batch` restates the
+        :mod:`~omnilive.engines.minicpmo.sessions.encoders.whisper_batch` restates the
         model's encoder, unless in float16) where ``encoder_graphs`` is on,
         made at the first use; None: eager."""
         model = self.model

@@ -46,13 +46,14 @@ from omnilive.engines.minicpmo.reference.host import Flavour, ModelHost
 from omnilive.engines.minicpmo.runtime.lanes import LaneCall
 from omnilive.engines.minicpmo.runtime.loop import BatchLoop
 from omnilive.engines.minicpmo.runtime.tensors import clone_tensors
-from omnilive.engines.minicpmo.sessions import chunk_speech_choice, speech_choice
-from omnilive.engines.minicpmo.sessions.shared import SharedModel
-from omnilive.engines.minicpmo.sessions.simplex import speech_supported
-from omnilive.engines.minicpmo.sessions.simplex_speech import warm_answer_voices
-from omnilive.engines.minicpmo.sessions.unit_rules import (
+from omnilive.engines.minicpmo.sessions.duplex import speech_choice
+from omnilive.engines.minicpmo.sessions.duplex.unit_rules import (
     UnitRules,
 )
+from omnilive.engines.minicpmo.sessions.shared import SharedModel
+from omnilive.engines.minicpmo.sessions.simplex import speech_choice as chunk_speech_choice
+from omnilive.engines.minicpmo.sessions.simplex.session import speech_supported
+from omnilive.engines.minicpmo.sessions.simplex.speech import warm_answer_voices
 from omnilive.engines.sync_views import SyncChatSession, SyncHalfDuplexSession
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
 """The engine's chat and half-duplex views when it has slots: each a
-:class:`~omnilive.engines.minicpmo.sessions.simplex.SlotSimplex` in a slot of the
+:class:`~omnilive.engines.minicpmo.sessions.simplex.session.SlotSimplex` in a slot of the
 shared batch loop, its steps batched with every other live session's.
 
 Their steps are coroutines the worker awaits on its own event loop (as the
@@ -35,8 +35,7 @@ from omnilive.engines.minicpmo.content import content_of
 from omnilive.engines.minicpmo.reference.host import model_errors
 from omnilive.engines.minicpmo.runtime.batch import SlotError
 from omnilive.engines.minicpmo.sessions.sampling import answer_text
-from omnilive.engines.minicpmo.sessions.simplex import SlotSimplex
-from omnilive.engines.minicpmo.sessions.simplex_history import (
+from omnilive.engines.minicpmo.sessions.simplex.history import (
     Entry,
     ToolCallScanner,
     call_text,
@@ -45,6 +44,7 @@ from omnilive.engines.minicpmo.sessions.simplex_history import (
     tools_block,
     wanted,
 )
+from omnilive.engines.minicpmo.sessions.simplex.session import SlotSimplex
 
 if TYPE_CHECKING:
     from omnilive.engines.minicpmo.sessions.views import SlotEngine
@@ -205,7 +205,7 @@ class SlotHalfDuplex(_SlotSimplexView, HalfDuplexSession):
     answer, the context kept in the session's slot across turns. A client
     may edit the conversation (the Realtime API's items), offer tools and
     cut an answer to what was heard: the slot's ledger
-    (:mod:`~omnilive.engines.minicpmo.sessions.simplex_history`) says from
+    (:mod:`~omnilive.engines.minicpmo.sessions.simplex.history`) says from
     where the context has to be written again."""
 
     def __init__(self, model: SlotEngine, default_voice: np.ndarray | None) -> None:

@@ -19,7 +19,7 @@ frames, context frames), one graph per stretch between two attentions:
 
 so a unit at one session launches L + 1 replays and ~5 kernels an attention
 instead of ~16 a layer. The stretches are the functions the eager path
-(:func:`~omnilive.engines.minicpmo.sessions.whisper_batch.run_eagerly`) runs,
+(:func:`~omnilive.engines.minicpmo.sessions.encoders.whisper_batch.run_eagerly`) runs,
 and a replay runs the kernels its capture recorded: the embeddings and caches
 are the eager encoder's to the bit (``tests/minicpmo/test_whisper_batch.py``,
 on CUDA). A graph's outputs are the next one's inputs in place (all in one
@@ -41,7 +41,7 @@ import torch
 
 from omnilive.engines.minicpmo.runtime.block_graphs import ShapeGraphs, warm_up
 from omnilive.engines.minicpmo.runtime.graphs import CAPTURE_LOCK
-from omnilive.engines.minicpmo.sessions.whisper_batch import (
+from omnilive.engines.minicpmo.sessions.encoders.whisper_batch import (
     Attention,
     finished,
     front,

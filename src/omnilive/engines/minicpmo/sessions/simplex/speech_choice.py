@@ -4,7 +4,7 @@ stepped in one batch, chosen together on the device.
 The rule is the model code's ``TTSStreamingGenerator`` sampling
 (``TTSSamplingParams`` and transformers' warpers, restated): the logits
 divided by the temperature, the repetition penalty over the turn's last
-:data:`~omnilive.engines.minicpmo.sessions.simplex_rules.SPEECH_PENALTY_WINDOW`
+:data:`~omnilive.engines.minicpmo.sessions.simplex.rules.SPEECH_PENALTY_WINDOW`
 tokens (positive logits divided, negative multiplied, by ``penalty ** count``;
 not on a turn's first token), top-p (the least likely tokens whose
 probabilities, added up from the bottom, stay within ``1 - top_p``; the
@@ -32,8 +32,7 @@ import numpy as np
 import torch
 
 from omnilive.engines.minicpmo.runtime.kernels import AVAILABLE
-from omnilive.engines.minicpmo.sessions.sampling import ANSWER_SPEECH, SpeechSampling
-from omnilive.engines.minicpmo.sessions.speech_choice import (
+from omnilive.engines.minicpmo.sessions.duplex.speech_choice import (
     COLUMNS,
     FACTORS,
     PENALISED,
@@ -41,6 +40,7 @@ from omnilive.engines.minicpmo.sessions.speech_choice import (
     launch_per_row,
     penalty_columns,
 )
+from omnilive.engines.minicpmo.sessions.sampling import ANSWER_SPEECH, SpeechSampling
 
 # The table's columns: the row's temperature, its top-p's limit (-1: no
 # top-p), the sorted position its min_kept best start at, its top-k (0:
@@ -186,7 +186,7 @@ if AVAILABLE:
     import triton
     import triton.language as tl
 
-    from omnilive.engines.minicpmo.sessions.speech_choice import penalised_row
+    from omnilive.engines.minicpmo.sessions.duplex.speech_choice import penalised_row
 
     @triton.jit
     def _chunk_kernel(LOGITS, TABLE, TOKENS, SCORES, size, stride, BLOCK: tl.constexpr):

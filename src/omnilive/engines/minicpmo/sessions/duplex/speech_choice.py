@@ -3,7 +3,7 @@ chosen together on the device.
 
 The rule is the model code's (its ``StreamDecoder`` over the speech LM's
 logits): the repetition penalty over the unit's last
-:data:`~omnilive.engines.minicpmo.sessions.unit_rules.SPEECH_PENALTY_WINDOW`
+:data:`~omnilive.engines.minicpmo.sessions.duplex.unit_rules.SPEECH_PENALTY_WINDOW`
 speech tokens (positive logits divided, negative multiplied, by
 ``penalty ** count``), the end-of-speech token masked until the unit's
 minimum, then a draw from the softmax at the session's temperature (or the
@@ -34,8 +34,8 @@ import numpy as np
 import torch
 
 from omnilive.engines.minicpmo.runtime.kernels import AVAILABLE
+from omnilive.engines.minicpmo.sessions.duplex.unit_rules import SPEECH_PENALTY_WINDOW
 from omnilive.engines.minicpmo.sessions.sampling import DUPLEX_SPEECH, SpeechSampling
-from omnilive.engines.minicpmo.sessions.unit_rules import SPEECH_PENALTY_WINDOW
 
 log = logging.getLogger(__name__)
 

@@ -30,8 +30,8 @@ import torch
 
 from omnilive.engines.minicpmo.content import image_of
 from omnilive.engines.minicpmo.runtime.tensors import swapped
-from omnilive.engines.minicpmo.sessions.vision import fused_vision, vision_embeddings
-from omnilive.engines.minicpmo.sessions.whisper_batch import (
+from omnilive.engines.minicpmo.sessions.encoders.vision import fused_vision, vision_embeddings
+from omnilive.engines.minicpmo.sessions.encoders.whisper_batch import (
     PREFIX_EXTRA_FRAMES,
     SUFFIX_EXTRA_FRAMES,
     AudioChunk,
@@ -203,7 +203,7 @@ def vision_pieces(
     """Per item of ``batch``: every frame as ``<image>`` source ``</image>``
     then ``<slice>`` x ``</slice>`` per high-resolution slice, in the model
     code's order; the vision encoder runs once over all of them
-    (:mod:`~omnilive.engines.minicpmo.sessions.vision` where it restates the
+    (:mod:`~omnilive.engines.minicpmo.sessions.encoders.vision` where it restates the
     model's, else the model code's own ``get_vision_embedding``)."""
     model = shared.model
     pixel_values: list[Any] = []
@@ -306,7 +306,7 @@ def audio_embeddings_together(
     shared: SharedModel, items: list[tuple[AudioStream, Any]], *, graphs: bool = True
 ) -> list[torch.Tensor]:
     """:func:`audio_embeddings` of every (stream, feature) at once
-    (:mod:`~omnilive.engines.minicpmo.sessions.whisper_batch`; one by one through the
+    (:mod:`~omnilive.engines.minicpmo.sessions.encoders.whisper_batch`; one by one through the
     model code where that does not restate the model's encoder), through
     CUDA graphs where :meth:`SharedModel.audio_graphs` makes them, unless
     not ``graphs``."""

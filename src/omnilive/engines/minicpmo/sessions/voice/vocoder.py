@@ -28,11 +28,11 @@ from typing import Any, Protocol
 import numpy as np
 
 from omnilive.engines.minicpmo.runtime.tensors import clone_tensors, swapped
-from omnilive.engines.minicpmo.sessions.flow import (
+from omnilive.engines.minicpmo.sessions.duplex.unit_rules import SILENCE_TOKEN
+from omnilive.engines.minicpmo.sessions.voice.flow import (
     ChunkCall,
     FlowRunner,
 )
-from omnilive.engines.minicpmo.sessions.unit_rules import SILENCE_TOKEN
 
 log = logging.getLogger(__name__)
 

@@ -15,14 +15,14 @@ import torch
 from omnilive.engines.base import EngineError
 from omnilive.engines.minicpmo.runtime.batch import StepResult
 from omnilive.engines.minicpmo.runtime.programs import Pick, Program, Step
-from omnilive.engines.minicpmo.sessions.chunk_speech_choice import (
+from omnilive.engines.minicpmo.sessions.duplex.unit_rules import SILENCE_TOKEN
+from omnilive.engines.minicpmo.sessions.simplex.speech_choice import (
     SpeechRow,
     choose_chunk_speech_tokens,
     unfiltered_scores,
 )
-from omnilive.engines.minicpmo.sessions.flow import BATCH_BUCKETS
-from omnilive.engines.minicpmo.sessions.unit_rules import SILENCE_TOKEN
-from omnilive.engines.minicpmo.sessions.vocoder import VOCODER_CHUNK, voice_together
+from omnilive.engines.minicpmo.sessions.voice.flow import BATCH_BUCKETS
+from omnilive.engines.minicpmo.sessions.voice.vocoder import VOCODER_CHUNK, voice_together
 
 if TYPE_CHECKING:
     import numpy as np

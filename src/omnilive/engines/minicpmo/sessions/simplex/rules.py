@@ -17,8 +17,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from omnilive.engines.minicpmo.sessions.duplex.unit_rules import draw, kept_count
 from omnilive.engines.minicpmo.sessions.sampling import TextSampling
-from omnilive.engines.minicpmo.sessions.unit_rules import draw, kept_count
 
 # The punctuation the published code never lets an answer say.
 FORBIDDEN_TEXT = ":：；#“”‘’@*【】「」()（）[]&/$"

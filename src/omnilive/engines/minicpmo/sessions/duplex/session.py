@@ -13,13 +13,13 @@ every piece of session state its own:
   repetition history and the random generators are fields of the session,
   swapped into the shared modules only for the length of a call on one of
   the model's lanes, each running one call at a time. The voice is a
-  :class:`~omnilive.engines.minicpmo.sessions.vocoder.VoiceStream`; the encoders are
-  :mod:`~omnilive.engines.minicpmo.sessions.encoders`.
+  :class:`~omnilive.engines.minicpmo.sessions.voice.vocoder.VoiceStream`; the encoders are
+  :mod:`~omnilive.engines.minicpmo.sessions.encoders.units`.
 
 A unit is one relay (:meth:`SlotDuplex.unit`): its frames' CPU threads, the
 encoders' lane, the batch loop, the side lane (the lanes each gathering the
 units waiting for them into one call), and back.
-The decisions themselves are :mod:`~omnilive.engines.minicpmo.sessions.unit_rules`.
+The decisions themselves are :mod:`~omnilive.engines.minicpmo.sessions.duplex.unit_rules`.
 A unit feeds ``<unit>``, the frames (``<image>`` slices ``</image>``) and the
 audio as ONE forward (the model code feeds them piece by piece: the same
 positions, the same causal attention); the unit's terminator and
@@ -47,7 +47,23 @@ from omnilive.engines.minicpmo.runtime.batch import StepResult
 from omnilive.engines.minicpmo.runtime.loop import BatchLoop
 from omnilive.engines.minicpmo.runtime.programs import Pick, Program, Step
 from omnilive.engines.minicpmo.sessions import sampling
-from omnilive.engines.minicpmo.sessions.encoders import (
+from omnilive.engines.minicpmo.sessions.duplex.speech_choice import (
+    SpeechPick,
+    Uniforms,
+    speech_condition,
+    speech_picks,
+)
+from omnilive.engines.minicpmo.sessions.duplex.unit_rules import (
+    NOTHING_FED,
+    SPEECH_TOKENS_PER_UNIT,
+    Decided,
+    TextChoice,
+    UnitOutcome,
+    choose_tokens,
+    text_picks,
+)
+from omnilive.engines.minicpmo.sessions.duplex.window import SlidingContext
+from omnilive.engines.minicpmo.sessions.encoders.units import (
     UNIT_KEY,
     AudioStream,
     EncodedUnit,
@@ -58,23 +74,7 @@ from omnilive.engines.minicpmo.sessions.encoders import (
     prepare_unit,
 )
 from omnilive.engines.minicpmo.sessions.shared import SharedModel
-from omnilive.engines.minicpmo.sessions.speech_choice import (
-    SpeechPick,
-    Uniforms,
-    speech_condition,
-    speech_picks,
-)
-from omnilive.engines.minicpmo.sessions.unit_rules import (
-    NOTHING_FED,
-    SPEECH_TOKENS_PER_UNIT,
-    Decided,
-    TextChoice,
-    UnitOutcome,
-    choose_tokens,
-    text_picks,
-)
-from omnilive.engines.minicpmo.sessions.vocoder import VoiceStream, voice_together
-from omnilive.engines.minicpmo.sessions.window import SlidingContext
+from omnilive.engines.minicpmo.sessions.voice.vocoder import VoiceStream, voice_together
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -69,7 +69,7 @@ Encoded = tuple[torch.Tensor, WhisperCache]  # a chunk's embeddings, the cache a
 def encode_together(model: Any, chunks: list[AudioChunk], graphs: Any = None) -> list[Encoded]:
     """Per chunk: its audio embeddings ``[tokens, hidden]`` and the cache
     after it. Chunks of one shape (mel frames, context) run as one batch,
-    through ``graphs`` (a :class:`~omnilive.engines.minicpmo.sessions.whisper_graphs.WhisperGraphs`)
+    through ``graphs`` (a :class:`~.whisper_graphs.WhisperGraphs`)
     where given."""
     done: list[Encoded | None] = [None] * len(chunks)
     groups: dict[tuple[int, int], list[int]] = {}
@@ -130,7 +130,7 @@ def run_eagerly(
     """The encoder over ``features`` (``[rows, mels, frames]``), its
     positions added, every layer's attention by ``attend``: the embeddings
     ``[rows, tokens, hidden]``. The same parts, in the same order, as the
-    graphs of :mod:`~omnilive.engines.minicpmo.sessions.whisper_graphs` run."""
+    graphs of :mod:`~omnilive.engines.minicpmo.sessions.encoders.whisper_graphs` run."""
     hidden = front(model.apm, features, prefix, positions)
     layers = model.apm.layers
     for index, layer in enumerate(layers):

@@ -1,5 +1,5 @@
 """The engine's duplex view in slots: one audio or omni duplex session of
-the shared batch loop (:class:`~omnilive.engines.minicpmo.sessions.duplex.SlotDuplex`),
+the shared batch loop (:class:`~omnilive.engines.minicpmo.sessions.duplex.session.SlotDuplex`),
 as the worker's unit loop calls it, and the thread hand-offs its units took."""
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from omnilive.engines.minicpmo.appends import note_ids
 from omnilive.engines.minicpmo.reference.duplex import system_prompt_parts
 from omnilive.engines.minicpmo.reference.host import model_errors
 from omnilive.engines.minicpmo.runtime.batch import SlotError
-from omnilive.engines.minicpmo.sessions.duplex import SlotDuplex
+from omnilive.engines.minicpmo.sessions.duplex.session import SlotDuplex
+from omnilive.engines.minicpmo.sessions.duplex.unit_rules import UnitOutcome
 from omnilive.engines.minicpmo.sessions.sampling import DUPLEX_SPEECH, DUPLEX_TEXT
-from omnilive.engines.minicpmo.sessions.unit_rules import UnitOutcome
 from omnilive.engines.minicpmo.sessions.views import SlotEngine
 
 log = logging.getLogger(__name__)

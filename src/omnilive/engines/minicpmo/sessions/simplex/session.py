@@ -8,7 +8,7 @@ builds it (the first message through the chat template, a user turn after an
 answer opened with ``<|tts_eos|><|im_end|>``, ...); its text, images and
 audio become embeddings through the model code's own ``get_vllm_embedding``
 and ``get_audio_embedding`` (on the encoders' lane, every chat's prompt
-waiting for it in one call: :mod:`~omnilive.engines.minicpmo.sessions.prompts`);
+waiting for it in one call: :mod:`~omnilive.engines.minicpmo.sessions.simplex.prompts`);
 the embeddings go into
 the slot as one forward, batched with the other sessions' steps. A message's
 audio is a whole recording, encoded at once, as the unified code does when
@@ -18,7 +18,7 @@ recordings of about a second: its placeholders outnumber its embeddings).
 An answer is one program on the batch loop's thread
 (:mod:`~omnilive.engines.minicpmo.runtime.programs`), in step with every other
 session decoding, its choices made by
-:mod:`~omnilive.engines.minicpmo.sessions.simplex_rules`:
+:mod:`~omnilive.engines.minicpmo.sessions.simplex.rules`:
 
 - the LLM decodes as ``ChunkPrefillChunkGenerate`` does: the assistant's
   opening tokens, then a token a step, in chunks of 10 (the first chunk
@@ -29,7 +29,7 @@ session decoding, its choices made by
   the published ``sliding_recompute`` attention its context restarts at
   every chunk from the previous chunk's condition and speech;
 - every 25 speech tokens leave the program for the vocoder (the session's
-  :class:`~omnilive.engines.minicpmo.sessions.vocoder.VoiceStream`, on the side lane,
+  :class:`~omnilive.engines.minicpmo.sessions.voice.vocoder.VoiceStream`, on the side lane,
   batched with the duplex sessions' pushes) while the program decodes on;
   the answer's first :data:`FIRST_PIECE` already, voiced at once (the
   audio's cut into pieces is the answer's first audio; its tokens are the
@@ -63,24 +63,24 @@ from omnilive.engines.messages import HistoryTruncation, TextAudioChunk
 from omnilive.engines.minicpmo.runtime.batch import StepResult
 from omnilive.engines.minicpmo.runtime.loop import BatchLoop
 from omnilive.engines.minicpmo.runtime.programs import Pick, Program, Step
-from omnilive.engines.minicpmo.sessions.duplex import VOICE_KEY
-from omnilive.engines.minicpmo.sessions.encoders import Failed
-from omnilive.engines.minicpmo.sessions.prompts import (
+from omnilive.engines.minicpmo.sessions.duplex.session import VOICE_KEY
+from omnilive.engines.minicpmo.sessions.encoders.units import Failed
+from omnilive.engines.minicpmo.sessions.sampling import ANSWER_SPEECH, SpeechSampling, TextSampling
+from omnilive.engines.minicpmo.sessions.shared import SharedModel
+from omnilive.engines.minicpmo.sessions.simplex.prompts import (
     PROMPT_KEY,
     prompt_embeddings,
     prompt_inputs,
 )
-from omnilive.engines.minicpmo.sessions.sampling import ANSWER_SPEECH, SpeechSampling, TextSampling
-from omnilive.engines.minicpmo.sessions.shared import SharedModel
-from omnilive.engines.minicpmo.sessions.simplex_rules import (
+from omnilive.engines.minicpmo.sessions.simplex.rules import (
     PENALTY_WINDOW,
     AnswerRow,
     SimplexVocab,
     choose_answer_tokens,
 )
-from omnilive.engines.minicpmo.sessions.simplex_speech import Piece, SpeechTurn
-from omnilive.engines.minicpmo.sessions.simplex_window import Turn, TurnWindow
-from omnilive.engines.minicpmo.sessions.vocoder import VoiceStream, voice_together
+from omnilive.engines.minicpmo.sessions.simplex.speech import Piece, SpeechTurn
+from omnilive.engines.minicpmo.sessions.simplex.window import Turn, TurnWindow
+from omnilive.engines.minicpmo.sessions.voice.vocoder import VoiceStream, voice_together
 from omnilive.engines.truncation import tokens_to_drop
 
 log = logging.getLogger(__name__)

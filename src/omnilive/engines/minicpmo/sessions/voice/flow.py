@@ -18,7 +18,7 @@ import torch
 
 from omnilive.engines.minicpmo.runtime.block_graphs import BlockGraphs
 from omnilive.engines.minicpmo.runtime.tensors import swapped
-from omnilive.engines.minicpmo.sessions.hift import Hift
+from omnilive.engines.minicpmo.sessions.voice.hift import Hift
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class FlowRunner:
     nearly all of a chunk's kernels, are CUDA graphs per batch and cache
     shape on CUDA (:class:`~omnilive.engines.minicpmo.runtime.block_graphs.BlockGraphs`),
     and so are HiFT's launch-bound parts
-    (:class:`~omnilive.engines.minicpmo.sessions.hift.Hift`)."""
+    (:class:`~omnilive.engines.minicpmo.sessions.voice.hift.Hift`)."""
 
     def __init__(self, token2wav: Any, graphs: bool | None = None) -> None:
         self.token2wav = token2wav

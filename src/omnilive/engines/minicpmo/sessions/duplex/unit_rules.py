@@ -8,7 +8,7 @@ other sessions'. Everything here is a pure function of logits, the session's
 history and a :class:`torch.Generator` of its own (sampling draws from the
 session's generator, never from the global one another session also uses).
 The speech LM's token is chosen by
-:mod:`~omnilive.engines.minicpmo.sessions.speech_choice`, on the device.
+:mod:`~omnilive.engines.minicpmo.sessions.duplex.speech_choice`, on the device.
 
 The two published flavours of the model code differ in a few rules
 (:class:`UnitRules`): the demo's unified code caps a unit's text at 28
@@ -297,7 +297,7 @@ def draw(scores: np.ndarray, generator: torch.Generator | None) -> int:
 def text_picks(steps: list[tuple[StepResult, TextChoice]]) -> list[int]:
     """The next text token of every session whose step of this tick named
     this pick, chosen together (:func:`choose_tokens`); the speech tokens'
-    are :mod:`~omnilive.engines.minicpmo.sessions.speech_choice`'s."""
+    are :mod:`~omnilive.engines.minicpmo.sessions.duplex.speech_choice`'s."""
     return choose_tokens([(result.logits, choice) for result, choice in steps])
 
 

@@ -2,7 +2,7 @@
 lane in one call.
 
 A chat or half-duplex message (:meth:`SlotSimplex.prefill
-<omnilive.engines.minicpmo.sessions.simplex.SlotSimplex.prefill>`) becomes
+<omnilive.engines.minicpmo.sessions.simplex.session.SlotSimplex.prefill>`) becomes
 embeddings as the model code makes them: its text and images through
 ``get_vllm_embedding``, its recording through ``get_audio_embedding`` (the
 whole recording at once, as ``get_omni_embedding`` does when not streaming),
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from omnilive.engines.minicpmo.sessions.encoders import Failed
+from omnilive.engines.minicpmo.sessions.encoders.units import Failed
 
 if TYPE_CHECKING:
     from omnilive.engines.minicpmo.sessions.shared import SharedModel

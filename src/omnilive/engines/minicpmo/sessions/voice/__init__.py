@@ -1,0 +1,2 @@
+"""The vocoder the slots share: voice streams, the flow and HiFT, batched
+across the sessions that wait."""
