@@ -206,8 +206,14 @@ class Server(OnLocalPort):
                     return status
                 await asyncio.sleep(0.1)
 
+    def full_log(self) -> str:
+        """Everything the server printed: what a test looks for in it may be
+        followed by many access lines (a readiness poll writes ten a second)."""
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-6000:] if self.log_path.exists() else ""
+        """The log's tail, short enough for a failure message."""
+        return self.full_log()[-6000:]
 
     def stop(self) -> None:
         if self.process and self.process.poll() is None:

@@ -104,7 +104,7 @@ async def logged_fingerprint(server: Server, timeout: float = 30.0) -> str:
     """The certificate fingerprint the server printed at start-up."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        found = FINGERPRINT.search(server.log())
+        found = FINGERPRINT.search(server.full_log())
         if found:
             return found.group(1)
         assert server.process and server.process.poll() is None, server.log()

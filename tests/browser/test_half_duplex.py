@@ -23,10 +23,13 @@ ECHO_GUARD_S = 0.8
 
 
 def _type(frame: str | bytes) -> str:
+    """A frame's message type; a chunk that carries audio is ``chunk+audio``."""
     try:
-        return json.loads(frame).get("type", "")
+        message = json.loads(frame)
+        kind = message.get("type", "")
     except (ValueError, AttributeError):
         return ""
+    return f"{kind}+audio" if kind == "chunk" and message.get("audio_data") else kind
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +68,16 @@ def test_spoken_question_gets_a_spoken_answer(browser, cascade_server: Server) -
         text = answer.locator(".text").inner_text()
         # A sampled answer: what it says may vary, that it says something may not.
         assert len(text.split()) >= 2, text
-        page.wait_for_function("window.omniliveAudio.chunks > 0")
+        from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+        try:
+            page.wait_for_function("window.omniliveAudio.chunks > 0")
+        except PlaywrightTimeout:  # say what came, for a failure seen once under load
+            kinds = [kind for _, way, kind in frames if way == "recv"]
+            raise AssertionError(
+                f"an answer without audio: received {kinds}; the server's log ends:\n"
+                f"{cascade_server.log()[-3000:]}"
+            ) from None
         seen = page.evaluate("window.seen")
         for state in ("listening", "user", "thinking", "speaking"):
             assert state in seen, seen

@@ -149,7 +149,7 @@ async def test_hung_worker_is_detected_killed_and_replaced(server: Server):
             for _ in range(50):
                 os.kill(pid, 0)
                 await asyncio.sleep(0.1)
-        assert "does not answer: killing it" in server.log()
+        assert "does not answer: killing it" in server.full_log()
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)

@@ -126,10 +126,10 @@ async def test_self_signed_files_are_made_once_and_reused(
             # What the user checks is what the server presents.
             context = ssl.create_default_context(cafile=str(certfile))
             assert sha256_colons(served_certificate(server.port, context)) == fingerprint
-            log = server.log()
-            assert "WARNING" in log and "browsers will warn" in log, log
+            log = server.full_log()
+            assert "WARNING" in log and "browsers will warn" in log, server.log()
             made = "making a self-signed certificate" in log
-            assert made == (start == 0), log
+            assert made == (start == 0), server.log()
             messages = await chat_once(server, user("Hello, self-signed"))
             assert messages[-1]["type"] == "done", messages
         finally:

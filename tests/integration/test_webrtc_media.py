@@ -87,13 +87,13 @@ async def test_a_killed_media_process_ends_its_calls_and_is_started_again(tmp_pa
         await server.wait_idle()  # its session, its connection lost, ended after the grace
         await until_config(server, "media_ready", 1)
         assert media_pids(server) != [pid]
-        assert f"media process m0 (pid {pid}) is gone: its 1 calls ended" in server.log()
+        assert f"media process m0 (pid {pid}) is gone: its 1 calls ended" in server.full_log()
         # Its call is gone for a hang-up too; a new call is served by the new process.
         async with httpx.AsyncClient() as client:
             hung = await client.post(f"{server.http}/v1/realtime/calls/{lost.call_id}/hangup")
         assert hung.status_code == 404
         await prepared_call(after, f"{server.http}/api/webrtc/half_duplex/hd_after")
-        assert "Traceback" not in server.log()
+        assert "Traceback" not in server.full_log()
     finally:
         await lost.close()
         await after.close()

@@ -29,8 +29,8 @@ from tests.tcp_proxy import TcpProxy
 
 
 def no_failures(server: Server) -> None:
-    log = server.log()
-    assert "Traceback" not in log and "failed during the session" not in log, log
+    log = server.full_log()
+    assert "Traceback" not in log and "failed during the session" not in log, server.log()
 
 
 async def test_a_burst_behind_a_busy_engine_is_not_a_dead_worker(server: Server):

@@ -62,7 +62,7 @@ def small(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 def no_traceback(server: Server) -> None:
-    log = server.log_path.read_text(errors="replace")
+    log = server.full_log()
     assert "Traceback" not in log, server.log()
     assert "failed in the gateway" not in log, server.log()
 

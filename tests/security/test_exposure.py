@@ -59,6 +59,6 @@ async def test_insecure_gateway_serves_and_says_so(tmp_path: Path):
                 except httpx.HTTPError:
                     await asyncio.sleep(0.1)
             assert response.status_code == 200
-        assert "INSECURE: no API keys, listening on 0.0.0.0" in gateway.log()
+        assert "INSECURE: no API keys, listening on 0.0.0.0" in gateway.full_log()
     finally:
         gateway.stop()
