@@ -443,7 +443,10 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--torch-compile", action="store_true", help="minicpmo.torch_compile")
     run.add_argument("--no-cuda-graphs", action="store_true", help="minicpmo.cuda_graphs off")
     run.add_argument(
-        "--slots", type=int, default=1, help="minicpmo.slots (1: the model code, the baseline)"
+        "--slots",
+        type=int,
+        default=1,
+        help="minicpmo.slots (1: one session at a time, in one slot)",
     )
     run.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     args = parser.parse_args(argv)

@@ -208,9 +208,9 @@ class MiniCPMoSettings(Section):
         0,
         ge=0,
         le=64,
-        description="Sessions one GPU serves at once, their steps batched; 0: as many as fit "
-        "in GPU memory (at most max_slots; none fitting: one at a time); 1: the model's own "
-        "code, one at a time.",
+        description="Sessions one GPU serves at once, their steps batched (1: one at a time, "
+        "on the same path); 0: as many as fit in GPU memory, at most max_slots. A count that "
+        "does not fit, or none fitting, stops the worker with the numbers.",
     )
     max_slots: int = Field(8, ge=1, le=64, description="The most slots `slots = 0` takes.")
     context_length: int = Field(

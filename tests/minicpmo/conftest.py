@@ -147,19 +147,16 @@ EngineFactory = Callable[..., tuple[MiniCPMoEngine, FakeBackend]]
 
 @pytest.fixture
 def make_engine(checkpoint: Path, voice_file: Path) -> Iterator[EngineFactory]:
-    """``make_engine(factory=..., **settings)`` → a loaded engine and its backend."""
+    """``make_engine(factory=..., **settings)`` → a loaded oracle engine (the
+    model's own code path) over a fake model, and its backend."""
     engines: list[MiniCPMoEngine] = []
 
     def make(factory: Callable[[], FakeMiniCPMO] = FakeMiniCPMO, **overrides: Any):
-        # The fake model stands in for the model code: the one-session path (slots=1).
-        fields = {
-            "model_path": checkpoint,
-            "default_voice": voice_file,
-            "warmup": False,
-            "slots": 1,
-        }
+        # The fake model stands in for the model code: the oracle's path, its views over that code.
+        fields = {"model_path": checkpoint, "default_voice": voice_file, "warmup": False}
         backend = FakeBackend(factory)
-        engine = MiniCPMoEngine(MiniCPMoSettings(**{**fields, **overrides}), backend=backend)
+        settings = MiniCPMoSettings(**{**fields, **overrides})
+        engine = MiniCPMoEngine(settings, backend=backend, oracle=True)
         engine.load(lambda stage, fraction: None)
         engines.append(engine)
         return engine, backend

@@ -21,13 +21,13 @@ from tests.minicpmo.fake_model import FakeUnifiedMiniCPMO
 
 def load(settings: MiniCPMoSettings, backend) -> list[tuple[str, float]]:
     stages: list[tuple[str, float]] = []
-    MiniCPMoEngine(settings, backend=backend).load(lambda s, f: stages.append((s, f)))
+    MiniCPMoEngine(settings, backend=backend, oracle=True).load(lambda s, f: stages.append((s, f)))
     return stages
 
 
 def test_load_reports_progress_and_warms_every_view_up(checkpoint: Path, voice_file: Path):
     backend = FakeBackend()
-    settings = MiniCPMoSettings(slots=1, model_path=checkpoint, default_voice=voice_file)
+    settings = MiniCPMoSettings(model_path=checkpoint, default_voice=voice_file)
     stages = load(settings, backend)
     fractions = [f for _, f in stages]
     assert fractions == sorted(fractions) and stages[-1] == ("ready", 1.0)
@@ -45,7 +45,7 @@ def test_load_reports_progress_and_warms_every_view_up(checkpoint: Path, voice_f
 
 def test_the_unified_model_code_is_set_up_with_init_unified(checkpoint: Path):
     backend = FakeBackend(FakeUnifiedMiniCPMO)
-    load(MiniCPMoSettings(slots=1, model_path=checkpoint, warmup=False), backend)
+    load(MiniCPMoSettings(model_path=checkpoint, warmup=False), backend)
     model = backend.model
     assert isinstance(model, FakeUnifiedMiniCPMO) and model.duplex is not None
 
@@ -53,26 +53,26 @@ def test_the_unified_model_code_is_set_up_with_init_unified(checkpoint: Path):
 def test_a_bad_checkpoint_fails_before_the_gpu_is_touched(tmp_path: Path):
     backend = FakeBackend()
     with pytest.raises(CheckpointError, match="does not exist"):
-        load(MiniCPMoSettings(slots=1, model_path=tmp_path / "missing"), backend)
+        load(MiniCPMoSettings(model_path=tmp_path / "missing"), backend)
     assert backend.model is None
 
 
 def test_too_little_gpu_memory_is_refused_with_the_numbers(checkpoint: Path):
     backend = FakeBackend(free_gib=3.0)
     with pytest.raises(GpuError, match=r"not enough GPU memory on Fake GPU: 3\.0 GiB free"):
-        load(MiniCPMoSettings(slots=1, model_path=checkpoint, memory_headroom_gb=4.0), backend)
+        load(MiniCPMoSettings(model_path=checkpoint, memory_headroom_gb=4.0), backend)
     assert backend.model is None
 
 
 def test_model_code_that_is_not_minicpmo_is_named(checkpoint: Path):
     backend = FakeBackend(lambda: types.SimpleNamespace(reset_session=lambda **_: None))  # type: ignore[arg-type, return-value]
     with pytest.raises(EngineError, match="neither as_duplex"):
-        load(MiniCPMoSettings(slots=1, model_path=checkpoint, warmup=False), backend)
+        load(MiniCPMoSettings(model_path=checkpoint, warmup=False), backend)
 
 
 def test_an_unreadable_default_voice_is_named(checkpoint: Path, tmp_path: Path):
     (tmp_path / "bad.wav").write_bytes(b"RIFF....")
-    settings = MiniCPMoSettings(slots=1, model_path=checkpoint, default_voice=tmp_path / "bad.wav")
+    settings = MiniCPMoSettings(model_path=checkpoint, default_voice=tmp_path / "bad.wav")
     with pytest.raises(EngineError, match=r"default voice .*bad\.wav"):
         load(settings, FakeBackend())
 
@@ -97,7 +97,9 @@ def test_no_cuda_device_is_a_clear_error(monkeypatch: pytest.MonkeyPatch):
 
 
 def test_views_before_load_are_refused(checkpoint: Path):
-    engine = MiniCPMoEngine(MiniCPMoSettings(slots=1, model_path=checkpoint), backend=FakeBackend())
+    engine = MiniCPMoEngine(
+        MiniCPMoSettings(model_path=checkpoint), backend=FakeBackend(), oracle=True
+    )
     with pytest.raises(EngineError, match="not loaded"):
         engine.open_chat()
 
@@ -143,7 +145,7 @@ def test_load_sets_the_process_knobs_first(tmp_path: Path):
         sys.setswitchinterval(0.005)
         backend = FakeBackend()
         with pytest.raises(CheckpointError):
-            load(MiniCPMoSettings(slots=1, model_path=tmp_path / "missing"), backend)
+            load(MiniCPMoSettings(model_path=tmp_path / "missing"), backend)
         assert backend.configured == 1
         assert sys.getswitchinterval() == pytest.approx(GIL_SWITCH_S)
     finally:
@@ -153,7 +155,7 @@ def test_load_sets_the_process_knobs_first(tmp_path: Path):
 def test_building_the_engine_sets_no_process_knob(checkpoint: Path):
     before = sys.getswitchinterval()
     backend = FakeBackend()
-    MiniCPMoEngine(MiniCPMoSettings(slots=1, model_path=checkpoint), backend=backend)
+    MiniCPMoEngine(MiniCPMoSettings(model_path=checkpoint), backend=backend, oracle=True)
     assert backend.configured == 0 and sys.getswitchinterval() == before
 
 

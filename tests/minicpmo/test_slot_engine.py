@@ -431,20 +431,6 @@ async def test_a_reader_cancelled_while_a_piece_is_decoded_leaves_the_program_to
         chat.close()
 
 
-def test_too_many_slots_for_the_memory_is_one_clear_refusal(tiny: Tiny) -> None:
-    from omnilive.engines.base import EngineUnavailable
-
-    settings = MiniCPMoSettings(
-        model_path=tiny.path, device="cpu", slots=64, context_length=32768, warmup=False
-    )
-    engine = MiniCPMoEngine(settings, backend=tiny.backend(5.0))
-    try:
-        with pytest.raises(EngineUnavailable, match=r"64 session slot\(s\) need .* fit"):
-            engine.load(lambda stage, fraction: None)
-    finally:
-        engine.close()
-
-
 async def test_sessions_in_a_kept_voice_start_while_the_side_lane_is_busy(engine: Any) -> None:
     """A kept voice is read without the side lane: a chat and a duplex
     session in the default voice (prepared at the warm-up) start while a

@@ -45,15 +45,16 @@ def test_unset_slots_take_as_many_as_fit_up_to_the_cap() -> None:
     assert plan_slots(60 * GIB, 4 * GIB, per_slot, None, cap=16) == 16
     assert plan_slots(25 * GIB, 4 * GIB, per_slot, None, cap=16) == 10
     assert plan_slots(7 * GIB, 4 * GIB, per_slot, None, cap=16) == 1
-    # None fits: 0, and the engine serves one session at a time on the model's code.
-    assert plan_slots(5 * GIB, 4 * GIB, per_slot, None, cap=16) == 0
 
 
 def test_asked_slots_are_given_when_they_fit() -> None:
     assert plan_slots(60 * GIB, 4 * GIB, 2 * GIB, 20, cap=16) == 20  # the cap is for unset
 
 
-@pytest.mark.parametrize(("free_gib", "requested", "fits"), [(5, 4, 0), (9, 4, 2), (3, 1, 0)])
+@pytest.mark.parametrize(
+    ("free_gib", "requested", "fits"),
+    [(5, 4, 0), (9, 4, 2), (3, 1, 0), (5, None, 0)],  # unset: even one slot must fit
+)
 def test_what_does_not_fit_is_refused_with_the_numbers(
     free_gib: int, requested: int | None, fits: int
 ) -> None:

@@ -1,4 +1,5 @@
-"""MiniCPM-o 4.5 on an NVIDIA GPU, loaded from a local checkpoint with its own code."""
+"""MiniCPM-o 4.5 on an NVIDIA GPU, loaded from a local checkpoint with its own code,
+every session in a slot of one batch loop."""
 
 from __future__ import annotations
 
@@ -36,10 +37,10 @@ from omnilive.engines.messages import (
 from omnilive.engines.minicpmo.backend import Backend, TorchBackend, check_memory
 from omnilive.engines.minicpmo.checkpoint import inspect_checkpoint
 from omnilive.engines.minicpmo.content import load_voice
+from omnilive.engines.minicpmo.host import ModelHost
 from omnilive.engines.minicpmo.reference.chat import MiniCPMoChat
 from omnilive.engines.minicpmo.reference.duplex import MiniCPMoDuplex
 from omnilive.engines.minicpmo.reference.half_duplex import MiniCPMoHalfDuplex
-from omnilive.engines.minicpmo.reference.host import ModelHost
 from omnilive.engines.steps import Lane, StepLoop
 from omnilive.engines.sync_views import (
     SyncChatSession,
@@ -77,8 +78,8 @@ def physical_gpu(device: str, visible: str | None) -> int | None:
 
 
 # The context the reference implementation serves (its Realtime API ends a
-# session there); the LLM itself could hold more. With slots, each slot holds
-# minicpmo.context_length positions.
+# session there), which the oracle keeps; the LLM itself could hold more. Each
+# slot holds minicpmo.context_length positions.
 CONTEXT_LENGTH = 8192
 
 
@@ -90,17 +91,23 @@ class MiniCPMoEngine(Engine):
     up, so that the worker turns IDLE only when the first request will be
     fast. ``backend`` is the seam the contract tests use to inject a fake.
 
-    With ``slots`` other than 1 it serves that many sessions at once (0: as
-    many as fit in the GPU memory left after loading), their steps batched
-    (:mod:`~omnilive.engines.minicpmo.sessions.views`); with 1, one session at a time
-    through the model's own code.
+    It serves ``slots`` sessions at once (0: as many as fit in the GPU memory
+    left after loading), their steps batched
+    (:mod:`~omnilive.engines.minicpmo.sessions.views`); one slot is the same
+    path at a batch of one. ``oracle`` instead serves every view through the
+    model's own code, one session at a time (:mod:`.reference`): what the
+    equality harnesses and the contract tests of that code hold the slots to.
+    No setting reaches it.
     """
 
     name = "minicpmo"
 
-    def __init__(self, settings: MiniCPMoSettings, backend: Backend | None = None) -> None:
+    def __init__(
+        self, settings: MiniCPMoSettings, backend: Backend | None = None, *, oracle: bool = False
+    ) -> None:
         self._settings = settings
         self._backend: Backend = backend or TorchBackend()
+        self._oracle = oracle
         self._host: ModelHost | None = None
         self._slots: SlotEngine | None = None
         self._default_voice: np.ndarray | None = None
@@ -108,7 +115,7 @@ class MiniCPMoEngine(Engine):
             input_modalities=frozenset({Modality.TEXT, Modality.IMAGE, Modality.AUDIO}),
             audio_output=settings.audio_output,
             voice_cloning=settings.audio_output,
-            context_length=CONTEXT_LENGTH if settings.slots == 1 else settings.context_length,
+            context_length=CONTEXT_LENGTH if oracle else settings.context_length,
             slots=1,  # until load() knows how many fit
             context_window=ContextWindow.of(settings.duplex_window),
         )
@@ -145,7 +152,7 @@ class MiniCPMoEngine(Engine):
             progress("compiling", 0.75)
             host.compile()
         self._host = host
-        if settings.slots != 1:
+        if not self._oracle:
             progress("allocating session slots", 0.78)
             self._allocate_slots(host)
         if settings.warmup:
@@ -169,15 +176,6 @@ class MiniCPMoEngine(Engine):
         headroom = int(settings.memory_headroom_gb * 2**30)
         wanted = settings.slots or None  # 0: as many as fit
         slots = plan_slots(free, headroom, per_slot, wanted, settings.max_slots)
-        if slots == 0:
-            log.warning(
-                "no session slot fits (%.2f GiB each, %.1f GiB free beyond %.1f GiB of "
-                "headroom): one session at a time on the model's own code",
-                per_slot / 2**30,
-                free / 2**30,
-                headroom / 2**30,
-            )
-            return
         self._slots = SlotEngine.build(host, slots, settings.context_length)
         self.capabilities = dataclasses.replace(self.capabilities, slots=slots)
         log.info(

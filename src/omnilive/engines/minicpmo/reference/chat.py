@@ -8,7 +8,7 @@ import numpy as np
 
 from omnilive.engines.messages import ChatMessage, ChatOptions, GenerationOptions, TextAudioChunk
 from omnilive.engines.minicpmo.content import content_of
-from omnilive.engines.minicpmo.reference.host import ModelHost
+from omnilive.engines.minicpmo.host import ModelHost
 from omnilive.engines.minicpmo.reference.simplex import SimplexContext
 from omnilive.engines.sync_views import SyncChatSession
 

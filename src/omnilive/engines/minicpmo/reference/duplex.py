@@ -24,12 +24,12 @@ from omnilive.engines.messages import (
 )
 from omnilive.engines.minicpmo.appends import note_ids
 from omnilive.engines.minicpmo.content import VoiceFile, image_of
-from omnilive.engines.minicpmo.reference.host import (
-    Flavour,
+from omnilive.engines.minicpmo.host import (
     ModelHost,
     View,
     call,
     model_errors,
+    system_prompt_parts,
     to_samples,
 )
 from omnilive.engines.sync_views import SyncDuplexSession
@@ -44,20 +44,6 @@ SAMPLING = {
     "text_repetition_window_size": 512,
     "length_penalty": 1.1,
 }
-
-
-def system_prompt_parts(host: ModelHost, prompt: str, with_voice: bool) -> tuple[str, str | None]:
-    """Prefix and suffix of the duplex system turn.
-
-    The checkpoint's code wraps the plain prompt in the chat template itself;
-    the demo's unified code takes it already wrapped, with the voice between
-    ``<|audio_start|>`` and ``<|audio_end|>``.
-    """
-    if host.flavour is Flavour.AS_DUPLEX:
-        return prompt, None
-    if with_voice:
-        return f"<|im_start|>system\n{prompt}\n<|audio_start|>", "<|audio_end|><|im_end|>"
-    return f"<|im_start|>system\n{prompt}", "<|im_end|>"
 
 
 def vision_stats(schema: list[Any]) -> tuple[int, int]:

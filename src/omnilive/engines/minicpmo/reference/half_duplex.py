@@ -9,7 +9,7 @@ import numpy as np
 from omnilive.engines.base import EngineError
 from omnilive.engines.messages import HalfDuplexOptions, Part, TextAudioChunk
 from omnilive.engines.minicpmo.content import content_of
-from omnilive.engines.minicpmo.reference.host import ContextMark, ModelHost, model_errors
+from omnilive.engines.minicpmo.host import ContextMark, ModelHost, model_errors
 from omnilive.engines.minicpmo.reference.simplex import SimplexContext
 from omnilive.engines.sync_views import SyncHalfDuplexSession
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from omnilive.engines.messages import GenerationOptions, TextAudioChunk, Voice
-from omnilive.engines.minicpmo.reference.host import ModelHost, View, call, model_errors, to_samples
+from omnilive.engines.minicpmo.host import ModelHost, View, call, model_errors, to_samples
 
 log = logging.getLogger(__name__)
 

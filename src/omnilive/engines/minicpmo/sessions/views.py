@@ -1,20 +1,22 @@
-"""Many sessions on one loaded MiniCPM-o: the engine's views when ``slots > 1``.
+"""Sessions in slots of one loaded MiniCPM-o: the engine's views, however many slots.
 
-Duplex sessions (audio and omni, their view in ``duplex_view.py``) are
+Duplex sessions (audio and omni, their view in ``duplex/view.py``) are
 :class:`SlotDuplex` sessions, each in a slot of one :class:`BatchLoop`: their
 LLM and speech-LM steps run batched with every other live session's on the
-loop's thread; their encoder and vocoder
-calls run one at a time on the loop's side lane (a second thread and CUDA
-stream), beside the batches. The views' steps are coroutines: the worker
-awaits them on its own event loop (no thread of its own per session, no
-second event loop), and every blocking piece of work is a job of the batch loop or of a lane.
+loop's thread; their encoder and vocoder calls run one at a time on the
+loop's side lane (a second thread and CUDA stream), beside the batches. The
+views' steps are coroutines: the worker awaits them on its own event loop (no
+thread of its own per session, no second event loop), and every blocking
+piece of work is a job of the batch loop or of a lane. Chat and half-duplex
+sessions are slots of the same loop (``simplex/views.py``).
 
-Chat and half-duplex run the model's own simplex code, whose context lives on
-the model object: one such session at a time holds the *simplex seat*, and
-each of its steps (a prefill, one piece of a streamed answer) runs on the side
-lane in turn with the duplex sessions' encoder and vocoder calls, so the
-duplex sessions keep going while it talks, and no module state is touched by two threads.
-"""
+One fallback remains, for a checkpoint whose speech LM keeps its context in a
+way ``simplex/session.py`` does not own: chat and half-duplex then run the
+model's own simplex code, whose context lives on the model object, so one
+such session at a time holds the *simplex seat*, and each of its steps (a
+prefill, one piece of a streamed answer) runs on the side lane in turn with
+the duplex sessions' encoder and vocoder calls: the duplex sessions keep
+going while it talks, and no module state is touched by two threads."""
 
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ from omnilive.engines.messages import (
     Part,
     TextAudioChunk,
 )
-from omnilive.engines.minicpmo.reference.host import Flavour, ModelHost
+from omnilive.engines.minicpmo.host import Flavour, ModelHost
 from omnilive.engines.minicpmo.runtime.lanes import LaneCall
 from omnilive.engines.minicpmo.runtime.loop import BatchLoop
 from omnilive.engines.minicpmo.runtime.tensors import clone_tensors
@@ -96,23 +98,19 @@ def plan_slots(
     free_bytes: int, headroom_bytes: int, per_slot: int, requested: int | None, cap: int
 ) -> int:
     """How many slots to allocate: ``requested``, or as many as fit (at most
-    ``cap``; 0 when none does: the engine then serves one session at a time
-    on the model's own code). Raises :class:`EngineUnavailable` when a
-    requested count does not fit."""
+    ``cap``). Raises :class:`EngineUnavailable`, with the numbers, when the
+    requested count, or for an unset one a single slot, does not fit."""
     usable = free_bytes - headroom_bytes
     fits = max(0, usable // per_slot)
-    if requested is None:
-        return min(cap, fits)
-    wanted = requested
-    if wanted < 1 or wanted > fits:
-        wanted = max(wanted, 1)
-        raise EngineUnavailable(
-            f"{wanted} session slot(s) need {wanted * per_slot / GIB:.1f} GiB of GPU "
-            f"memory ({per_slot / GIB:.2f} GiB each) beyond {headroom_bytes / GIB:.1f} GiB of "
-            f"headroom, but {free_bytes / GIB:.1f} GiB are free: {fits} fit. Lower "
-            "minicpmo.slots or minicpmo.context_length"
-        )
-    return wanted
+    wanted = 1 if requested is None else max(requested, 1)
+    if wanted <= fits:
+        return min(cap, fits) if requested is None else wanted
+    raise EngineUnavailable(
+        f"{wanted} session slot(s) need {wanted * per_slot / GIB:.1f} GiB of GPU "
+        f"memory ({per_slot / GIB:.2f} GiB each) beyond {headroom_bytes / GIB:.1f} GiB of "
+        f"headroom, but {free_bytes / GIB:.1f} GiB are free: {fits} fit. Lower "
+        "minicpmo.slots or minicpmo.context_length"
+    )
 
 
 @dataclass

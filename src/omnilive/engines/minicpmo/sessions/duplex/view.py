@@ -21,8 +21,7 @@ from omnilive.engines.messages import (
     UnitInput,
 )
 from omnilive.engines.minicpmo.appends import note_ids
-from omnilive.engines.minicpmo.reference.duplex import system_prompt_parts
-from omnilive.engines.minicpmo.reference.host import model_errors
+from omnilive.engines.minicpmo.host import model_errors, system_prompt_parts
 from omnilive.engines.minicpmo.runtime.batch import SlotError
 from omnilive.engines.minicpmo.sessions.duplex.session import SlotDuplex
 from omnilive.engines.minicpmo.sessions.duplex.unit_rules import UnitOutcome

@@ -32,7 +32,7 @@ from omnilive.engines.messages import (
     Voice,
 )
 from omnilive.engines.minicpmo.content import content_of
-from omnilive.engines.minicpmo.reference.host import model_errors
+from omnilive.engines.minicpmo.host import model_errors
 from omnilive.engines.minicpmo.runtime.batch import SlotError
 from omnilive.engines.minicpmo.sessions.sampling import answer_text
 from omnilive.engines.minicpmo.sessions.simplex.history import (

@@ -116,6 +116,20 @@ def to_samples(waveform: Any) -> np.ndarray | None:
     return samples if samples.size else None
 
 
+def system_prompt_parts(host: ModelHost, prompt: str, with_voice: bool) -> tuple[str, str | None]:
+    """Prefix and suffix of the duplex system turn.
+
+    The checkpoint's code wraps the plain prompt in the chat template itself;
+    the demo's unified code takes it already wrapped, with the voice between
+    ``<|audio_start|>`` and ``<|audio_end|>``.
+    """
+    if host.flavour is Flavour.AS_DUPLEX:
+        return prompt, None
+    if with_voice:
+        return f"<|im_start|>system\n{prompt}\n<|audio_start|>", "<|audio_end|><|im_end|>"
+    return f"<|im_start|>system\n{prompt}", "<|im_end|>"
+
+
 class ModelHost:
     """Owns the loaded model; the views borrow it, one session at a time."""
 
