@@ -8,6 +8,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).parents[2] / "src/omnilive/engines/minicpmo"
 NAME = "omnilive.engines.minicpmo"
 
@@ -50,12 +52,19 @@ def test_the_runtime_imports_nothing_above_it():
     assert {module: names for module, names in wrong.items() if names} == {}
 
 
-def test_the_model_code_path_imports_no_session_logic():
-    sessions = f"{NAME}.sessions"
+@pytest.mark.parametrize(
+    ("package", "sibling"),
+    [("reference", "sessions"), ("sessions", "reference")],
+    ids=["the model code path imports no session logic", "the slots import no oracle"],
+)
+def test_the_slot_sessions_and_the_oracle_are_siblings(package: str, sibling: str):
+    # Both stand on host.py (the loaded checkpoint); only engine.py sees both.
     wrong = {
-        module: sorted(name for name in imports(path, module) if name.startswith(sessions))
+        module: sorted(
+            name for name in imports(path, module) if name.startswith(f"{NAME}.{sibling}")
+        )
         for module, path in modules().items()
-        if module.startswith(f"{NAME}.reference")
+        if module.startswith(f"{NAME}.{package}")
     }
     assert {module: names for module, names in wrong.items() if names} == {}
 
