@@ -4,10 +4,13 @@ second serving path). On the tests' own tiny model (``tiny/``)."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from omnilive.audio import wav_bytes
@@ -19,8 +22,11 @@ from omnilive.engines.messages import (
     DuplexOptions,
     GenerationOptions,
     TextPart,
+    UnitInput,
 )
 from omnilive.engines.minicpmo import MiniCPMoEngine
+from omnilive.protocol.internal import LoadOutcome
+from omnilive.worker.runtime import WorkerRuntime
 from tests.minicpmo.conftest import voice, write_checkpoint
 from tests.minicpmo.test_slot_engine import run_session
 from tests.minicpmo.tiny.backend import TinyBackend
@@ -114,3 +120,45 @@ async def test_one_slot_is_the_slot_path_at_a_batch_of_one(one_slot: Any) -> Non
         assert pieces and any(piece.text for piece in pieces)
     finally:
         chat.close()
+
+
+def lane_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("minicpmo-lanes")]
+
+
+async def test_a_worker_of_many_slots_keeps_one_lane_thread(tiny: Tiny) -> None:
+    """The slot views' work runs on the batch loop: the worker keeps one
+    thread for its sessions' lanes (their closes), not an idle one per slot,
+    and sessions in every slot still run side by side and close at once."""
+    settings = MiniCPMoSettings(
+        model_path=tiny.path, device="cpu", slots=3, context_length=1024,
+        duplex_window=ContextWindowSettings(high_tokens=600, low_tokens=450),
+        default_voice=tiny.voice, force_listen_units=0, memory_headroom_gb=1.0, warmup=False,
+    )  # fmt: skip
+    runtime = WorkerRuntime(MiniCPMoEngine(settings, backend=TinyBackend(64.0)), "w0")
+    try:
+        assert (await runtime.load()).outcome is LoadOutcome.READY
+        assert runtime.status().slots == 3
+        for thread in lane_threads():  # the loading's own loop, closed, ends its thread
+            await asyncio.to_thread(thread.join, 2)
+        assert len(lane_threads()) == 1, [t.name for t in threading.enumerate()]
+
+        async def one(session_id: str) -> int:
+            async with runtime.session(session_id, "audio_duplex") as record:
+                session = runtime.open_duplex(record)
+                try:
+                    await session.prepare(f"Assistant {session_id}.", DuplexOptions())
+                    audio = np.zeros(16_000, np.float32)
+                    for _ in range(2):
+                        _, unit = await session.unit(UnitInput(audio, [], None, False))
+                        await session.finalize()
+                    return unit.kv_cache_length
+                finally:
+                    session.close()
+
+        async with asyncio.timeout(120):
+            lengths = await asyncio.gather(*(one(name) for name in "abc"))
+            assert all(n > 0 for n in lengths), lengths
+            await one("d")  # every slot came back
+    finally:
+        runtime.close()

@@ -364,7 +364,7 @@ class Engine(abc.ABC):
         return None
 
     def step_loop(self) -> StepLoop:
-        """The loop that runs this engine's steps: one thread per slot. An
+        """The loop that runs this engine's synchronous steps: one thread per slot. An
         engine that batches its sessions' steps returns a loop of its own."""
         return StepLoop(self.capabilities.slots, name=self.name)
 

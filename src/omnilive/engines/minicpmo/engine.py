@@ -277,6 +277,12 @@ class MiniCPMoEngine(Engine):
     def open_duplex(self) -> DuplexSession | SyncDuplexSession:
         return self._duplex()
 
+    def step_loop(self) -> StepLoop:
+        """One thread, however many slots: the slot views are coroutines
+        whose work runs on the batch loop and its lanes, so a session's lane
+        runs only its close (and the oracle's one session, its steps)."""
+        return StepLoop(1, name="minicpmo-lanes")
+
     def gpu_id(self) -> int | None:
         return physical_gpu(self._settings.device, os.environ.get("CUDA_VISIBLE_DEVICES"))
 
