@@ -7,6 +7,7 @@ their failures, become the machine's events), the sends and the recording.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
@@ -116,7 +117,10 @@ class _ChatRun:
         runtime, record, request = self.runtime, self.record, self.request
         try:
             data_dir = self.settings.data_dir if self.settings is not None else None
-            messages, options = await runtime.step(record.lane.run, decode_chat, request, data_dir)
+            # Off the session's lane: a GPU worker keeps one lane thread for all
+            # its slots, and requests decode side by side.
+            decoding = runtime.step(asyncio.to_thread, decode_chat, request, data_dir)
+            messages, options = await decoding
             runtime.engine.require(modalities_of(messages))
         except DecodeError as exc:
             yield rules.DecodeFailed(str(exc))
