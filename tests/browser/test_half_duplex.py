@@ -75,7 +75,8 @@ def test_spoken_question_gets_a_spoken_answer(browser, cascade_server: Server) -
         except PlaywrightTimeout:  # say what came, for a failure seen once under load
             kinds = [kind for _, way, kind in frames if way == "recv"]
             raise AssertionError(
-                f"an answer without audio: received {kinds}; the server's log ends:\n"
+                f"an answer without audio: received {kinds}; the page's problems "
+                f"{problems.items}; the server's log ends:\n"
                 f"{cascade_server.log()[-3000:]}"
             ) from None
         seen = page.evaluate("window.seen")
