@@ -46,44 +46,44 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Tiny:
     return Tiny(write_checkpoint(folder / "ckpt"), speaker)
 
 
-def test_too_many_slots_for_the_memory_is_one_clear_refusal(tiny: Tiny) -> None:
+@pytest.mark.parametrize(
+    ("slots", "headroom_gb", "refusal"),
+    [
+        (64, 1.0, r"64 session slot\(s\) need .* fit"),
+        # Unset, and not even one fits: no fallback to the model's own code
+        # (that path is the oracle only).
+        (0, 4.9, r"1 session slot\(s\) need .* 0 fit"),
+    ],
+)
+def test_slots_that_do_not_fit_are_one_clear_refusal(
+    tiny: Tiny, slots: int, headroom_gb: float, refusal: str
+) -> None:
     from omnilive.engines.base import EngineUnavailable
 
     settings = MiniCPMoSettings(
-        model_path=tiny.path, device="cpu", slots=64, context_length=32768, warmup=False
-    )
-    engine = MiniCPMoEngine(settings, backend=TinyBackend(5.0))
-    try:
-        with pytest.raises(EngineUnavailable, match=r"64 session slot\(s\) need .* fit"):
-            engine.load(lambda stage, fraction: None)
-    finally:
-        engine.close()
-
-
-def test_unset_slots_with_not_even_one_fitting_is_one_clear_refusal(tiny: Tiny) -> None:
-    # No fallback to the model's own code: that path is the oracle only.
-    from omnilive.engines.base import EngineUnavailable
-
-    settings = MiniCPMoSettings(
-        model_path=tiny.path, device="cpu", slots=0, context_length=32768, warmup=False,
-        memory_headroom_gb=4.9,
+        model_path=tiny.path, device="cpu", slots=slots, context_length=32768, warmup=False,
+        memory_headroom_gb=headroom_gb,
     )  # fmt: skip
     engine = MiniCPMoEngine(settings, backend=TinyBackend(5.0))
     try:
-        with pytest.raises(EngineUnavailable, match=r"1 session slot\(s\) need .* 0 fit"):
+        with pytest.raises(EngineUnavailable, match=refusal):
             engine.load(lambda stage, fraction: None)
     finally:
         engine.close()
+
+
+def served(tiny: Tiny, slots: int, **overrides: Any) -> MiniCPMoSettings:
+    """Settings for ``slots`` sessions of the tiny model, with room for them."""
+    return MiniCPMoSettings(
+        model_path=tiny.path, device="cpu", slots=slots, context_length=1024,
+        duplex_window=ContextWindowSettings(high_tokens=600, low_tokens=450),
+        default_voice=tiny.voice, force_listen_units=0, memory_headroom_gb=1.0, **overrides,
+    )  # fmt: skip
 
 
 @pytest.fixture
 def one_slot(tiny: Tiny) -> Any:
-    settings = MiniCPMoSettings(
-        model_path=tiny.path, device="cpu", slots=1, context_length=1024,
-        duplex_window=ContextWindowSettings(high_tokens=600, low_tokens=450),
-        default_voice=tiny.voice, force_listen_units=0, memory_headroom_gb=1.0,
-    )  # fmt: skip
-    engine = MiniCPMoEngine(settings, backend=TinyBackend(64.0))
+    engine = MiniCPMoEngine(served(tiny, 1), backend=TinyBackend(64.0))
     engine.load(lambda stage, fraction: None)  # the warm-up runs on the one slot too
     yield engine
     engine.close()
@@ -130,12 +130,8 @@ async def test_a_worker_of_many_slots_keeps_one_lane_thread(tiny: Tiny) -> None:
     """The slot views' work runs on the batch loop: the worker keeps one
     thread for its sessions' lanes (their closes), not an idle one per slot,
     and sessions in every slot still run side by side and close at once."""
-    settings = MiniCPMoSettings(
-        model_path=tiny.path, device="cpu", slots=3, context_length=1024,
-        duplex_window=ContextWindowSettings(high_tokens=600, low_tokens=450),
-        default_voice=tiny.voice, force_listen_units=0, memory_headroom_gb=1.0, warmup=False,
-    )  # fmt: skip
-    runtime = WorkerRuntime(MiniCPMoEngine(settings, backend=TinyBackend(64.0)), "w0")
+    engine = MiniCPMoEngine(served(tiny, 3, warmup=False), backend=TinyBackend(64.0))
+    runtime = WorkerRuntime(engine, "w0")
     try:
         assert (await runtime.load()).outcome is LoadOutcome.READY
         assert runtime.status().slots == 3
