@@ -21,7 +21,7 @@ from tests.cascade.speech import Say, overlap, silence
 pytestmark = pytest.mark.cascade
 
 MAX_UNITS = 30  # a reply that never ends fails the test instead of hanging it
-PACE_S = 1.5  # the seconds between the steps of an answer (see the test)
+MADE_TIMEOUT_S = 60.0  # an answer's making, on a loaded machine (generous)
 
 
 def open_session(engine: CascadeEngine, options: DuplexOptions | None = None) -> CascadeDuplex:
@@ -46,6 +46,14 @@ def step(session: CascadeDuplex, audio: np.ndarray, force_listen: bool = False) 
     return unit
 
 
+def wait_until_made(session: CascadeDuplex) -> None:
+    """Until the current answer's text and audio are all made."""
+    deadline = time.monotonic() + MADE_TIMEOUT_S
+    while (reply := session._reply) is not None and not reply.done:
+        assert time.monotonic() < deadline, "the answer was not made in time"
+        time.sleep(0.05)
+
+
 def until_speaking(session: CascadeDuplex) -> DuplexUnit:
     for _ in range(MAX_UNITS):
         unit = step(session, silence(1.0))
@@ -62,15 +70,14 @@ def test_listens_then_speaks_then_ends_its_turn(engine: CascadeEngine, say: Say)
         assert all(u.is_listen for u in heard)  # never talks over the user
 
         spoken = [until_speaking(session)]
+        # The rest of the answer made before it is handed out: how the units
+        # cut it is then the rule under test, not whether two busy cores keep
+        # ahead of real time (paced even at 1.5 s a unit, on CI a middle unit
+        # was now and then a short one, the LLM behind: the real-time rule).
+        wait_until_made(session)
         while not spoken[-1].end_of_turn:
             assert len(spoken) < MAX_UNITS
-            # Paced at most a unit a second, as a client sends them, with room
-            # to spare: stepped faster, a loaded machine's LLM and voice fall
-            # behind and a middle unit is a short gap (on CI: once in ~10 runs
-            # at exactly 1 s).
-            started = time.monotonic()
             spoken.append(step(session, silence(1.0)))
-            time.sleep(max(0.0, started + PACE_S - time.monotonic()))
         after = [step(session, silence(1.0)) for _ in range(2)]
 
         assert all(not u.is_listen and u.audio is not None for u in spoken)
