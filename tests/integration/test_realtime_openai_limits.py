@@ -24,11 +24,18 @@ async def test_a_full_conversation_refuses_the_item_that_passes_it(server: Serve
     # server's socket buffer (on a loaded 2-core machine, past their 20 s).
     async with connect(server, ping_interval=None) as connection:
         await text_session(connection)
-        for n in range(MAX_ITEMS + 1):
-            item = {"type": "message", "role": "user",
-                    "content": [{"type": "input_text", "text": f"item {n}"}]}  # fmt: skip
-            await connection.conversation.item.create(item=item, event_id=f"evt_{n}")
-        error, seen = await until(connection, "error", timeout=LOADED_S)
+        # Read while sending, as a client does: one that reads nothing while
+        # the server answers 4,097 items fills its socket, and on a loaded
+        # machine the server then drops it as a client that stopped reading.
+        reading = asyncio.ensure_future(until(connection, "error", timeout=LOADED_S))
+        try:
+            for n in range(MAX_ITEMS + 1):
+                item = {"type": "message", "role": "user",
+                        "content": [{"type": "input_text", "text": f"item {n}"}]}  # fmt: skip
+                await connection.conversation.item.create(item=item, event_id=f"evt_{n}")
+            error, seen = await reading
+        finally:
+            reading.cancel()
         assert error.error.code == "conversation_full"
         assert error.error.event_id == f"evt_{MAX_ITEMS}"
         added = [e for e in seen if e.type == "conversation.item.added"]

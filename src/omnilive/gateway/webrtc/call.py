@@ -41,6 +41,7 @@ from omnilive.gateway.webrtc.dialects import (
     MediaDialect,
     client_json,
 )
+from omnilive.gateway.webrtc.loop_errors import quiet_closed_ice_starts
 from omnilive.gateway.webrtc.media import (
     AnswerAudio,
     AnswerTrack,
@@ -111,6 +112,7 @@ class Call:
         self.settings = settings
         self.scope = scope  # the session's websocket scope
         self.state = CallState.CONNECTING
+        quiet_closed_ice_starts(asyncio.get_running_loop())
         self.pc = RTCPeerConnection(ice_configuration(settings))
         self.track = AnswerTrack(MAX_ANSWER_AUDIO_S, self._playing)
         self._answer_audio = AnswerAudio(OUTPUT_AUDIO_RATE)
