@@ -27,7 +27,7 @@ async def test_a_full_conversation_refuses_the_item_that_passes_it(server: Serve
         # Read while sending, as a client does: one that reads nothing while
         # the server answers 4,097 items fills its socket, and on a loaded
         # machine the server then drops it as a client that stopped reading.
-        reading = asyncio.ensure_future(until(connection, "error", timeout=LOADED_S))
+        reading = asyncio.create_task(until(connection, "error", timeout=LOADED_S))
         try:
             for n in range(MAX_ITEMS + 1):
                 item = {"type": "message", "role": "user",

@@ -20,7 +20,7 @@ class PeerConnection:
         raise aiortc_exceptions.InvalidStateError("RTCIceTransport is closed")
 
     def start(self) -> asyncio.Task[None]:
-        return asyncio.ensure_future(self.__connect())
+        return asyncio.create_task(self.__connect())
 
 
 async def failed(task: asyncio.Task[None]) -> dict:
@@ -46,7 +46,7 @@ async def test_a_closed_calls_ice_start_is_a_line_and_the_rest_goes_on(
         async def other() -> None:
             raise RuntimeError("a bug")
 
-        context = await failed(asyncio.ensure_future(other()))
+        context = await failed(asyncio.create_task(other()))
         loop.call_exception_handler(context)
         assert passed_on == [context]
     finally:
