@@ -64,6 +64,16 @@ def load(folder: Path) -> object:
     return transformers.AutoModel.from_config(config, trust_remote_code=True)
 
 
+@pytest.fixture(autouse=True)
+def no_flag_gems(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A machine without flag_gems, whatever ran before in this process: the
+    tiny checkpoints of other tests put their stand-ins' folder (a flag_gems
+    stub among them) on ``sys.path``."""
+    path = [entry for entry in sys.path if not (Path(entry) / "flag_gems").exists()]
+    monkeypatch.setattr(sys, "path", path)
+    monkeypatch.delitem(sys.modules, "flag_gems", raising=False)
+
+
 def test_the_switched_off_import_stands_in_while_the_code_loads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
