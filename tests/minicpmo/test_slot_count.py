@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -158,3 +159,32 @@ async def test_a_worker_of_many_slots_keeps_one_lane_thread(tiny: Tiny) -> None:
             await one("d")  # every slot came back
     finally:
         runtime.close()
+
+
+async def test_one_slot_goes_on_past_its_context(one_slot: Any) -> None:
+    """The path ``slots = 1`` used to be (the model's own code) failed once its
+    context filled; on the slot path the one session's window slides as
+    every slot's does: a duplex call, a half-duplex conversation and a chat
+    each run past the 1,024 positions and answer on."""
+    from tests.minicpmo.test_slot_conversation import opened
+    from tests.minicpmo.test_slot_long_conversation import long_history, turn
+
+    lengths = [unit.kv_cache_length for _, unit in await run_session(one_slot, 5, 80, omni=False)]
+    assert max(lengths) <= 1024
+    slid = [later < earlier for earlier, later in pairwise(lengths)]
+    assert any(slid), f"the duplex window never slid: {lengths}"
+    async with opened(one_slot) as view:
+        said = []
+        while view._session.window.dropped_turns < 2:
+            said.append(await turn(view, f"Answer {len(said)}."))
+            assert view._session.kv_length <= 1024
+            assert len(said) < 200, "the conversation's window never slid"
+        assert said == [f"Answer {index}." for index in range(len(said))]
+    chat = one_slot.open_chat()
+    try:
+        options = ChatOptions(generation=GenerationOptions(max_new_tokens=4))
+        assert await chat.prefill(long_history(), options) <= 1024
+        assert chat._session.window.dropped_turns > 0
+        assert any([piece.n_tokens async for piece in chat.generate()])
+    finally:
+        chat.close()

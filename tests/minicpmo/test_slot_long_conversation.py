@@ -89,13 +89,18 @@ async def test_a_turn_rolled_back_after_a_slide_leaves_the_slid_context(engine):
         assert await turn(view, "On we go.") == "On we go."
 
 
-async def test_a_chat_longer_than_the_context_is_answered_from_its_last_turns(engine):
+def long_history() -> list[ChatMessage]:
+    """A chat of 30 exchanges, far more than a 1,024-position context."""
     words = " ".join(f"word{index}" for index in range(40))
     history = [ChatMessage("system", (TextPart("Be brief."),))]
     for index in range(30):
         history.append(ChatMessage("user", (TextPart(f"Question {index}: {words}"),)))
         history.append(ChatMessage("assistant", (TextPart(f"Answer {index}."),)))
-    history.append(ChatMessage("user", (TextPart("And now?"),)))
+    return [*history, ChatMessage("user", (TextPart("And now?"),))]
+
+
+async def test_a_chat_longer_than_the_context_is_answered_from_its_last_turns(engine):
+    history = long_history()
     chat = engine.open_chat()
     try:
         options = ChatOptions(generation=GenerationOptions(max_new_tokens=6))
