@@ -64,7 +64,10 @@ STATS = """async () => {
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     tmp = tmp_path_factory.mktemp("webrtc")
-    question = spoken_wav(tmp / "question.wav", "What is the capital of France?")
+    # The fake microphone plays the file in a loop, and over WebRTC the page
+    # lets the user speak over an answer: with a short silence, the question
+    # asked again interrupted slow answers before one was done (a loaded run).
+    question = spoken_wav(tmp / "question.wav", "What is the capital of France?", silence_s=30.0)
     with chromium(tmp, [f"--use-file-for-fake-audio-capture={question}"]) as context:
         context.add_init_script(KEEP_PEERS)
         yield context
@@ -102,7 +105,7 @@ def test_half_duplex_over_webrtc(browser, engine: str, request: pytest.FixtureRe
         start(page, server, "/half_duplex")
         assert calls_open(server) == 1
         # The server's VAD heard the question on the Opus track, and the answer came.
-        page.wait_for_selector("#transcript .turn.ai[data-done]", timeout=40_000)
+        page.wait_for_selector("#transcript .turn.ai[data-done]", timeout=60_000)
         assert page.inner_text("#transcript .turn.user").strip()
         page.wait_for_function(f"({STATS})().then((s) => s.energy > 0)", timeout=15_000)
         stats = page.evaluate(STATS)
