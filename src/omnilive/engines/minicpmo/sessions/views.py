@@ -52,6 +52,7 @@ from omnilive.engines.minicpmo.sessions.duplex import speech_choice
 from omnilive.engines.minicpmo.sessions.duplex.unit_rules import (
     UnitRules,
 )
+from omnilive.engines.minicpmo.sessions.encoders.warm import warm_encoders
 from omnilive.engines.minicpmo.sessions.shared import SharedModel
 from omnilive.engines.minicpmo.sessions.simplex import speech_choice as chunk_speech_choice
 from omnilive.engines.minicpmo.sessions.simplex.session import speech_supported
@@ -155,10 +156,13 @@ class SlotEngine:
 
     async def warm_graphs(self, voice: np.ndarray | None = None) -> None:
         """Every batch and step bucket's CUDA graphs, captured before any
-        session; on CUDA, the vocoder's for answers in ``voice`` too."""
+        session, and the encoders' for the batches they are likely to run;
+        on CUDA, the vocoder's for answers in ``voice`` too."""
         started = time.perf_counter()
         captured = await self.batch.warm_graphs()
         log.info("%d step graphs captured in %.1f s", captured, time.perf_counter() - started)
+        # The encoders' too, on their lane (warm_encoders logs them).
+        await self.batch.encoder_call(warm_encoders, self.shared, self.batch.steps.cache.slots)
         if self.batch.speech is not None:  # the speech tokens' kernels, compiled
             head = self.host.model.tts.head_code[0].weight
             for warm in (speech_choice.warm, chunk_speech_choice.warm):

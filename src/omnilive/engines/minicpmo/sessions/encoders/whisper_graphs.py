@@ -50,7 +50,7 @@ from omnilive.engines.minicpmo.sessions.encoders.whisper_batch import (
     tail,
 )
 
-MAX_CHAINS = 16  # (rows, frames, context) shapes kept
+MAX_CHAINS = 24  # (rows, frames, context) shapes kept: the 16 warm_encoders makes, and room
 
 
 @dataclass
