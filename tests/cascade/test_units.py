@@ -339,3 +339,39 @@ def test_turn_timings_report_the_figures_a_turn_has() -> None:
     assert TurnStats().timings(None) == {"asr_ms": 0.0, "speculative": 0.0}
     # the words' judgement is a probability: kept to three places, not one
     assert TurnStats(words_end_p=0.01234).timings(None)["words_end_p"] == 0.012
+
+
+def test_dropped_counts_the_clients_turns_that_left_the_front() -> None:
+    """``history_dropped``'s count: each message the client gave is a turn,
+    a text-less one joining the turn before it, so that what leaves the
+    front is counted in the client's messages (the Realtime items it names)."""
+    conversation = Conversation("be brief")
+    q = [Message("user", f"question number {i}") for i in range(3)]
+    a = [Message("assistant", f"answer {i}") for i in range(3)]
+    # None: untranscribed speech (before the first message: never held).
+    conversation.set_turns([None, q[0], a[0], None, q[1], a[1], q[2], a[2]])
+    assert conversation.dropped == 1 and conversation.spans() == [1, 2, 1, 1, 1, 1]
+    fit = conversation.fit(count_words, 10_000, truncation=HistoryTruncation(limit_tokens=12))
+    conversation.commit(fit)
+    assert conversation.turns[0] == q[2]
+    assert conversation.dropped == 1 + 5  # q0, a0 with the empty one after it, q1, a1
+    conversation.snapshot()
+    conversation.add("user", "one more question")
+    conversation.add("assistant", "")  # said nothing: joins the question
+    assert conversation.spans() == [1, 1, 2]
+    conversation.commit(conversation.fit(count_words, 4, truncation=HistoryTruncation()))
+    assert conversation.turns == [] and conversation.dropped == 6 + 4
+    conversation.rollback()
+    assert conversation.turns == [q[2], a[2]] and conversation.dropped == 6
+    assert conversation.cut_answer("") and conversation.spans() == [2]  # the answer went
+    assert not conversation.cut_answer("x")  # the last turn is no answer now
+
+
+def test_a_repeat_lets_every_turn_go_and_counts_them() -> None:
+    conversation = Conversation("s")
+    moon = "The moon is a mysterious and beautiful celestial body, full of secrets."
+    conversation.add("user", "Tell me about the moon.")
+    conversation.add("assistant", moon)
+    conversation.add("user", "Again?")
+    conversation.add("assistant", moon)
+    assert conversation.turns == [] and conversation.dropped == 4

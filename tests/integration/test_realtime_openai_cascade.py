@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from websockets.asyncio.client import connect as ws_connect
 
 from tests.integration.test_realtime_openai import connect, pcm24, until
 from tests.llm_server import serve_llm
@@ -253,3 +254,64 @@ async def test_truncation_disabled_refuses_an_answer_past_the_context(cascade: S
         done, _ = await until(connection, "response.done", timeout=120)
         assert done.response.status == "completed"
         assert done.response.output[0].content[0].text.strip()
+
+
+async def test_the_items_the_model_no_longer_sees_are_named(cascade: Server):
+    """With omnilive's extensions, each time the truncation lets the oldest
+    items go (a retention ratio under a 120-token limit), the client is told
+    which, oldest first, and which is now the oldest the model sees; the
+    answers go on. A plain OpenAI client hears none of it (its SDK's union
+    has no such event)."""
+    session = {
+        "type": "realtime",
+        "output_modalities": ["text"],
+        "max_output_tokens": 12,
+        "truncation": {
+            "type": "retention_ratio",
+            "retention_ratio": 0.5,
+            "token_limits": {"post_instructions": 120},
+        },
+    }
+    url = f"{cascade.ws}/v1/realtime?model=gpt-realtime&omnilive_extensions=true"
+    async with ws_connect(url) as ws:
+
+        async def read_until(kind: str) -> list[dict]:
+            seen: list[dict] = []
+            async with asyncio.timeout(120):
+                while not seen or seen[-1]["type"] != kind:
+                    seen.append(json.loads(await ws.recv()))
+            return seen
+
+        async def send(event: dict) -> list[dict]:
+            await ws.send(json.dumps(event))
+            return await read_until(DONE[event["type"]])
+
+        await read_until("session.created")
+        await send({"type": "session.update", "session": session})
+        items: list[str] = []
+        told: list[dict] = []
+        for index in range(8):
+            text = f"Note {index}: the tea shop on street {index} opens at nine every day."
+            content = [{"type": "input_text", "text": text}]
+            item = {"type": "message", "role": "user", "content": content}
+            seen = await send({"type": "conversation.item.create", "item": item})
+            added = next(e for e in seen if e["type"] == "conversation.item.added")
+            items.append(added["item"]["id"])
+            seen += await send({"type": "response.create"})
+            done = seen[-1]["response"]
+            assert done["status"] == "completed"
+            items += [output["id"] for output in done["output"]]
+            told += [e for e in seen if e["type"] == "omnilive.conversation.context"]
+    assert told, "the conversation passed its limit, and no item was said to be let go"
+    dropped = [i for event in told for i in event["dropped_item_ids"]]
+    assert dropped == items[: len(dropped)]  # the oldest, in order, each once
+    last = told[-1]
+    assert last["dropped_items"] == len(dropped) < len(items)
+    assert last["oldest_item_id"] == items[len(dropped)]
+
+
+DONE = {
+    "session.update": "session.updated",
+    "conversation.item.create": "conversation.item.done",
+    "response.create": "response.done",
+}

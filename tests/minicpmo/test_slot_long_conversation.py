@@ -52,6 +52,8 @@ async def test_the_oldest_turns_leave_and_the_conversation_answers_on(engine):
             assert kinds == ["system", *["speech", "assistant"] * (len(kinds) // 2)]
             starts = [entry.start for entry in view._ledger]
             assert starts[:2] == [0, system] and starts == sorted(starts)
+            # The client's turns let go: each turn's speech and answer given, less those held.
+            assert view.history_dropped == 2 * len(said) - (len(kinds) - 1)
             assert len(said) < 200, "the window never slid"
         assert said == [f"Answer {index}." for index in range(len(said))]
         assert max(lengths) > capacity // 2  # the context filled before it slid

@@ -164,3 +164,23 @@ def test_arguments_given_as_a_string_and_a_call_left_open_are_read():
 def test_a_call_that_cannot_be_read_is_an_error(call: str):
     with pytest.raises(EngineError, match="tool call"):
         scan([f"<tool_call>{call}</tool_call>"])
+
+
+def test_entries_count_the_clients_messages_they_stand_for():
+    """``history_dropped`` counts the client's messages: merged assistant
+    messages are one entry of two, a text-less one joins the entry before it
+    (before the first: the system entry's, never held)."""
+    call = ToolCall("call_1", "get_weather", '{"city": "Paris"}')
+    messages = [
+        message("system", "Be brief."),
+        message("user", "", item_id="speech_0"),  # untranscribed, not in the ledger
+        message("user", "Weather?", item_id="u1"),
+        message("assistant", "Let me look.", item_id="a1"),
+        message("assistant", item_id="c1", tool_calls=(call,)),
+        message("tool", "sunny", item_id="o1", tool_call_id="call_1"),
+        message("assistant", "", item_id="a2"),  # said nothing
+    ]
+    entries = wanted([], "Be brief.", messages)
+    assert [e.kind for e in entries] == ["system", "user", "assistant", "tool"]
+    assert [e.span for e in entries] == [1, 1, 2, 2]
+    assert sum(e.span for e in entries) == len(messages) - 1

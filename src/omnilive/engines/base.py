@@ -188,6 +188,19 @@ class HalfDuplexBasics(ViewBasics):
         transcribes speech on its way (the cascade's Whisper); else None."""
         return None
 
+    @property
+    def history_dropped(self) -> int | None:
+        """How many of the conversation's turns, oldest first, the context
+        no longer holds (its truncation let them go), counted since the last
+        :meth:`HalfDuplexSession.prepare` or
+        :meth:`HalfDuplexSession.set_history`. A turn is each message
+        ``set_history`` gave after the system message (one with nothing the
+        engine keeps counts too), each :meth:`HalfDuplexSession.prefill` and
+        each answer (all it said and called); ``respond``'s instructions are
+        none. Only the oldest leave, so the count says which ones: the
+        Realtime items the model no longer sees. None: the engine does not say."""
+        return None
+
 
 class ChatSession(ViewBasics, abc.ABC):
     """Stateless turn-based chat: one prefill of all messages, then generation."""

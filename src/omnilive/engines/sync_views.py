@@ -166,6 +166,10 @@ class LaneHalfDuplex(_OnLane[SyncHalfDuplexSession], HalfDuplexSession):
     def transcript(self) -> str | None:
         return self.view.transcript
 
+    @property
+    def history_dropped(self) -> int | None:
+        return self.view.history_dropped
+
     async def prepare(self, system: list[Part], options: HalfDuplexOptions) -> int:
         return await self.lane.run(self.view.prepare, system, options)
 

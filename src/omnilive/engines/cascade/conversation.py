@@ -54,13 +54,43 @@ class Fit:
 
 
 class Conversation:
-    """System prompt plus alternating user / assistant turns."""
+    """System prompt plus alternating user / assistant turns.
+
+    Each turn stands for one or more of the session's turns as the engine
+    seam counts them (:attr:`~omnilive.engines.base.HalfDuplexBasics.history_dropped`):
+    a message with nothing to keep (untranscribed speech, an answer that
+    said nothing) joins the turn before it, so that ``dropped`` counts
+    exactly the client's messages that left from the front."""
 
     def __init__(self, system: str, keep: int = 0) -> None:
         self.system = system
         self.keep = keep  # the most earlier turns a prompt holds (0: what fits)
         self.turns: list[Message] = []
-        self._saved: list[Message] = []
+        self.dropped = 0  # the session's turns let go from the front
+        self._spans: list[int] = []  # the session's turns each of ``turns`` stands for
+        self._saved: tuple[list[Message], list[int], int] = ([], [], 0)
+
+    def spans(self) -> list[int]:
+        """Per turn, how many of the session's turns it stands for (1 for a
+        turn set from outside, as a chat's history is)."""
+        count = len(self.turns)
+        return (self._spans + [1] * count)[:count]
+
+    def set_turns(self, turns: list[Message | None]) -> None:
+        """The history becomes ``turns``; None for a message with nothing to
+        keep, which joins the turn before it (before the first: let go)."""
+        kept: list[Message] = []
+        spans: list[int] = []
+        self.dropped = 0
+        for turn in turns:
+            if turn is not None:
+                kept.append(turn)
+                spans.append(1)
+            elif spans:
+                spans[-1] += 1
+            else:
+                self.dropped += 1
+        self.turns, self._spans = kept, spans
 
     def messages(self, *extra: Message) -> list[Message]:
         return [Message("system", self.system), *self.turns, *extra]
@@ -111,24 +141,56 @@ class Conversation:
 
     def commit(self, fit: Fit, *extra: Message) -> None:
         """Apply a :meth:`fit` and append the turns it was computed with."""
+        spans = self.spans()
+        self.dropped += sum(spans[: fit.dropped])
         del self.turns[: fit.dropped]
         self.turns.extend(extra)
+        self._spans = spans[fit.dropped :] + [1] * len(extra)
 
     def add(self, role: str, text: str) -> None:
+        """A turn at the end; an answer with no words joins the turn before it."""
+        spans = self.spans()
         opening = _opening(text) if role == "assistant" else None
         if opening is not None and any(
             _opening(turn.content) == opening for turn in self.turns if turn.role == "assistant"
         ):
             log.info("the answer repeats an earlier one: the conversation's history is let go")
+            self.dropped += sum(spans) + 1
             self.turns.clear()
+            self._spans = []
+            return
+        if not text.strip():
+            self._absorb(spans)
             return
         self.turns.append(Message(role, text))
+        self._spans = [*spans, 1]
+
+    def cut_answer(self, text: str) -> bool:
+        """The last turn, an answer, becomes ``text`` (empty: it leaves, and
+        joins the turn before it); False when the last turn is no answer."""
+        if not self.turns or self.turns[-1].role != "assistant":
+            return False
+        spans = self.spans()
+        if text.strip():
+            self.turns[-1] = Message("assistant", text.strip())
+            return True
+        self.turns.pop()
+        self._absorb(spans[:-1], spans[-1])
+        return True
+
+    def _absorb(self, spans: list[int], count: int = 1) -> None:
+        if spans:
+            spans[-1] += count
+        else:
+            self.dropped += count
+        self._spans = spans
 
     def snapshot(self) -> None:
-        self._saved = list(self.turns)
+        self._saved = (list(self.turns), self.spans(), self.dropped)
 
     def rollback(self) -> None:
-        self.turns = list(self._saved)
+        turns, spans, self.dropped = self._saved
+        self.turns, self._spans = list(turns), list(spans)
 
 
 class ConversationView:

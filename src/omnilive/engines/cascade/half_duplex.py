@@ -229,6 +229,11 @@ class CascadeHalfDuplex(ConversationView, SyncHalfDuplexSession):
     def transcript(self) -> str | None:
         return self.stats.transcript
 
+    @property
+    def history_dropped(self) -> int:
+        with self._lock:
+            return self._conversation.dropped
+
     def keep_heard(self, text: str) -> bool:
         """The last answer in the history becomes what the user heard of it
         (none of it: the answer leaves the history)."""
@@ -236,14 +241,7 @@ class CascadeHalfDuplex(ConversationView, SyncHalfDuplexSession):
         if self._speaking is not None:
             self._end_answer(self._speaking)
         with self._lock:
-            turns = self._conversation.turns
-            if not turns or turns[-1].role != "assistant":
-                return False
-            if text.strip():
-                turns[-1] = Message("assistant", text.strip())
-            else:
-                turns.pop()
-        return True
+            return self._conversation.cut_answer(text)
 
     def set_history(self, messages: list[ChatMessage]) -> None:
         self._cancel_early(wait=True)  # it was started from the old history
@@ -252,13 +250,30 @@ class CascadeHalfDuplex(ConversationView, SyncHalfDuplexSession):
         system = " ".join(m.text for m in messages if m.role == "system")
         turns = [
             Message(m.role, m.text, m.tool_calls, m.tool_call_id)
+            if m.text or m.tool_calls
+            else None  # untranscribed speech: nothing to keep
             for m in messages
-            if m.role != "system" and (m.text or m.tool_calls)  # untranscribed speech: nothing
+            if m.role != "system"
         ]
         with self._lock:
             self._conversation = self._stack.conversation(system)
-            self._conversation.turns = turns
+            self._conversation.set_turns(turns)
+            self._let_the_oldest_go()
         self._turn = None
+
+    def _let_the_oldest_go(self) -> None:
+        """What a prompt could not hold leaves now, not at the next answer:
+        the client hears at once which items the model no longer sees. With
+        truncation disabled nothing leaves, and the answer says it does not
+        fit; a system prompt past the context fails there too."""
+        if not self._options.truncation.enabled:
+            return
+        count, budget = self._stack.llm.count, self._budget()
+        try:
+            fit = self._conversation.fit(count, budget, truncation=self._options.truncation)
+        except EngineError:
+            return
+        self._conversation.commit(fit)
 
     def respond(self, instructions: str | None = None) -> None:
         self._cancel_early(wait=True)
@@ -318,9 +333,8 @@ class CascadeHalfDuplex(ConversationView, SyncHalfDuplexSession):
         self.stats.llm_first_token_ms = answer.stats.first_token_ms
         self.stats.first_sentence_audio_ms = answer.stats.first_audio_ms
         self._first_sentence = answer.stats.sentences[0] if answer.stats.sentences else None
-        if answer.text.strip():
-            with self._lock:
-                self._conversation.add("assistant", answer.text.strip())
+        with self._lock:  # one that said nothing still counts as the client's turn
+            self._conversation.add("assistant", answer.text.strip())
 
     # --- early work ----------------------------------------------------------
 

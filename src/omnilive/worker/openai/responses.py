@@ -23,6 +23,7 @@ from omnilive.protocol.openai_realtime import (
     error_event,
 )
 from omnilive.worker.openai import machine as rules
+from omnilive.worker.openai.context import ContextMirror
 from omnilive.worker.openai.items import (
     Conversation,
     client_item,
@@ -49,6 +50,7 @@ class Responses:
     _prefilled: bool  # the last speech is in the engine, unanswered
     _input_tokens: int  # what the engine heard since the last response
     _spoken_ms: dict[str, float]  # assistant item → its audio's length
+    context: ContextMirror
 
     if TYPE_CHECKING:  # the runner's methods (stubs here would shadow them)
 
@@ -56,6 +58,7 @@ class Responses:
         async def send(self, message: dict[str, Any]) -> None: ...
         async def _sync_history(self) -> None: ...
         async def _apply_tools(self, params: ResponseParams | None = None) -> None: ...
+        async def _tell_context(self) -> None: ...
 
     def _init_responses(self) -> None:
         self._response: asyncio.Task[None] | None = None
@@ -115,6 +118,7 @@ class Responses:
     ) -> None:
         session = self.session
         out_tokens, status, reason = 0, "completed", None
+        answered = False
         error: dict[str, str] | None = None
         own_tools, own_options = rules.overrides(params)
         out_of_band = context is not None or params.conversation == "none"
@@ -125,6 +129,7 @@ class Responses:
             if own_options:
                 await self.runtime.step(session.set_options, rules.options(self.config, params))
             if context is not None:
+                self.context.unknown()  # until the conversation is written again
                 await self.runtime.step(session.set_history, context)
                 self._prefilled = False
             elif self.conversation.dirty:
@@ -134,6 +139,7 @@ class Responses:
                 instructions = None if context is not None else params.instructions
                 await self.runtime.step(session.respond, instructions)
             self._prefilled = False
+            answered = not out_of_band  # the engine's context holds an answer from here
             async for chunk in self.runtime.stream(session.generate):
                 out_tokens += chunk.n_tokens
                 if chunk.tool_call is not None:
@@ -159,6 +165,9 @@ class Responses:
             await self._finish(params, presenter, status, reason, out_tokens, error)
             if out_of_band:  # the engine's context holds what the conversation does not
                 self.conversation.dirty = True
+            elif answered and status != "failed":  # a failed one was rolled back
+                self.context.turn(tuple(item["id"] for item in presenter.output))
+                await self._tell_context()
 
     async def _finish(
         self,

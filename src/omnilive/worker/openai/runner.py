@@ -48,6 +48,7 @@ from omnilive.protocol.openai_realtime import (
 from omnilive.vad import SileroModel, SpeechEnded, SpeechStarted, StreamingVad, TurnCheck
 from omnilive.worker.machines.session import Ended
 from omnilive.worker.openai import machine as rules
+from omnilive.worker.openai.context import ContextMirror
 from omnilive.worker.openai.items import Conversation, client_item
 from omnilive.worker.openai.machine import ConversationMachine
 from omnilive.worker.openai.presenter import (
@@ -97,6 +98,8 @@ class OpenAIRealtimeRunner(Responses, StreamingRunner):
         self._spoken_ms: dict[str, float] = {}  # assistant item → its audio's length
         self._history_refused = False  # the engine keeps its own context (told once)
         self._settle_queued = False  # a _settle_history waits in the engine's queue
+        self.extensions = False  # omnilive's own events too (the client asked)
+        self.context = ContextMirror()
         # What client events ask of the engine, in their order, off the reader:
         # a step may wait behind an answer (one lane), the reader never does.
         self._ops: asyncio.Queue[tuple[Op, str | None]] = asyncio.Queue(MAX_PENDING_OPS)
@@ -164,6 +167,7 @@ class OpenAIRealtimeRunner(Responses, StreamingRunner):
         in any update, and the rest stands."""
         self.session_id = data.get("session_id") or self.session_id
         self.model = data.get("model") or self.model
+        self.extensions = bool(data.get("extensions"))
         if data.get("updated"):  # the client's session.update, sent while it queued
             self.machine.client_event()
         wanted = SessionConfig.model_validate(data.get("session") or {})
@@ -378,6 +382,8 @@ class OpenAIRealtimeRunner(Responses, StreamingRunner):
             await self._sync_history()
         self._input_tokens += await self.runtime.step(self.session.prefill, speech)
         self._prefilled = True
+        self.context.turn((item["id"],))
+        await self._tell_context()
         set_transcript(item, await self._transcript(speech))
 
     async def _transcript(self, speech: np.ndarray) -> str | None:
@@ -457,3 +463,15 @@ class OpenAIRealtimeRunner(Responses, StreamingRunner):
                 await self._error(ProtocolError("unsupported", message, None, None))
             return
         self._prefilled = False
+        self.context.replaced(messages)
+        await self._tell_context()
+
+    async def _tell_context(self) -> None:
+        """With omnilive's extensions, tell the client when the items the
+        model sees change: its truncation let the oldest go (or an edit
+        brought them back)."""
+        if not self.extensions:
+            return
+        told = self.context.changed(self.session.history_dropped, self.conversation.items)
+        if told is not None:
+            await self.send(server_event("omnilive.conversation.context", **told))

@@ -57,6 +57,10 @@ class Entry:
     calls: tuple[tuple[str, str], ...] = ()  # an assistant's (name, arguments)
     speech: np.ndarray | None = None
     item_id: str | None = None  # the client's item, once known
+    # The client's turns it stands for (HalfDuplexBasics.history_dropped):
+    # merged messages and the text-less ones after it that it holds nothing
+    # of; the system entry's, those before the first message it holds.
+    span: int = 1
     start: int = 0  # where it starts in the slot's cache
     state: dict[str, Any] = field(default_factory=dict)  # the turn state before it
 
@@ -115,12 +119,17 @@ def wanted(ledger: list[Entry], system: str, messages: list[ChatMessage]) -> lis
     spoken = {e.item_id: e for e in ledger if e.kind == "speech" and e.item_id}
     first = Entry("system", system)
     out = [ledger[0] if ledger and ledger[0].says_the_same(first) else first]
-    for message in _merged(messages[1:] if messages and messages[0].role == "system" else messages):
+    out[0].span = 0
+    history = messages[1:] if messages and messages[0].role == "system" else messages
+    for message, count in _merged(history):
         place = ledger[len(out)] if len(out) < len(ledger) else None
         entry = _entry_of(message, place, spoken)
         if entry is None:
+            out[-1].span += count
             continue
-        out.append(place if place is not None and place.says_the_same(entry) else entry)
+        entry = place if place is not None and place.says_the_same(entry) else entry
+        entry.span = count
+        out.append(entry)
     return out
 
 
@@ -142,18 +151,18 @@ def _entry_of(message: ChatMessage, place: Entry | None, spoken: dict[str, Entry
     return Entry("note", message.text) if message.text.strip() else None
 
 
-def _merged(messages: list[ChatMessage]) -> list[ChatMessage]:
+def _merged(messages: list[ChatMessage]) -> list[tuple[ChatMessage, int]]:
     """Consecutive assistant messages as one (the template writes an answer's
-    text and its calls as one message)."""
-    out: list[ChatMessage] = []
+    text and its calls as one message), each with how many it stands for."""
+    out: list[tuple[ChatMessage, int]] = []
     for message in messages:
-        last = out[-1] if out else None
+        last, count = out[-1] if out else (None, 0)
         if last is not None and last.role == message.role == "assistant":
             parts = last.parts + message.parts
             calls = last.tool_calls + message.tool_calls
-            out[-1] = ChatMessage("assistant", parts, tool_calls=calls)
+            out[-1] = (ChatMessage("assistant", parts, tool_calls=calls), count + 1)
         else:
-            out.append(message)
+            out.append((message, 1))
     return out
 
 

@@ -217,6 +217,12 @@ class SlotHalfDuplex(_SlotSimplexView, HalfDuplexSession):
         self._system_media: list[Any] = []  # and what else it holds (a voice's audio)
         self._tools = Tools()
         self._ledger: list[Entry] = []
+        self._dropped = 0  # the client's turns the slot's window let go since set_history
+
+    @property
+    def history_dropped(self) -> int:
+        leading = self._ledger[0].span if self._ledger else 0  # text-less, before the first
+        return self._dropped + leading
 
     async def prepare(self, system: list[Part], options: HalfDuplexOptions) -> int:
         content = content_of(system)
@@ -228,7 +234,8 @@ class SlotHalfDuplex(_SlotSimplexView, HalfDuplexSession):
         self._instructions = "\n".join(c for c in content if isinstance(c, str))
         self._system_media = [c for c in content if not isinstance(c, str)]
         reference = self._voice_of(options.voice, options.tts_enabled)
-        entry = Entry("system", system_text(self._instructions, self._tools))
+        entry = Entry("system", system_text(self._instructions, self._tools), span=0)
+        self._dropped = 0
         with model_errors("prefill"):
             return await _with_voice(session, reference, self._rewrite(session, [entry]))
 
@@ -294,6 +301,7 @@ class SlotHalfDuplex(_SlotSimplexView, HalfDuplexSession):
             self._instructions = first.text
         entries = wanted(self._ledger, system_text(self._instructions, self._tools), messages)
         self._pending = False
+        self._dropped = 0
         with model_errors("prefill"):
             await self._rewrite(session, entries)
 
@@ -301,7 +309,8 @@ class SlotHalfDuplex(_SlotSimplexView, HalfDuplexSession):
         session = self._require()
         if instructions:
             with model_errors("prefill"):
-                await self._rewrite(session, [*self._ledger, Entry("note", instructions)])
+                note = Entry("note", instructions, span=0)  # this answer's, no turn of the client's
+                await self._rewrite(session, [*self._ledger, note])
         self._pending = True
 
     async def set_tools(self, tools: Tools) -> None:
@@ -310,7 +319,7 @@ class SlotHalfDuplex(_SlotSimplexView, HalfDuplexSession):
         self._tools = tools
         if self._session is None or not self._ledger:
             return  # the system message is written with them at prepare
-        system = Entry("system", system_text(self._instructions, tools))
+        system = Entry("system", system_text(self._instructions, tools), span=self._ledger[0].span)
         with model_errors("prefill"):
             await self._rewrite(self._session, [system, *self._ledger[1:]])
 
@@ -333,7 +342,11 @@ class SlotHalfDuplex(_SlotSimplexView, HalfDuplexSession):
         if session is None or last is None or last.kind != "assistant":
             return False
         heard = text.strip()
-        kept = [Entry("assistant", heard, last.calls)] if heard or last.calls else []
+        kept = [Entry("assistant", heard, last.calls, span=last.span)]
+        if not heard and not last.calls:
+            kept = []
+        if not kept:  # the client's turn stays counted, with the one before it
+            self._ledger[-2].span += last.span
         with model_errors("prefill"):
             await self._rewrite(session, [*self._ledger[:-1], *kept])
         return True
@@ -363,6 +376,7 @@ class SlotHalfDuplex(_SlotSimplexView, HalfDuplexSession):
         first = next(i for i, entry in enumerate(ledger) if entry.start >= start)
         keep = next((i for i, entry in enumerate(ledger) if entry.start >= kept), len(ledger))
         gone = ledger[first:keep]
+        self._dropped += sum(entry.span for entry in gone)
         if keep < len(ledger):
             ledger[keep].start, ledger[keep].state = ledger[first].start, ledger[first].state
             for entry in ledger[keep + 1 :]:
