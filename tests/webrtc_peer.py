@@ -56,6 +56,12 @@ class ClipTrack(MediaStreamTrack):
     def done(self) -> bool:
         return self._samples.size == 0
 
+    @property
+    def started_at(self) -> float | None:
+        """When the track's first sample was captured (None: not sent yet):
+        a call's whole seconds of audio count from here."""
+        return self._start
+
     async def recv(self) -> av.AudioFrame:
         if self.readyState != "live":
             raise MediaStreamError
