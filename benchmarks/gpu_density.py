@@ -66,9 +66,8 @@ from benchmarks.gpu_duplex import (
     chat_request,
     jpeg_b64,
     model_code,
-    new_result_path,
     recv_until,
-    refuse_existing,
+    run_saved,
     summary,
 )
 from benchmarks.gpu_profile import Sampler
@@ -480,15 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     bench_server.add_server_arguments(
         parser, "gpu_density_server.log", "/tmp/omnilive-density-data"
     )
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
-    args = parser.parse_args(argv)
-    if args.out is None:
-        args.out = new_result_path("gpu_density")
-    refuse_existing(parser, args.out, args.overwrite)
-    print(f"report: {args.out}", flush=True)
-    report = asyncio.run(bench(args))
-    print(json.dumps({k: v for k, v in report.items() if k != "runs"}, indent=2))
-    return 0
+    return run_saved(parser, "gpu_density", bench, argv)
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ from typing import Any
 
 from benchmarks import bench_server
 from benchmarks.gpu_checkpoint import synthetic_voice
-from benchmarks.gpu_duplex import GpuSampler, new_result_path, refuse_existing
+from benchmarks.gpu_duplex import GpuSampler, run_saved
 from benchmarks.webrtc_transport import cpu_s
 
 CAMERA = (640, 480)
@@ -287,15 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     bench_server.add_server_arguments(
         parser, "gpu_density_webrtc_server.log", "/tmp/omnilive-density-webrtc-data"
     )
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
-    args = parser.parse_args(argv)
-    if args.out is None:
-        args.out = new_result_path("gpu_density_webrtc")
-    refuse_existing(parser, args.out, args.overwrite)
-    print(f"report: {args.out}", flush=True)
-    report = asyncio.run(bench(args))
-    print(json.dumps({k: v for k, v in report.items() if k != "runs"}, indent=2))
-    return 0
+    return run_saved(parser, "gpu_density_webrtc", bench, argv)
 
 
 if __name__ == "__main__":

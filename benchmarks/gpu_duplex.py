@@ -32,6 +32,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -407,6 +408,26 @@ def refuse_existing(parser: argparse.ArgumentParser, out: Path, overwrite: bool)
     """Stop before the server starts where the report would replace a file."""
     if out.exists() and not overwrite:
         parser.error(f"{out} exists: give another --out, or --overwrite to replace it")
+
+
+def run_saved(
+    parser: argparse.ArgumentParser,
+    stem: str,
+    bench: Callable[[argparse.Namespace], Awaitable[dict[str, Any]]],
+    argv: list[str] | None,
+) -> int:
+    """A density benchmark's end of ``main``: ``--overwrite``, the report's
+    path (a new one unless ``--out``; never a committed file), the run, and
+    its figures but the levels' printed."""
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    args = parser.parse_args(argv)
+    if args.out is None:
+        args.out = new_result_path(stem)
+    refuse_existing(parser, args.out, args.overwrite)
+    print(f"report: {args.out}", flush=True)
+    report = asyncio.run(bench(args))
+    print(json.dumps({k: v for k, v in report.items() if k != "runs"}, indent=2))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
