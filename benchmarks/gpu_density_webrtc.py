@@ -143,7 +143,8 @@ async def client_group(http: str, indices: list[int], voice_b64: str, units: int
                        ready: Any, go: MpEvent) -> list[dict[str, Any]]:  # fmt: skip
     marks = [asyncio.Event() for _ in indices]
     start = asyncio.Event()
-    calls = [asyncio.create_task(one_call(http, k, voice_b64, units, mark, start))
+    calls = [asyncio.create_task(one_call(http, k, voice_b64, units, mark, start),
+                                 name=f"rtc-density-call{k}")
              for k, mark in zip(indices, marks, strict=True)]  # fmt: skip
     for mark in marks:
         await mark.wait()
