@@ -44,6 +44,7 @@ from typing import Any
 from benchmarks import bench_server
 from benchmarks.gpu_checkpoint import synthetic_voice
 from benchmarks.gpu_duplex import GpuSampler, run_saved
+from benchmarks.load import percentile
 from benchmarks.webrtc_transport import cpu_s
 
 CAMERA = (640, 480)
@@ -53,13 +54,8 @@ WARMUP_UNITS = 2  # left out of the figures, as gpu_density's
 def percentiles(values: list[float]) -> dict[str, float]:
     if not values:
         return {"n": 0}
-    ordered = sorted(values)
-
-    def at(q: float) -> float:
-        return round(ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)], 1)
-
-    return {"n": len(ordered), "p50": at(0.5), "p95": at(0.95), "p99": at(0.99),
-            "max": round(ordered[-1], 1)}  # fmt: skip
+    at = {f"p{q}": round(percentile(values, q), 1) for q in (50, 95, 99)}
+    return {"n": len(values), **at, "max": round(max(values), 1)}
 
 
 def unit_latencies(mic_start: float, results: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -65,7 +65,7 @@ class CascadeChat(SyncChatSession):
         llm = self._stack.llm
         max_tokens = self._max_tokens()
         conversation = Conversation(" ".join(t for t in system if t) or DEFAULT_SYSTEM_PROMPT)
-        conversation.turns = turns[:-1]
+        conversation.set_turns(list(turns[:-1]))
         fit = conversation.fit(llm.count, llm.n_ctx - max_tokens, turns[-1])
         if fit.dropped:
             self._notices.add(f"the {fit.dropped} oldest messages did not fit the context")

@@ -71,10 +71,9 @@ class Conversation:
         self._saved: tuple[list[Message], list[int], int] = ([], [], 0)
 
     def spans(self) -> list[int]:
-        """Per turn, how many of the session's turns it stands for (1 for a
-        turn set from outside, as a chat's history is)."""
-        count = len(self.turns)
-        return (self._spans + [1] * count)[:count]
+        """Per turn, how many of the session's turns it stands for (the
+        turns change only through this class's methods, which keep both)."""
+        return list(self._spans)
 
     def set_turns(self, turns: list[Message | None]) -> None:
         """The history becomes ``turns``; None for a message with nothing to

@@ -73,7 +73,7 @@ def warm_encoders(shared: SharedModel, slots: int) -> int:
     if shared.audio_graphs() is not None:
         first, later = _silence_features(shared)
         for feature, most in ((first, WARM_FIRST_ROWS), (later, WARM_ROWS)):
-            for count in rows[: min(most, len(rows))]:
+            for count in rows[:most]:
                 for _ in range(2):
                     streams = [AudioStream(mel=None, chunks=int(feature is later))] * count
                     audio_embeddings_together(shared, [(s, feature) for s in streams])

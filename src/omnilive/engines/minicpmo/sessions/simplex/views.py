@@ -342,10 +342,10 @@ class SlotHalfDuplex(_SlotSimplexView, HalfDuplexSession):
         if session is None or last is None or last.kind != "assistant":
             return False
         heard = text.strip()
-        kept = [Entry("assistant", heard, last.calls, span=last.span)]
-        if not heard and not last.calls:
+        if heard or last.calls:
+            kept = [Entry("assistant", heard, last.calls, span=last.span)]
+        else:  # it leaves; the client's turn stays counted, with the one before it
             kept = []
-        if not kept:  # the client's turn stays counted, with the one before it
             self._ledger[-2].span += last.span
         with model_errors("prefill"):
             await self._rewrite(session, [*self._ledger[:-1], *kept])
