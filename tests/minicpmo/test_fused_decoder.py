@@ -86,6 +86,27 @@ def test_the_fused_forward_matches_each_session_alone(
         assert steps.graphs.captures > 1  # several bucket shapes went through the kernels
 
 
+@pytest.mark.parametrize(
+    "use_kernels", [pytest.param(True, marks=needs_triton), False], ids=["kernels", "torch path"]
+)
+def test_a_decoding_steps_graph_serves_every_context_length(use_kernels: bool):
+    """A long call's contexts cross width buckets; through the kernel (which
+    reads each row's own columns at any width) its decoding steps replay one
+    graph at every length, captured once, not one more per bucket reached
+    while the sessions wait. The torch path reads the width it is given:
+    one graph per bucket."""
+    llm = tiny_llm(2)
+    graphed = fused_steps(llm, slots=2, use_kernels=use_kernels, graphs=True)
+    graphs, cache = graphed.graphs, graphed.cache
+    slot = cache.acquire()
+    graphs.step([(slot, torch.zeros(1, dtype=torch.long))])
+    first = graphs.captures
+    for held in (20, 40, 70, 100):  # widths 32, 48, 80, 112 of buckets of 16
+        cache.lengths[slot] = held
+        graphs.step([(slot, torch.zeros(1, dtype=torch.long))])
+    assert graphs.captures - first == (0 if use_kernels else 4)
+
+
 @needs_triton
 @pytest.mark.parametrize(("group", "length"), [(4, 1), (2, 3), (1, 8)])
 def test_decode_attention_reads_each_rows_own_columns(group: int, length: int):

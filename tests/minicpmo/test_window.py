@@ -133,6 +133,47 @@ def test_dropping_positions_moves_the_rest_down_re_rotated():
         drop_positions(cache, 0, 15, 10, 10_000.0)
 
 
+def copies_of(cache: SlotCache, n: int, dtype: torch.dtype) -> list[SlotCache]:
+    """``n`` caches holding what ``cache`` holds, in ``dtype``."""
+    out = []
+    for _ in range(n):
+        copy = cache_with(0)
+        copy.key_cache = [k.to(dtype) for k in cache.key_cache]
+        copy.value_cache = [v.to(dtype) for v in cache.value_cache]
+        copy.lengths = list(cache.lengths)
+        out.append(copy)
+    return out
+
+
+def buffers(cache: SlotCache) -> list[torch.Tensor]:
+    return [*cache.key_cache, *cache.value_cache]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_runs_dropped_at_once_leave_the_bits_of_one_drop_each(
+    dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+):
+    """A basic window's units let go in one edit: what stays is turned once
+    per unit as the model code's drop of each turns it, the layers stacked
+    in groups (here of one) as one by one."""
+    from omnilive.engines.minicpmo.runtime import cache_edits
+
+    one_by_one, together, whole = copies_of(cache_with(40), 3, dtype)
+    for length in (6, 4, 7):
+        drop_positions(one_by_one, 0, 3, length, 500.0)
+    drop_positions(whole, 0, 3, 17, 500.0)
+    monkeypatch.setattr(cache_edits, "LAYER_GROUP", 1)
+    drop_positions(together, 0, 3, [6, 4, 7], 500.0)
+    assert together.lengths[0] == one_by_one.lengths[0] == 23
+    for ours, theirs in zip(buffers(together), buffers(one_by_one), strict=True):
+        assert torch.equal(ours[0, :, :23], theirs[0, :, :23])
+    if dtype is torch.bfloat16:  # turned once by the whole shift, they round otherwise
+        assert any(
+            not torch.equal(ours[0, :, :23], theirs[0, :, :23])
+            for ours, theirs in zip(whole.key_cache, one_by_one.key_cache, strict=True)
+        )
+
+
 def test_lifted_positions_go_back_after_what_was_written_between():
     cache = cache_with(30)
     keys, values = cache.key_cache[1][0].clone(), cache.value_cache[1][0].clone()

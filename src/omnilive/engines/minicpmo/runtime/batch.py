@@ -302,6 +302,17 @@ class BatchedSteps:
             for b, slot in enumerate(plan.slots)
         ]
 
+    def any_width(self, length: int) -> int | None:
+        """The width a step of ``length`` positions a row can always read,
+        if it costs the same at every width: the buffers' every column where
+        its attention reads only each row's own (the fused decoder's kernel),
+        so that one CUDA graph serves it at every context length instead of
+        one per width bucket, each captured while sessions wait the first
+        time their contexts reach it. None: its width bucket."""
+        if self.decoder is not None and self.decoder.reads_own_columns(length):
+            return self.cache.columns
+        return None
+
     def plan(
         self,
         requests: Sequence[StepRequest],

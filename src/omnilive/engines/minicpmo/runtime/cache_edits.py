@@ -18,7 +18,7 @@ which it owns then); nothing here is CUDA specific.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -84,23 +84,55 @@ def _realigner(
     return Rotation.of(sample, old_start, new_start, theta).apply
 
 
-def drop_positions(cache: SlotCache, slot: int, start: int, length: int, theta: float) -> None:
-    """Remove positions ``start .. start + length - 1`` of ``slot``; the ones
-    after them move down by ``length``, their keys re-rotated."""
-    end = cache.lengths[slot]
-    if length <= 0:
+# Layers whose moved keys are stacked and turned together: one launch of each
+# of the rotation's elementwise kernels per group instead of per layer (a
+# window's edit runs on the batch loop's thread between every session's
+# steps), the group's copy a few hundred MB at most at full size.
+LAYER_GROUP = 12
+
+
+def _groups(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    return [tensors[i : i + LAYER_GROUP] for i in range(0, len(tensors), LAYER_GROUP)]
+
+
+def drop_positions(
+    cache: SlotCache, slot: int, start: int, lengths: int | Sequence[int], theta: float
+) -> None:
+    """Remove ``lengths`` positions at ``start`` of ``slot``, or several runs
+    of them one after another (a basic window's units, each at ``start``
+    once the one before it is gone); the positions after them move down,
+    their keys re-rotated.
+
+    Several runs leave the same bits as one drop per run: each key that
+    stays is turned once per run, from where it stood to where that run's
+    drop puts it, as the model code drops its units one at a time; but the
+    keys of the units dropped later are never turned, and what stays is
+    read and written once, every layer of a group at a time."""
+    runs = [n for n in ([lengths] if isinstance(lengths, int) else lengths) if n > 0]
+    end, total = cache.lengths[slot], sum(runs)
+    if not runs:
         return
-    if not 0 <= start <= start + length <= end:
-        raise ValueError(f"slot {slot} holds {end} positions: cannot drop {start}+{length}")
-    moved = end - start - length
-    turn: Callable[[torch.Tensor], torch.Tensor] | None = None
-    for keys, values in zip(cache.key_cache, cache.value_cache, strict=True):
-        kept_keys = keys[slot, :, start + length : end].clone()
-        kept_values = values[slot, :, start + length : end].clone()
-        turn = turn or _realigner(kept_keys, start + length, start, theta)
-        keys[slot, :, start : start + moved] = turn(kept_keys)
-        values[slot, :, start : start + moved] = kept_values
-    cache.crop(slot, end - length)
+    if not 0 <= start <= start + total <= end:
+        raise ValueError(f"slot {slot} holds {end} positions: cannot drop {start}+{total}")
+    moved = end - start - total
+    if moved:
+        kept = slice(start + total, end)
+        sample = cache.key_cache[0][slot, :, kept]
+        turns, after = [], total
+        for n in runs:  # run j: what stays stands at start + n + the runs after it
+            after -= n
+            turns.append(_realigner(sample, start + n + after, start + after, theta))
+        for keys in _groups(cache.key_cache):
+            stacked = torch.stack([k[slot, :, kept] for k in keys])
+            for turn in turns:
+                stacked = turn(stacked)
+            for k, turned in zip(keys, stacked, strict=True):
+                k[slot, :, start : start + moved] = turned
+        for values in _groups(cache.value_cache):
+            stacked = torch.stack([v[slot, :, kept] for v in values])
+            for v, shifted in zip(values, stacked, strict=True):
+                v[slot, :, start : start + moved] = shifted
+    cache.crop(slot, end - total)
 
 
 @dataclass
@@ -121,8 +153,15 @@ def lift_positions(cache: SlotCache, slot: int, start: int) -> Lifted:
     """Copies of ``slot``'s positions from ``start`` to its end; the slot is
     cropped to ``start``."""
     end = cache.lengths[slot]
-    keys = [k[slot, :, start:end].clone() for k in cache.key_cache]
-    values = [v[slot, :, start:end].clone() for v in cache.value_cache]
+
+    def copies(buffers: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [
+            copy
+            for group in _groups(buffers)
+            for copy in torch.stack([b[slot, :, start:end] for b in group]).unbind(0)
+        ]
+
+    keys, values = copies(cache.key_cache), copies(cache.value_cache)
     cache.crop(slot, start)
     return Lifted(start, keys, values)
 
@@ -132,11 +171,13 @@ def put_back(cache: SlotCache, slot: int, lifted: Lifted, theta: float) -> None:
     at, n = cache.lengths[slot], lifted.length
     if at + n > cache.capacity:
         raise ValueError(f"slot {slot}: {n} positions after {at} pass its capacity")
-    turn: Callable[[torch.Tensor], torch.Tensor] | None = None
-    for keys, values, lifted_keys, lifted_values in zip(
-        cache.key_cache, cache.value_cache, lifted.keys, lifted.values, strict=True
-    ):
-        turn = turn or _realigner(lifted_keys, lifted.start, at, theta)
-        keys[slot, :, at : at + n] = turn(lifted_keys)
-        values[slot, :, at : at + n] = lifted_values
+    if n:
+        turn = _realigner(lifted.keys[0], lifted.start, at, theta)
+        for first in range(0, len(cache.key_cache), LAYER_GROUP):
+            group = slice(first, first + LAYER_GROUP)
+            turned = turn(torch.stack(lifted.keys[group]))
+            for keys, moved in zip(cache.key_cache[group], turned, strict=True):
+                keys[slot, :, at : at + n] = moved
+        for values, lifted_values in zip(cache.value_cache, lifted.values, strict=True):
+            values[slot, :, at : at + n] = lifted_values
     cache.lengths[slot] = at + n

@@ -128,6 +128,12 @@ class FusedDecoder:
         self.layers = [_Layer(layer) for layer in backbone.layers]
         self.use_kernels = use_kernels and kernels.AVAILABLE
 
+    def reads_own_columns(self, length: int) -> bool:
+        """Whether a step of ``length`` positions a row reads only the
+        columns each row may see, whatever width its plan has (the
+        split-column kernel): such a step costs the same at any width."""
+        return self.use_kernels and length <= SHORT_STEP
+
     def forward(self, embeds: torch.Tensor, plan: StepPlan, cache: Any) -> torch.Tensor:
         """``embeds`` ``[B, L, hidden]`` through every layer, writing each
         row's new keys and values into ``cache`` (a

@@ -1,7 +1,11 @@
 """CUDA graphs of
 :meth:`BatchedSteps.run <omnilive.engines.minicpmo.runtime.batch.BatchedSteps.run>`,
 one per (batch-size bucket, step-length bucket, width bucket), captured on
-first use and replayed by every later step of that shape.
+first use and replayed by every later step of that shape. A step whose
+attention reads only each row's own columns at any width (a decoding step
+through the fused decoder's kernel, :meth:`BatchedSteps.any_width`) has one
+width, the buffers' own: its graphs, captured at start-up, serve every
+context length, so a long call's growing contexts capture none of them.
 
 A step with ``B`` requests of up to ``L`` new positions runs on the smallest
 batch bucket ``>= B`` and step bucket ``>= L``: its plan is padded with empty
@@ -192,12 +196,13 @@ class GraphCache:
         steps = self.steps
         span = max(int(r.slot) for r in requests) + 1
         prefix = bucket_for(span, self.batch_sizes)
+        width = steps.any_width(length)
         if prefix is not None and (
             prefix == rows or (length <= SHORT_STEP and span <= PREFIX_SPAN * len(requests))
         ):
-            plan = steps.plan(requests, rows=prefix, length=length, prefix=True)
+            plan = steps.plan(requests, rows=prefix, length=length, prefix=True, width=width)
         else:
-            plan = steps.plan(requests, rows=rows, length=length, gather=True)
+            plan = steps.plan(requests, rows=rows, length=length, gather=True, width=width)
             self.gathers += 1
         embeds = steps.embed(requests, rows=plan.batch, length=length, index=plan.index)
         key = (plan.batch, length, plan.width, plan.gather)

@@ -191,7 +191,10 @@ if AVAILABLE:
         q = q.to(tl.float32)
         limit = tl.load(LIMIT + b * L + position, mask=real, other=-1)
         # Every row reads its own columns 0 .. seen - 1 (its last query sees
-        # the most); this program the split's BLOCKS blocks of them.
+        # the most); this program every SPLITS-th block of them from its
+        # split's on (interleaved, not a contiguous range: a row whose context
+        # fills a fraction of the width still keeps every split busy, so one
+        # width, the buffers' own, serves every context length).
         seen = tl.max(limit, axis=0) + 1
         slot = tl.load(ROWS + b)
         k_base = KC + slot * stride_slot + kv_head * stride_head
@@ -200,7 +203,7 @@ if AVAILABLE:
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, D], tl.float32)
         for block in range(BLOCKS):  # a constant count: graphs and the interpreter want one
-            first = (split * BLOCKS + block) * BLOCK_N
+            first = (block * SPLITS + split) * BLOCK_N
             if first < seen:
                 cols = first + tl.arange(0, BLOCK_N)
                 inside = cols < seen

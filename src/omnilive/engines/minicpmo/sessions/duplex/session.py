@@ -25,7 +25,9 @@ audio as ONE forward (the model code feeds them piece by piece: the same
 positions, the same causal attention); the unit's terminator and
 ``</unit>``, which the model code feeds at its ``finalize``, after the
 result was sent, lead the next unit's forward instead (the same positions
-again: one forward fewer a unit, where a forward is the costly part).
+again: one forward fewer a unit, where a forward is the costly part), unless
+the unit's close slides the window: then the finalize feeds them and makes
+the window's edits at once, between units (``window.py``).
 """
 
 from __future__ import annotations
@@ -405,6 +407,10 @@ class SlotDuplex:
             self.kv_length += len(tokens)
             if self.context is not None:  # the window slides (window.py)
                 self.kv_length = self.context.closed(self.kv_length, *self._closed_unit)
+                if self.context.edits:  # now, between units: off the next unit's wait
+                    closing, self.closing = self.closing, []
+                    cache = self.loop.steps.cache
+                    await self.loop.run(self.slot, self.context.slide(cache, self.slot, closing))
 
     def append(self, token_ids: list[int]) -> int:
         """Text between two units (after :meth:`finalize`, before the next

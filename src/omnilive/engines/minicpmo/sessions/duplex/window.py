@@ -6,11 +6,12 @@ order and numbers."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from omnilive.engines.context_window import ContextLedger, Drop, Edit
+from omnilive.engines.context_window import ContextLedger, Drop, Edit, Rewrite
 from omnilive.engines.messages import ContextWindow
 from omnilive.engines.minicpmo.runtime.batch import SlotCache
 from omnilive.engines.minicpmo.runtime.cache_edits import drop_positions, lift_positions, put_back
@@ -55,15 +56,30 @@ def ledger_for(window: ContextWindow, tokenizer: Any) -> ContextLedger:
 def make_edits(edits: list[Edit], cache: SlotCache, slot: int, theta: float) -> Program[None]:
     """``edits`` to ``slot``'s context, in order, within a program (a
     :class:`Rewrite` feeds its tokens as a step of the batch)."""
-    for edit in edits:
-        if isinstance(edit, Drop):
-            drop_positions(cache, slot, edit.start, edit.length, theta)
+    for run in _runs(edits):
+        if isinstance(run, list):
+            drop_positions(cache, slot, run[0].start, [drop.length for drop in run], theta)
             continue
+        edit = run
         units = lift_positions(cache, slot, edit.units_start)
         cache.crop(slot, edit.prefix)
         if edit.tokens:
             yield Step(torch.tensor(edit.tokens))
         put_back(cache, slot, units, theta)
+
+
+def _runs(edits: list[Edit]) -> list[list[Drop] | Rewrite]:
+    """``edits`` with each run of drops at one start together (a basic
+    window's units let go at once: one :func:`drop_positions` for all of
+    them, the same bits as one each)."""
+    runs: list[list[Drop] | Rewrite] = []
+    for edit in edits:
+        last = runs[-1] if runs else None
+        if isinstance(edit, Drop) and isinstance(last, list) and last[0].start == edit.start:
+            last.append(edit)
+        else:
+            runs.append([edit] if isinstance(edit, Drop) else edit)
+    return runs
 
 
 class SlidingContext:
@@ -74,9 +90,13 @@ class SlidingContext:
     ``</unit>``) at the head of the next unit's forward; the model code
     feeds them when it closes the unit, before its window slides, so they
     attend to the units that then go. When edits are due, the closing
-    tokens are fed alone first (:meth:`lead`, :meth:`slide`), then the edits
-    are made, then the unit's own forward runs: the same context, step for
-    step, as the model code's."""
+    tokens are fed alone first, then the edits are made, then the next
+    unit's own forward runs: the same context, step for step, as the model
+    code's. A unit's finalize slides its window at once (:meth:`slide`
+    with its closing tokens: between units, while the client hears the
+    unit, not at the head of the next unit's wait); edits that come up
+    later (an appended note is a unit of its own) wait for the next unit's
+    program, their closing tokens held back by :meth:`lead`."""
 
     def __init__(self, window: ContextWindow, tokenizer: Any, rope_theta: float) -> None:
         self.ledger = ledger_for(window, tokenizer)
@@ -97,11 +117,22 @@ class SlidingContext:
         self._closing += closing
         return []
 
-    def slide(self, cache: SlotCache, slot: int) -> Program[None]:
-        """Within the next unit's program, before its forward."""
-        if not self.edits:
-            return
-        if self._closing:
-            yield Step(torch.tensor(self._closing))
-        edits, self.edits, self._closing = self.edits, [], []
-        yield from make_edits(edits, cache, slot, self.rope_theta)
+    def slide(self, cache: SlotCache, slot: int, closing: Sequence[int] = ()) -> Program[None]:
+        """The edits due, after the closing tokens not fed yet (those
+        :meth:`lead` held back, then ``closing``), as a program's steps. Both
+        are taken when it is called, not when the program runs: a finalize
+        calls it on the event loop, the next unit's program (on the batch
+        loop's thread) for what is due then."""
+        edits, self.edits = self.edits, []
+        tokens, self._closing = [*self._closing, *closing], []
+        return _slid(edits, tokens, cache, slot, self.rope_theta)
+
+
+def _slid(
+    edits: list[Edit], closing: list[int], cache: SlotCache, slot: int, theta: float
+) -> Program[None]:
+    if not edits:
+        return
+    if closing:
+        yield Step(torch.tensor(closing))
+    yield from make_edits(edits, cache, slot, theta)
