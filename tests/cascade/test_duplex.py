@@ -39,8 +39,7 @@ def units(audio: np.ndarray) -> Iterator[np.ndarray]:
 
 
 def step(session: CascadeDuplex, audio: np.ndarray, force_listen: bool = False) -> DuplexUnit:
-    stats = session.prefill(audio, [])
-    assert stats.cost_ms < 2000  # short, never a reply's work (generous: a loaded machine)
+    session.prefill(audio, [])  # never waits for a reply's work (the test below)
     unit = session.generate(force_listen)
     session.finalize()
     return unit
@@ -97,21 +96,53 @@ def test_listens_then_speaks_then_ends_its_turn(engine: CascadeEngine, say: Say)
 
 
 def test_barge_in_stops_the_speech(engine: CascadeEngine, say: Say) -> None:
-    session = open_session(engine)
-    for u in units(say("Tell me about the moon.")):
-        step(session, u)
-    first = until_speaking(session)
-    assert not first.end_of_turn, "the answer should be longer than one unit"
+    with closing(open_session(engine)) as session:
+        for u in units(say("Tell me about the moon.")):
+            step(session, u)
+        first = until_speaking(session)
+        assert not first.end_of_turn, "the answer should be longer than one unit"
 
-    interruption = list(units(say("Wait, stop. I have another question.")))
-    reaction = [step(session, interruption[0])]
-    if not reaction[0].is_listen:  # allowed one more unit to react
-        reaction.append(step(session, interruption[1]))
-    assert reaction[-1].is_listen and reaction[-1].end_of_turn
-    # What was cut off is gone: the history has only what was actually said.
-    said = session.history[2].content
-    assert said.startswith(first.text)
-    session.close()
+        interruption = list(units(say("Wait, stop. I have another question.")))
+        reaction = [step(session, interruption[0])]
+        if not reaction[0].is_listen:  # allowed one more unit to react
+            reaction.append(step(session, interruption[1]))
+        assert reaction[-1].is_listen and reaction[-1].end_of_turn
+        # What was cut off is gone: the history has only what was actually said.
+        said = session.history[2].content
+        assert said.startswith(first.text)
+
+
+def test_barge_in_does_not_wait_for_the_sentence_being_spoken(
+    engine: CascadeEngine, say: Say, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every sentence after the first is held in espeak until the test lets it go:
+    # the barge-in's unit must come back while one is still being made.
+    tts, gate, held, made = engine.stack.tts, threading.Event(), threading.Event(), []
+    timed = tts.timed
+
+    def held_back(text: str, voice: str) -> tuple[np.ndarray, float]:
+        if made:
+            held.set()
+            gate.wait(timeout=MADE_TIMEOUT_S)
+        made.append(text)
+        return timed(text, voice)
+
+    monkeypatch.setattr(tts, "timed", held_back)
+    session = open_session(engine)
+    try:
+        for u in units(say("Tell me about the moon.")):
+            step(session, u)
+        until_speaking(session)
+        assert held.wait(timeout=MADE_TIMEOUT_S), "the answer has one sentence only"
+        interruption = list(units(say("Wait, stop. I have another question.")))
+        reaction = [step(session, interruption[0])]
+        if not reaction[0].is_listen:
+            reaction.append(step(session, interruption[1]))
+        assert reaction[-1].is_listen and reaction[-1].end_of_turn
+        assert not gate.is_set() and len(made) == 1  # the second sentence is still held
+    finally:
+        gate.set()
+        session.close()
 
 
 def test_force_listen_stops_the_speech_and_drops_the_rest(engine: CascadeEngine, say: Say) -> None:

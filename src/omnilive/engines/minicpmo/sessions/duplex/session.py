@@ -376,23 +376,13 @@ class SlotDuplex:
         tokens = [t for t, _ in spoken]
         self._closed_unit = (tokens, is_listen)
         llm_ms = (time.perf_counter() - started) * 1000
-        if is_listen:
-            outcome = UnitOutcome(
-                True, decided, tokens, "", [], None, False, self.kv_length, seen, llm_ms
-            )
-            return outcome, False
+        end_of_turn = end_of_turn and not is_listen
+        text = "" if is_listen else self._decode(tokens)
         outcome = UnitOutcome(
-            False,
-            decided,
-            tokens,
-            self._decode(tokens),
-            [],
-            None,
-            end_of_turn,
-            self.kv_length,
-            seen,
-            llm_ms,
+            is_listen, decided, tokens, text, [], None, end_of_turn, self.kv_length, seen, llm_ms
         )
+        if is_listen:
+            return outcome, False
         flush = False
         if self.shared.generate_audio:
             flush = yield from self._speak(spoken, outcome)
