@@ -109,13 +109,19 @@ def test_keys_moved_are_as_if_computed_where_they_now_stand():
     assert realigned(at_40, 40, 40, 10_000.0) is at_40
 
 
-def cache_with(positions: int) -> SlotCache:
-    config = type("C", (), {"num_key_value_heads": 2, "head_dim": 8, "num_hidden_layers": 2,
-                            "hidden_size": 16})()  # fmt: skip
-    cache = SlotCache(config, slots=2, capacity=64, bucket=16, dtype=torch.float64)
+def cache_with(
+    positions: int,
+    dtype: torch.dtype = torch.float64,
+    layers: int = 2,
+    head_dim: int = 8,
+    device: str = "cpu",
+) -> SlotCache:
+    config = type("C", (), {"num_key_value_heads": 2, "head_dim": head_dim,
+                            "num_hidden_layers": layers, "hidden_size": 16})()  # fmt: skip
+    cache = SlotCache(config, slots=2, capacity=64, bucket=16, dtype=dtype, device=device)
     cache.acquire()
     for buffer in (*cache.key_cache, *cache.value_cache):
-        buffer[0, :, :positions] = torch.randn(2, positions, 8, dtype=torch.float64)
+        buffer[0, :, :positions] = torch.randn(2, positions, head_dim, dtype=torch.float64)
     cache.lengths[0] = positions
     return cache
 
@@ -133,13 +139,14 @@ def test_dropping_positions_moves_the_rest_down_re_rotated():
         drop_positions(cache, 0, 15, 10, 10_000.0)
 
 
-def copies_of(cache: SlotCache, n: int, dtype: torch.dtype) -> list[SlotCache]:
-    """``n`` caches holding what ``cache`` holds, in ``dtype``."""
+def copies_of(cache: SlotCache, n: int, dtype: torch.dtype, device: str = "cpu") -> list[SlotCache]:
+    """``n`` caches holding what ``cache`` holds, in ``dtype`` on ``device``."""
+    layers, head_dim = cache.keys.shape[0], cache.keys.shape[-1]
     out = []
     for _ in range(n):
-        copy = cache_with(0)
-        copy.key_cache = [k.to(dtype) for k in cache.key_cache]
-        copy.value_cache = [v.to(dtype) for v in cache.value_cache]
+        copy = cache_with(0, dtype, layers, head_dim, device)
+        copy.keys.copy_(cache.keys)
+        copy.values.copy_(cache.values)
         copy.lengths = list(cache.lengths)
         out.append(copy)
     return out
@@ -172,6 +179,40 @@ def test_runs_dropped_at_once_leave_the_bits_of_one_drop_each(
             not torch.equal(ours[0, :, :23], theirs[0, :, :23])
             for ours, theirs in zip(whole.key_cache, one_by_one.key_cache, strict=True)
         )
+
+
+@pytest.mark.parametrize("edit", ["drop", "lift"])
+def test_the_turning_kernel_leaves_the_bits_of_the_torch_rule(
+    edit: str, monkeypatch: pytest.MonkeyPatch
+):
+    """The GPU's one-pass turn of the moved keys (compiled where there is a
+    GPU, else in Triton's interpreter) against the torch rule, bfloat16 as
+    on the GPU: three runs let go at once, a count of positions no block
+    size divides, layers in groups of two (the last one short); and lifted
+    keys put back."""
+    from omnilive.engines.minicpmo.runtime import cache_edits, turn_kernel
+
+    if not turn_kernel.AVAILABLE:
+        pytest.skip("Triton is not installed")
+    monkeypatch.setattr(cache_edits, "LAYER_GROUP", 2)
+    source = cache_with(61, layers=3, head_dim=32)
+    source.keys.mul_(8.0)  # angles that matter, with the rounding of large keys
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    by_torch, by_kernel = copies_of(source, 2, torch.bfloat16, device)
+    for cache, kernel in ((by_torch, False), (by_kernel, True)):
+        if edit == "drop":
+            drop_positions(cache, 0, 3, [6, 4, 7], 500.0, kernel=kernel)
+        else:
+            lifted = lift_positions(cache, 0, 21)
+            cache.crop(0, 5)
+            put_back(cache, 0, lifted, 500.0, kernel=kernel)
+    assert by_kernel.lengths[0] == by_torch.lengths[0] == (44 if edit == "drop" else 45)
+    n = by_torch.lengths[0]
+    assert torch.equal(by_kernel.keys[:, 0, :, :n], by_torch.keys[:, 0, :, :n])
+    assert torch.equal(by_kernel.values[:, 0, :, :n], by_torch.values[:, 0, :, :n])
+    moved = by_torch.keys[:, 0, :, 3:n] if edit == "drop" else by_torch.keys[:, 0, :, 5:n]
+    original = source.keys[:, 0, :, 20:61] if edit == "drop" else source.keys[:, 0, :, 21:61]
+    assert not torch.equal(moved.cpu(), original.to(torch.bfloat16))  # they were turned
 
 
 def test_lifted_positions_go_back_after_what_was_written_between():

@@ -127,10 +127,14 @@ class SlotCache(Cache):
         # empty rows of a padded plan read (its column 0, always zero) and
         # write (its scratch column), so they touch no slot.
         self.idle = slots
-        shape = (slots + 1, heads, self.columns, head_dim)
-        layers = config.num_hidden_layers
-        self.key_cache = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(layers)]
-        self.value_cache = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(layers)]
+        shape = (config.num_hidden_layers, slots + 1, heads, self.columns, head_dim)
+        # Every layer's buffer is a view of one tensor: a window's edit of a
+        # slot (cache_edits.py) and a release are then one kernel over every
+        # layer instead of one a layer.
+        self.keys = torch.zeros(shape, device=device, dtype=dtype)
+        self.values = torch.zeros(shape, device=device, dtype=dtype)
+        self.key_cache = list(self.keys.unbind(0))
+        self.value_cache = list(self.values.unbind(0))
         self.lengths = [0] * slots
         self._free = set(range(slots))
         self._plan: StepPlan | None = None
@@ -153,8 +157,8 @@ class SlotCache(Cache):
     def release(self, slot: int) -> None:
         """End a session: its slot is emptied, so the next owner inherits nothing."""
         self._check_live(slot)
-        for buffer in (*self.key_cache, *self.value_cache):
-            buffer[slot].zero_()
+        self.keys[:, slot].zero_()
+        self.values[:, slot].zero_()
         self.lengths[slot] = 0
         self._free.add(slot)
 

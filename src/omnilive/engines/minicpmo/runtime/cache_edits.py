@@ -13,7 +13,10 @@ the same bits as the model code's own: the equality harness holds the two to
 the same decisions across evictions.
 
 These run on the batch loop's thread between batches (a program's own slot,
-which it owns then); nothing here is CUDA specific.
+which it owns then), a group of layers at a time (every layer's buffer is a
+view of one tensor). On CUDA, bfloat16 keys are turned by one kernel
+(:mod:`~omnilive.engines.minicpmo.runtime.turn_kernel`) with the same bits;
+elsewhere by the torch operations here.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from omnilive.engines.minicpmo.runtime import turn_kernel
 from omnilive.engines.minicpmo.runtime.batch import SlotCache
 
 
@@ -84,19 +88,48 @@ def _realigner(
     return Rotation.of(sample, old_start, new_start, theta).apply
 
 
-# Layers whose moved keys are stacked and turned together: one launch of each
-# of the rotation's elementwise kernels per group instead of per layer (a
+# Layers edited together: one launch of each of the torch rule's elementwise
+# kernels (or of the turning kernel) per group instead of per layer (a
 # window's edit runs on the batch loop's thread between every session's
 # steps), the group's copy a few hundred MB at most at full size.
 LAYER_GROUP = 12
 
 
-def _groups(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
-    return [tensors[i : i + LAYER_GROUP] for i in range(0, len(tensors), LAYER_GROUP)]
+def _groups(layers: int) -> list[slice]:
+    return [slice(i, i + LAYER_GROUP) for i in range(0, layers, LAYER_GROUP)]
+
+
+def _turn_all(
+    keys: torch.Tensor, moves: Sequence[tuple[int, int]], theta: float, kernel: bool
+) -> torch.Tensor:
+    """``keys`` ``[layers, heads, n, head_dim]`` turned by each ``(old_start,
+    new_start)`` of ``moves`` in order; a new tensor."""
+    if kernel:
+        n, dim = keys.shape[-2], keys.shape[-1]
+        steps = torch.arange(n, device=keys.device, dtype=torch.long)
+        olds, news = (
+            torch.tensor([move[k] for move in moves], device=keys.device)[:, None] + steps
+            for k in (0, 1)
+        )
+        cos_old, sin_old = rotary_angles(dim, olds.reshape(-1), theta, keys.dtype)
+        cos_new, sin_new = rotary_angles(dim, news.reshape(-1), theta, keys.dtype)
+        tables = (t.view(len(moves), n, dim) for t in (cos_old, sin_old, cos_new, sin_new))
+        return turn_kernel.turned_keys(keys, *tables)
+    turns = [_realigner(keys, old, new, theta) for old, new in moves]
+    turned = keys
+    for turn in turns:
+        turned = turn(turned)
+    return turned if turned is not keys else keys.clone()
 
 
 def drop_positions(
-    cache: SlotCache, slot: int, start: int, lengths: int | Sequence[int], theta: float
+    cache: SlotCache,
+    slot: int,
+    start: int,
+    lengths: int | Sequence[int],
+    theta: float,
+    *,
+    kernel: bool | None = None,
 ) -> None:
     """Remove ``lengths`` positions at ``start`` of ``slot``, or several runs
     of them one after another (a basic window's units, each at ``start``
@@ -107,7 +140,9 @@ def drop_positions(
     stays is turned once per run, from where it stood to where that run's
     drop puts it, as the model code drops its units one at a time; but the
     keys of the units dropped later are never turned, and what stays is
-    read and written once, every layer of a group at a time."""
+    read and written once, a group of layers at a time. ``kernel``: turn
+    them with :mod:`~omnilive.engines.minicpmo.runtime.turn_kernel` (None:
+    where it serves, a bfloat16 cache on CUDA), the same bits."""
     runs = [n for n in ([lengths] if isinstance(lengths, int) else lengths) if n > 0]
     end, total = cache.lengths[slot], sum(runs)
     if not runs:
@@ -116,68 +151,59 @@ def drop_positions(
         raise ValueError(f"slot {slot} holds {end} positions: cannot drop {start}+{total}")
     moved = end - start - total
     if moved:
-        kept = slice(start + total, end)
-        sample = cache.key_cache[0][slot, :, kept]
-        turns, after = [], total
+        kept, to = slice(start + total, end), slice(start, start + moved)
+        use_kernel = turn_kernel.serves(cache.keys) if kernel is None else kernel
+        moves, after = [], total
         for n in runs:  # run j: what stays stands at start + n + the runs after it
             after -= n
-            turns.append(_realigner(sample, start + n + after, start + after, theta))
-        for keys in _groups(cache.key_cache):
-            stacked = torch.stack([k[slot, :, kept] for k in keys])
-            for turn in turns:
-                stacked = turn(stacked)
-            for k, turned in zip(keys, stacked, strict=True):
-                k[slot, :, start : start + moved] = turned
-        for values in _groups(cache.value_cache):
-            stacked = torch.stack([v[slot, :, kept] for v in values])
-            for v, shifted in zip(values, stacked, strict=True):
-                v[slot, :, start : start + moved] = shifted
+            moves.append((start + n + after, start + after))
+        for group in _groups(len(cache.key_cache)):
+            turned = _turn_all(cache.keys[group, slot, :, kept], moves, theta, use_kernel)
+            cache.keys[group, slot, :, to] = turned
+            cache.values[group, slot, :, to] = cache.values[group, slot, :, kept].clone()
     cache.crop(slot, end - total)
 
 
 @dataclass
 class Lifted:
-    """Positions lifted out of a slot (every layer's keys and values), and
-    where they stood."""
+    """Positions lifted out of a slot (every layer's keys and values
+    ``[layers, heads, n, head_dim]``), and where they stood."""
 
     start: int
-    keys: list[torch.Tensor]
-    values: list[torch.Tensor]
+    keys: torch.Tensor
+    values: torch.Tensor
 
     @property
     def length(self) -> int:
-        return int(self.keys[0].shape[-2]) if self.keys else 0
+        return int(self.keys.shape[-2])
 
 
 def lift_positions(cache: SlotCache, slot: int, start: int) -> Lifted:
     """Copies of ``slot``'s positions from ``start`` to its end; the slot is
     cropped to ``start``."""
     end = cache.lengths[slot]
-
-    def copies(buffers: list[torch.Tensor]) -> list[torch.Tensor]:
-        return [
-            copy
-            for group in _groups(buffers)
-            for copy in torch.stack([b[slot, :, start:end] for b in group]).unbind(0)
-        ]
-
-    keys, values = copies(cache.key_cache), copies(cache.value_cache)
+    keys = cache.keys[:, slot, :, start:end].clone()
+    values = cache.values[:, slot, :, start:end].clone()
     cache.crop(slot, start)
     return Lifted(start, keys, values)
 
 
-def put_back(cache: SlotCache, slot: int, lifted: Lifted, theta: float) -> None:
-    """``lifted`` appended at ``slot``'s end, its keys re-rotated to stand there."""
+def put_back(
+    cache: SlotCache, slot: int, lifted: Lifted, theta: float, *, kernel: bool | None = None
+) -> None:
+    """``lifted`` appended at ``slot``'s end, its keys re-rotated to stand
+    there (``kernel``: as in :func:`drop_positions`)."""
     at, n = cache.lengths[slot], lifted.length
     if at + n > cache.capacity:
         raise ValueError(f"slot {slot}: {n} positions after {at} pass its capacity")
     if n:
-        turn = _realigner(lifted.keys[0], lifted.start, at, theta)
-        for first in range(0, len(cache.key_cache), LAYER_GROUP):
-            group = slice(first, first + LAYER_GROUP)
-            turned = turn(torch.stack(lifted.keys[group]))
-            for keys, moved in zip(cache.key_cache[group], turned, strict=True):
-                keys[slot, :, at : at + n] = moved
-        for values, lifted_values in zip(cache.value_cache, lifted.values, strict=True):
-            values[slot, :, at : at + n] = lifted_values
+        to = slice(at, at + n)
+        use_kernel = turn_kernel.serves(cache.keys) if kernel is None else kernel
+        for group in _groups(len(cache.key_cache)):
+            moves = [(lifted.start, at)] if lifted.start != at else []
+            keys = lifted.keys[group]
+            cache.keys[group, slot, :, to] = (
+                _turn_all(keys, moves, theta, use_kernel) if moves else keys
+            )
+        cache.values[:, slot, :, to] = lifted.values
     cache.lengths[slot] = at + n

@@ -26,6 +26,9 @@ torch path.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+
 import torch
 
 try:
@@ -38,6 +41,35 @@ else:
     # TRITON_INTERPRET=1 before Triton was first imported (the tests do; every
     # @triton.jit function, Triton's own such as tl.sum, is decided then).
     AVAILABLE = torch.cuda.is_available() or bool(triton.knobs.runtime.interpret)
+
+log = logging.getLogger(__name__)
+
+
+class KernelChoice:
+    """Whether a kernel runs (on CUDA, where Triton is), decided
+    at warm-up: a kernel that fails to compile (a Triton or GPU it was never
+    built on) leaves its tensor rule to every session, with one warning,
+    instead of stopping the engine."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.on = AVAILABLE
+
+    def uses(self, device: torch.device) -> bool:
+        return device.type == "cuda" and self.on
+
+    def warm(self, choose: Callable[[], object], device: torch.device) -> None:
+        """``choose()`` (a choice on ``device``), again with the tensor rule if
+        the kernel fails."""
+        try:
+            choose()
+        except Exception as exc:  # any compile failure: the tensor rule still works
+            if not self.uses(device):
+                raise
+            log.warning("%s failed (%s): its tensor rule runs", self.name, exc)
+            self.on = False
+            choose()
+
 
 # A decode attention program reads this many cache columns at a time.
 BLOCK_COLUMNS = 64

@@ -45,6 +45,7 @@ from omnilive.engines.messages import (
     TextAudioChunk,
 )
 from omnilive.engines.minicpmo.host import Flavour, ModelHost
+from omnilive.engines.minicpmo.runtime import turn_kernel
 from omnilive.engines.minicpmo.runtime.lanes import LaneCall
 from omnilive.engines.minicpmo.runtime.loop import BatchLoop
 from omnilive.engines.minicpmo.runtime.tensors import clone_tensors
@@ -161,6 +162,8 @@ class SlotEngine:
         started = time.perf_counter()
         captured = await self.batch.warm_graphs()
         log.info("%d step graphs captured in %.1f s", captured, time.perf_counter() - started)
+        cache = self.batch.steps.cache  # a window's slides turn keys with a kernel of their own
+        await self.batch.call(turn_kernel.warm, cache.keys[:, cache.idle])
         # The encoders' too, on their lane (warm_encoders logs them).
         await self.batch.encoder_call(warm_encoders, self.shared, self.batch.steps.cache.slots)
         if self.batch.speech is not None:  # the speech tokens' kernels, compiled

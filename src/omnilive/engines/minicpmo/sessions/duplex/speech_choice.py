@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import torch
 
-from omnilive.engines.minicpmo.runtime.kernels import AVAILABLE
+from omnilive.engines.minicpmo.runtime.kernels import AVAILABLE, KernelChoice
 from omnilive.engines.minicpmo.sessions.duplex.unit_rules import SPEECH_PENALTY_WINDOW
 from omnilive.engines.minicpmo.sessions.sampling import DUPLEX_SPEECH, SpeechSampling
 
@@ -175,32 +175,6 @@ def speech_picks(steps: list[tuple[StepResult, SpeechPick]]) -> list[int]:
     """The pick (see :mod:`~omnilive.engines.minicpmo.runtime.programs`) of
     the duplex sessions' speech tokens: every session's of a tick at once."""
     return choose_speech_tokens([(result.logits, pick) for result, pick in steps])  # type: ignore[misc]  # speech LM steps have a head: logits set
-
-
-class KernelChoice:
-    """Whether a speech-token kernel runs (on CUDA, where Triton is), decided
-    at warm-up: a kernel that fails to compile (a Triton or GPU it was never
-    built on) leaves its tensor rule to every session, with one warning,
-    instead of stopping the engine."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.on = AVAILABLE
-
-    def uses(self, device: torch.device) -> bool:
-        return device.type == "cuda" and self.on
-
-    def warm(self, choose: Callable[[], object], device: torch.device) -> None:
-        """``choose()`` (a choice on ``device``), again with the tensor rule if
-        the kernel fails."""
-        try:
-            choose()
-        except Exception as exc:  # any compile failure: the tensor rule still works
-            if not self.uses(device):
-                raise
-            log.warning("%s failed (%s): its tensor rule runs", self.name, exc)
-            self.on = False
-            choose()
 
 
 KERNEL = KernelChoice("the duplex speech tokens' kernel")

@@ -31,12 +31,11 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from omnilive.engines.minicpmo.runtime.kernels import AVAILABLE
+from omnilive.engines.minicpmo.runtime.kernels import AVAILABLE, KernelChoice
 from omnilive.engines.minicpmo.sessions.duplex.speech_choice import (
     COLUMNS,
     FACTORS,
     PENALISED,
-    KernelChoice,
     launch_per_row,
     penalty_columns,
 )
