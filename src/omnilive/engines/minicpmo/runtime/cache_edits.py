@@ -99,27 +99,31 @@ def _groups(layers: int) -> list[slice]:
     return [slice(i, i + LAYER_GROUP) for i in range(0, layers, LAYER_GROUP)]
 
 
-def _turn_all(
-    keys: torch.Tensor, moves: Sequence[tuple[int, int]], theta: float, kernel: bool
-) -> torch.Tensor:
-    """``keys`` ``[layers, heads, n, head_dim]`` turned by each ``(old_start,
-    new_start)`` of ``moves`` in order; a new tensor."""
+def _turner(
+    sample: torch.Tensor, moves: Sequence[tuple[int, int]], theta: float, kernel: bool
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """What turns keys shaped like ``sample`` ``[layers, heads, n, head_dim]``
+    by each ``(old_start, new_start)`` of ``moves`` in order, into a new
+    tensor; the angles computed once for every group of layers."""
+    n, dim = sample.shape[-2], sample.shape[-1]
     if kernel:
-        n, dim = keys.shape[-2], keys.shape[-1]
-        steps = torch.arange(n, device=keys.device, dtype=torch.long)
-        olds, news = (
-            torch.tensor([move[k] for move in moves], device=keys.device)[:, None] + steps
-            for k in (0, 1)
-        )
-        cos_old, sin_old = rotary_angles(dim, olds.reshape(-1), theta, keys.dtype)
-        cos_new, sin_new = rotary_angles(dim, news.reshape(-1), theta, keys.dtype)
-        tables = (t.view(len(moves), n, dim) for t in (cos_old, sin_old, cos_new, sin_new))
-        return turn_kernel.turned_keys(keys, *tables)
-    turns = [_realigner(keys, old, new, theta) for old, new in moves]
-    turned = keys
-    for turn in turns:
-        turned = turn(turned)
-    return turned if turned is not keys else keys.clone()
+        # The positions from device-side sums (a tensor made from a list would
+        # be a copy from the host, which waits for the GPU's queued work).
+        steps = torch.arange(n, device=sample.device, dtype=torch.long)
+        olds, news = (torch.cat([steps + move[k] for move in moves]) for k in (0, 1))
+        cos_old, sin_old = rotary_angles(dim, olds, theta, sample.dtype)
+        cos_new, sin_new = rotary_angles(dim, news, theta, sample.dtype)
+        tables = [t.view(len(moves), n, dim) for t in (cos_old, sin_old, cos_new, sin_new)]
+        return lambda keys: turn_kernel.turned_keys(keys, *tables)
+    turns = [_realigner(sample, old, new, theta) for old, new in moves]
+
+    def turned(keys: torch.Tensor) -> torch.Tensor:
+        out = keys
+        for turn in turns:
+            out = turn(out)
+        return out if out is not keys else keys.clone()
+
+    return turned
 
 
 def drop_positions(
@@ -157,9 +161,9 @@ def drop_positions(
         for n in runs:  # run j: what stays stands at start + n + the runs after it
             after -= n
             moves.append((start + n + after, start + after))
+        turn = _turner(cache.keys[:, slot, :, kept], moves, theta, use_kernel)
         for group in _groups(len(cache.key_cache)):
-            turned = _turn_all(cache.keys[group, slot, :, kept], moves, theta, use_kernel)
-            cache.keys[group, slot, :, to] = turned
+            cache.keys[group, slot, :, to] = turn(cache.keys[group, slot, :, kept])
             cache.values[group, slot, :, to] = cache.values[group, slot, :, kept].clone()
     cache.crop(slot, end - total)
 
@@ -199,11 +203,11 @@ def put_back(
     if n:
         to = slice(at, at + n)
         use_kernel = turn_kernel.serves(cache.keys) if kernel is None else kernel
-        for group in _groups(len(cache.key_cache)):
-            moves = [(lifted.start, at)] if lifted.start != at else []
-            keys = lifted.keys[group]
-            cache.keys[group, slot, :, to] = (
-                _turn_all(keys, moves, theta, use_kernel) if moves else keys
-            )
+        if lifted.start == at:
+            cache.keys[:, slot, :, to] = lifted.keys
+        else:
+            turn = _turner(lifted.keys, [(lifted.start, at)], theta, use_kernel)
+            for group in _groups(len(cache.key_cache)):
+                cache.keys[group, slot, :, to] = turn(lifted.keys[group])
         cache.values[:, slot, :, to] = lifted.values
     cache.lengths[slot] = at + n
