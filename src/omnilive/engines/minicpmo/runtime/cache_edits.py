@@ -100,13 +100,15 @@ def _groups(layers: int) -> list[slice]:
 
 
 def _turner(
-    sample: torch.Tensor, moves: Sequence[tuple[int, int]], theta: float, kernel: bool
+    sample: torch.Tensor, moves: Sequence[tuple[int, int]], theta: float, kernel: bool | None
 ) -> Callable[[torch.Tensor], torch.Tensor]:
     """What turns keys shaped like ``sample`` ``[layers, heads, n, head_dim]``
     by each ``(old_start, new_start)`` of ``moves`` in order, into a new
-    tensor; the angles computed once for every group of layers."""
+    tensor; the angles computed once for every group of layers. ``kernel``:
+    by :mod:`~omnilive.engines.minicpmo.runtime.turn_kernel` (None: where it
+    serves, keys in bfloat16 on CUDA), the same bits as the torch rule."""
     n, dim = sample.shape[-2], sample.shape[-1]
-    if kernel:
+    if turn_kernel.serves(sample) if kernel is None else kernel:
         # The positions from device-side sums (a tensor made from a list would
         # be a copy from the host, which waits for the GPU's queued work).
         steps = torch.arange(n, device=sample.device, dtype=torch.long)
@@ -144,9 +146,8 @@ def drop_positions(
     stays is turned once per run, from where it stood to where that run's
     drop puts it, as the model code drops its units one at a time; but the
     keys of the units dropped later are never turned, and what stays is
-    read and written once, a group of layers at a time. ``kernel``: turn
-    them with :mod:`~omnilive.engines.minicpmo.runtime.turn_kernel` (None:
-    where it serves, a bfloat16 cache on CUDA), the same bits."""
+    read and written once, a group of layers at a time. ``kernel``: as in
+    :func:`_turner`."""
     runs = [n for n in ([lengths] if isinstance(lengths, int) else lengths) if n > 0]
     end, total = cache.lengths[slot], sum(runs)
     if not runs:
@@ -156,12 +157,11 @@ def drop_positions(
     moved = end - start - total
     if moved:
         kept, to = slice(start + total, end), slice(start, start + moved)
-        use_kernel = turn_kernel.serves(cache.keys) if kernel is None else kernel
         moves, after = [], total
         for n in runs:  # run j: what stays stands at start + n + the runs after it
             after -= n
             moves.append((start + n + after, start + after))
-        turn = _turner(cache.keys[:, slot, :, kept], moves, theta, use_kernel)
+        turn = _turner(cache.keys[:, slot, :, kept], moves, theta, kernel)
         for group in _groups(len(cache.key_cache)):
             cache.keys[group, slot, :, to] = turn(cache.keys[group, slot, :, kept])
             cache.values[group, slot, :, to] = cache.values[group, slot, :, kept].clone()
@@ -202,11 +202,10 @@ def put_back(
         raise ValueError(f"slot {slot}: {n} positions after {at} pass its capacity")
     if n:
         to = slice(at, at + n)
-        use_kernel = turn_kernel.serves(cache.keys) if kernel is None else kernel
         if lifted.start == at:
             cache.keys[:, slot, :, to] = lifted.keys
         else:
-            turn = _turner(lifted.keys, [(lifted.start, at)], theta, use_kernel)
+            turn = _turner(lifted.keys, [(lifted.start, at)], theta, kernel)
             for group in _groups(len(cache.key_cache)):
                 cache.keys[group, slot, :, to] = turn(lifted.keys[group])
         cache.values[:, slot, :, to] = lifted.values
