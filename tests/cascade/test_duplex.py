@@ -54,11 +54,16 @@ def wait_until_made(session: CascadeDuplex) -> None:
 
 
 def until_speaking(session: CascadeDuplex) -> DuplexUnit:
-    for _ in range(MAX_UNITS):
+    """Silent units until the answer's first. Bounded by time, not by a count of
+    units: a unit waits at most 0.4 s for the first audio, and on two cores shared
+    with the suite's heaviest tests the first sentence took longer than 30 units."""
+    deadline = time.monotonic() + MADE_TIMEOUT_S
+    while time.monotonic() < deadline:
         unit = step(session, silence(1.0))
         if not unit.is_listen:
             return unit
-    raise AssertionError("the model never answered")
+    history = [(m.role, m.content) for m in session.history]
+    raise AssertionError(f"the model never answered in {MADE_TIMEOUT_S} s; history {history}")
 
 
 def test_listens_then_speaks_then_ends_its_turn(engine: CascadeEngine, say: Say) -> None:
