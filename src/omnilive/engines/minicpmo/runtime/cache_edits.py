@@ -60,11 +60,26 @@ class Rotation:
 
     @classmethod
     def of(cls, keys: torch.Tensor, old_start: int, new_start: int, theta: float) -> Rotation:
+        stacked = cls.of_moves(keys, [(old_start, new_start)], theta)
+        return cls(*(table[0] for table in stacked.tables()))
+
+    @classmethod
+    def of_moves(
+        cls, keys: torch.Tensor, moves: Sequence[tuple[int, int]], theta: float
+    ) -> Rotation:
+        """Every ``(old_start, new_start)`` of ``moves``, its angles stacked
+        ``[moves, n, head_dim]``. The positions are device-side sums: a tensor
+        made from a Python list would be a copy from the host, which waits for
+        the GPU's queued work."""
         n, head_dim = keys.shape[-2], keys.shape[-1]
         steps = torch.arange(n, device=keys.device, dtype=torch.long)
-        cos_old, sin_old = rotary_angles(head_dim, steps + old_start, theta, keys.dtype)
-        cos_new, sin_new = rotary_angles(head_dim, steps + new_start, theta, keys.dtype)
-        return cls(cos_old, sin_old, cos_new, sin_new)
+        olds, news = (torch.cat([steps + move[k] for move in moves]) for k in (0, 1))
+        cos_old, sin_old = rotary_angles(head_dim, olds, theta, keys.dtype)
+        cos_new, sin_new = rotary_angles(head_dim, news, theta, keys.dtype)
+        return cls(*(t.view(len(moves), n, head_dim) for t in (cos_old, sin_old, cos_new, sin_new)))
+
+    def tables(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.cos_old, self.sin_old, self.cos_new, self.sin_new
 
     def apply(self, keys: torch.Tensor) -> torch.Tensor:
         base = self.cos_old * keys - self.sin_old * _rotate_half(keys)
@@ -107,15 +122,8 @@ def _turner(
     tensor; the angles computed once for every group of layers. ``kernel``:
     by :mod:`~omnilive.engines.minicpmo.runtime.turn_kernel` (None: where it
     serves, keys in bfloat16 on CUDA), the same bits as the torch rule."""
-    n, dim = sample.shape[-2], sample.shape[-1]
     if turn_kernel.serves(sample) if kernel is None else kernel:
-        # The positions from device-side sums (a tensor made from a list would
-        # be a copy from the host, which waits for the GPU's queued work).
-        steps = torch.arange(n, device=sample.device, dtype=torch.long)
-        olds, news = (torch.cat([steps + move[k] for move in moves]) for k in (0, 1))
-        cos_old, sin_old = rotary_angles(dim, olds, theta, sample.dtype)
-        cos_new, sin_new = rotary_angles(dim, news, theta, sample.dtype)
-        tables = [t.view(len(moves), n, dim) for t in (cos_old, sin_old, cos_new, sin_new)]
+        tables = Rotation.of_moves(sample, moves, theta).tables()
         return lambda keys: turn_kernel.turned_keys(keys, *tables)
     turns = [_realigner(sample, old, new, theta) for old, new in moves]
 
